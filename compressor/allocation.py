@@ -1,0 +1,72 @@
+"""Context allocation: ILRe Algorithm 1 (multi-kernel pooling), vectorised, and plain top-k.
+
+Readings of what the paper leaves open (tested against a literal loop in tests/reference.py):
+- max pooling uses kernel = stride = m; a last partial block is a block of its own;
+- avg pooling has stride 1 and keeps the length (window [i-(n-1)//2, i+n//2], in-range mean);
+- ranking is by score, ties broken by the lower index (a stable descending sort);
+- B / (N_M N_A) is fractional in general: combination c gets floor((c+1)B/N) - floor(cB/N),
+  so the combinations add up to exactly B;
+- when a combination runs out of candidates (overlap with earlier ones), the tokens still missing
+  are filled from the highest raw scores, so exactly B indices come back whenever L >= B.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..kernels.pooling import block_max_pool, same_length_avg_pools
+
+
+def combination_budgets(budget: int, n_combinations: int) -> list[int]:
+    """Split `budget` over combinations as evenly as integers allow; sums to `budget` exactly."""
+    return [(c + 1) * budget // n_combinations - c * budget // n_combinations for c in range(n_combinations)]
+
+
+def _ranked(values: torch.Tensor) -> torch.Tensor:
+    """Indices of `values` along the last dim, highest first, ties by lower index."""
+    return torch.sort(values, dim=-1, descending=True, stable=True).indices
+
+
+def top_k_indices(scores: torch.Tensor, budget: int) -> torch.Tensor:
+    """The `budget` highest-scoring indices of scores (L,), ties by lower index; sorted ascending."""
+    return _ranked(scores)[:budget].sort().values
+
+
+@dataclass(frozen=True)
+class PoolingAllocator:
+    """Algorithm 1 of ILRe: every (max kernel m, avg kernel n) combination proposes its top
+    B/m + 1 blocks of AvgPool_n(MaxPool_m(A^C)) and adds not-yet-taken tokens until it has added
+    its share of the budget. SnapKV is the case max_kernels=(1,), avg_kernels=(k,)."""
+
+    max_kernels: tuple[int, ...] = (2, 4, 8)
+    avg_kernels: tuple[int, ...] = tuple(range(1, 17))
+
+    def __post_init__(self) -> None:
+        for name, sizes in (("max_kernels", self.max_kernels), ("avg_kernels", self.avg_kernels)):
+            if not sizes or any(int(s) < 1 for s in sizes):
+                raise ValueError(f"{name}: need at least one kernel, each >= 1 (got {sizes})")
+
+    def allocate(self, scores: torch.Tensor, budget: int) -> torch.Tensor:
+        """scores: (L,) per-token scores (sink excluded) -> (min(budget, L),) int64 indices, ascending."""
+        length = scores.numel()
+        if budget >= length:
+            return torch.arange(length, device=scores.device)
+        taken = torch.zeros(length, dtype=torch.bool, device=scores.device)
+        shares = iter(combination_budgets(budget, len(self.max_kernels) * len(self.avg_kernels)))
+        for m in self.max_kernels:
+            k_m = budget // m + 1
+            pooled = same_length_avg_pools(block_max_pool(scores, m), self.avg_kernels)  # (N_A, ceil(L/m))
+            blocks = _ranked(pooled)[:, :k_m]  # (N_A, K_m)
+            offsets = torch.arange(m, device=scores.device)
+            candidates = (blocks.unsqueeze(-1) * m + offsets).flatten(1)  # (N_A, K_m * m) token indices
+            for row in candidates:  # one iteration per combination, vectorised inside
+                row = row[row < length]
+                fresh = row[~taken[row]]
+                taken[fresh[: next(shares)]] = True
+        missing = budget - int(taken.sum())
+        if missing > 0:
+            order = _ranked(scores)
+            taken[order[~taken[order]][:missing]] = True
+        return taken.nonzero().squeeze(1)

@@ -1,0 +1,148 @@
+"""Streaming chunked prefill (ILRe section 3.3) with optional DCA (eqs. 6-7).
+
+Data flow for one request, all on one device:
+  context ids (L,) -> chunks [0, chunk+S), [chunk+S, 2*chunk+S), ...
+  layers 1..l_R-1: each chunk attends to [S sink | last W tokens before it | itself, causally];
+                   only the sink and window K/V of each layer are kept (O((S+W) l_R) memory)
+  layer l_R:       only K is computed for context chunks, written into a preallocated
+                   (kv_heads, L, d) cache per score layer
+  query ids (Lq,) -> one more chunk through the same layers; its Q is taken at each score layer
+The prefill knows nothing about strategies: it returns keys and queries, a strategy scores them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..kernels.chunk_attention import chunk_attention
+from ..kernels.rope import rerotate
+from ..models.llama import TruncatedLM
+
+
+@dataclass(frozen=True)
+class PrefillConfig:
+    """sink: S tokens always attended; window: W most recent tokens (None = unbounded, "FullKV");
+    chunk: prefill chunk length (the first chunk is chunk + sink); dca: dual chunk attention."""
+
+    sink: int = 4
+    window: int | None = 512
+    chunk: int = 1024
+    dca: bool = False
+
+    def __post_init__(self) -> None:
+        if self.sink < 0:
+            raise ValueError(f"sink: must be >= 0 (got {self.sink})")
+        if self.window is not None and self.window < 1:
+            raise ValueError(f"window: must be >= 1 (got {self.window})")
+        if self.chunk < 1:
+            raise ValueError(f"chunk: must be >= 1 (got {self.chunk})")
+
+
+@dataclass
+class RetrievalState:
+    """keys[l]: (kv_heads, L, d) context keys at score layer l (re-rotated if DCA);
+    queries[l]: (heads, Lq, d) query states at score layer l."""
+
+    keys: dict[int, torch.Tensor]
+    queries: dict[int, torch.Tensor]
+
+
+def chunk_bounds(length: int, config: PrefillConfig) -> list[tuple[int, int]]:
+    """[start, end) of each context chunk: the first holds chunk + sink tokens, the rest chunk."""
+    bounds, start = [], 0
+    end = min(length, config.chunk + config.sink)
+    while start < length:
+        bounds.append((start, end))
+        start, end = end, min(length, end + config.chunk)
+    return bounds
+
+
+class _LayerCache:
+    """Sink and sliding-window K/V of one layer below l_R."""
+
+    def __init__(self) -> None:
+        self.sink_k = self.sink_v = self.win_k = self.win_v = None
+
+    def prefix(self, sink_shift: int, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
+        if self.sink_k is None:
+            return None
+        sink_k = rerotate(self.sink_k, inv_freq, sink_shift)
+        return torch.cat((sink_k, self.win_k), dim=1), torch.cat((self.sink_v, self.win_v), dim=1)
+
+    def update(self, k: torch.Tensor, v: torch.Tensor, first: bool, config: PrefillConfig) -> None:
+        """Append a chunk's K/V (kv_heads, C, d): the first S context tokens stay as the sink,
+        later tokens enter the window, which keeps its last W entries."""
+        if first:
+            self.sink_k, self.sink_v = k[:, : config.sink], v[:, : config.sink]
+            win_k, win_v = k[:, config.sink :], v[:, config.sink :]
+        else:
+            win_k, win_v = torch.cat((self.win_k, k), dim=1), torch.cat((self.win_v, v), dim=1)
+        if config.window is not None:
+            win_k, win_v = win_k[:, -config.window :], win_v[:, -config.window :]
+        self.win_k, self.win_v = win_k, win_v
+
+
+def streaming_prefill(
+    model: TruncatedLM,
+    context_ids: torch.Tensor,
+    query_ids: torch.Tensor,
+    config: PrefillConfig,
+    score_layers: tuple[int, ...] | None = None,
+) -> RetrievalState:
+    """Run the streaming chunked prefill of ILRe over context then query.
+
+    context_ids: (L,) int64; query_ids: (Lq,) int64; score_layers: 1-based layers whose context keys
+    and query states are wanted (default: the model's last layer, l_R). One pass serves them all,
+    which is how calibration scores every layer at once.
+    DCA: from the third chunk on, layers < l_R see the sink keys moved forward by (i-2) chunk
+    lengths (eq. 6); at score layers the keys of chunk i < N_C - 1 are moved to chunk N_C - 1's
+    start (eq. 7), so every query-key distance stays under two chunk lengths. The query keeps its
+    natural positions L, L+1, ... right after the context.
+    """
+    l_r = model.n_layers
+    score_layers = tuple(sorted(set(score_layers or (l_r,))))
+    if score_layers[-1] > l_r or score_layers[0] < 1:
+        raise ValueError(f"layer: score layers must be within 1..{l_r} (got {score_layers})")
+    length = context_ids.numel()
+    spec = model.spec
+    device = model.embed_tokens.weight.device
+    dtype = model.embed_tokens.weight.dtype
+    keys = {l: torch.empty(spec.num_kv_heads, length, spec.head_dim, dtype=dtype, device=device) for l in score_layers}
+    queries: dict[int, torch.Tensor] = {}
+    caches = [_LayerCache() for _ in range(l_r - 1)]
+    bounds = chunk_bounds(length, config)
+    base = bounds[-2][0] if len(bounds) >= 2 else 0  # start of chunk N_C - 1 (eq. 7 anchor)
+    segments = [(a, b, i) for i, (a, b) in enumerate(bounds)] + [(length, length + query_ids.numel(), len(bounds))]
+    for start, end, index in segments:
+        is_query = index == len(bounds)
+        ids = query_ids if is_query else context_ids[start:end]
+        cos, sin = model.rope(torch.arange(start, end, device=device))
+        sink_shift = (index - 1) * config.chunk if config.dca and index >= 2 else 0  # eq. 6
+        key_shift = base - start if config.dca and not is_query and index < len(bounds) - 2 else 0  # eq. 7
+        h = model.embed(ids.to(device))  # (T, D)
+        for l in range(1, l_r + 1):
+            layer = model.layer(l)
+            if l == l_r:  # retrieval layer: q for the query, k for the context, nothing else
+                if is_query:
+                    queries[l] = layer.queries(h, cos, sin)
+                else:
+                    keys[l][:, start:end] = rerotate(layer.keys(h, cos, sin), model.inv_freq, key_shift)
+                break
+            q, k, v = layer.qkv(h, cos, sin)  # (H, T, d), (KV, T, d), (KV, T, d)
+            if l in keys:
+                if is_query:
+                    queries[l] = q
+                else:
+                    keys[l][:, start:end] = rerotate(k, model.inv_freq, key_shift)
+            cache = caches[l - 1]
+            prefix = cache.prefix(sink_shift, model.inv_freq)
+            if prefix is None:
+                out = chunk_attention(q, k, v, 0)
+            else:
+                out = chunk_attention(q, torch.cat((prefix[0], k), 1), torch.cat((prefix[1], v), 1), prefix[0].shape[1])
+            if not is_query:
+                cache.update(k, v, first=index == 0, config=config)
+            h = layer.finish(h, out)
+    return RetrievalState(keys=keys, queries=queries)

@@ -1,0 +1,30 @@
+"""Selection strategies by name: one module each, all behind `Strategy`."""
+
+from __future__ import annotations
+
+import dataclasses
+
+from .base import ScoreInputs, Strategy
+from .ilre import ILRe
+from .snapkv import SnapKV
+from .streaming_llm import StreamingLLM
+
+STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (ILRe, SnapKV, StreamingLLM)}
+
+
+def make_strategy(name: str, options: dict | None = None) -> Strategy:
+    """Build a strategy from its name and options; ValueError naming the field on bad input."""
+    cls = STRATEGIES.get(name)
+    if cls is None:
+        raise ValueError(f"strategy: unknown strategy {name!r} (known: {', '.join(sorted(STRATEGIES))})")
+    allowed = {f.name for f in dataclasses.fields(cls) if f.init}
+    unknown = set(options or {}) - allowed
+    if unknown:
+        raise ValueError(
+            f"strategy_options: {name} does not take {', '.join(sorted(unknown))}"
+            f" (options: {', '.join(sorted(allowed)) or 'none'})"
+        )
+    return cls(**(options or {}))
+
+
+__all__ = ["STRATEGIES", "ScoreInputs", "Strategy", "make_strategy"]

@@ -1,0 +1,43 @@
+"""The interface every selection strategy implements."""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass
+from typing import ClassVar
+
+import torch
+
+from ..allocation import top_k_indices
+from ..prefill import RetrievalState
+
+
+@dataclass(frozen=True)
+class ScoreInputs:
+    """What a strategy may score. length: L context tokens; attention: A^C (L,) of eq. 5 at the
+    retrieval layer (None when the strategy does not need the model); state: the prefill's keys
+    and queries, for strategies that score keys themselves."""
+
+    length: int
+    attention: torch.Tensor | None = None
+    state: RetrievalState | None = None
+
+
+class Strategy(ABC):
+    """A scorer (one score per context token, higher = keep) plus an allocator.
+
+    Subclasses are frozen dataclasses whose fields are their options. `needs_attention` tells the
+    pipeline whether to run the prefill; the pipeline never branches on the concrete type.
+    Strategies hold no per-request state, so one instance serves concurrent requests.
+    """
+
+    name: ClassVar[str]
+    needs_attention: ClassVar[bool] = True
+
+    @abstractmethod
+    def score(self, inputs: ScoreInputs) -> torch.Tensor:
+        """-> (L,) float scores over the whole context (sink included)."""
+
+    def allocate(self, scores: torch.Tensor, budget: int) -> torch.Tensor:
+        """scores: (L',) sink excluded -> (min(budget, L'),) kept indices, ascending. Default: top-k."""
+        return top_k_indices(scores, budget)

@@ -1,0 +1,1 @@
+"""Synthetic long-context tasks: haystacks, passkey needles (calibration, tests, benchmarks)."""

@@ -1,0 +1,42 @@
+"""Rotary position embeddings (RoPE) and re-rotation of already rotated keys."""
+
+from __future__ import annotations
+
+import torch
+
+
+def rotate_half(x: torch.Tensor) -> torch.Tensor:
+    """(..., d) -> (..., d): [x1, x2] -> [-x2, x1] (the half-split RoPE convention of Llama/Qwen)."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((-x2, x1), dim=-1)
+
+
+def rope_cos_sin(
+    inv_freq: torch.Tensor, positions: torch.Tensor, scaling: float = 1.0
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Cos/sin tables for integer positions.
+
+    inv_freq: (d/2,) float32; positions: (T,) int64 (may be negative: re-rotation backwards).
+    Returns cos, sin: (T, d) float32, multiplied by `scaling` (YaRN-style attention scaling).
+    Computed in float32 exactly as transformers does, so keys match it bit for bit in spirit.
+    """
+    freqs = positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]  # (T, d/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (T, d)
+    return emb.cos() * scaling, emb.sin() * scaling
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: (heads, T, d); cos, sin: (T, d) -> (heads, T, d) rotated to each token's position."""
+    return x * cos + rotate_half(x) * sin
+
+
+def rerotate(k: torch.Tensor, inv_freq: torch.Tensor, shift: int) -> torch.Tensor:
+    """Move post-RoPE keys by `shift` positions: R(shift) R(p) k = R(p + shift) k.
+
+    k: (kv_heads, T, d), already rotated to positions p; returns keys as if rotated to p + shift.
+    Uses unscaled tables so magnitudes are untouched (the scaling was applied once already).
+    """
+    if shift == 0:
+        return k
+    cos, sin = rope_cos_sin(inv_freq, torch.tensor([shift], device=k.device))
+    return apply_rope(k, cos.to(k.dtype), sin.to(k.dtype))

@@ -1,0 +1,130 @@
+"""Resolve a model reference to a checkpoint folder and build a truncated model from it.
+
+A reference is a local folder (config.json + safetensors), a `.gguf` file (converted once into the
+cache), a Hugging Face id (downloaded when the hub is reachable), or empty/"embedded" for the
+embedded default. Only the embeddings and layers 1..l_R are read from the safetensors files.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from .embedded import EMBEDDED_NAME, cache_root, convert_gguf, embedded_checkpoint
+from .llama import TruncatedLM
+from .spec import ModelSpec, load_hf_config, rope_inv_freq, spec_from_config
+
+EMBEDDED_ALIASES = ("", "embedded", "default", EMBEDDED_NAME.lower(), f"huggingfacetb/{EMBEDDED_NAME.lower()}")
+
+
+@dataclass(frozen=True)
+class Checkpoint:
+    """A resolved model: its display name and the folder holding config, weights and tokenizer."""
+
+    name: str
+    path: Path
+
+
+def resolve_checkpoint(reference: str | None) -> Checkpoint:
+    """Turn a model reference into a local checkpoint folder (see module docstring)."""
+    ref = (reference or "").strip()
+    if ref.lower() in EMBEDDED_ALIASES:
+        return Checkpoint(EMBEDDED_NAME, embedded_checkpoint())
+    path = Path(ref).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise FileNotFoundError(f"model: GGUF file {ref} not found")
+        return Checkpoint(path.stem, convert_gguf(path, cache_root() / "models" / path.stem))
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model: {ref} has no config.json")
+        return Checkpoint(path.name, path)
+    if path.exists() or ref.startswith((".", "/")) or ref.count("/") != 1:
+        raise FileNotFoundError(f"model: {ref!r} is neither a checkpoint folder, a .gguf file nor a hub id")
+    return Checkpoint(ref.split("/")[-1], _download(ref))
+
+
+def _download(repo_id: str) -> Path:
+    from huggingface_hub import snapshot_download
+
+    try:
+        folder = snapshot_download(
+            repo_id, allow_patterns=["*.json", "*.safetensors", "tokenizer*", "*.model", "*.txt"]
+        )
+    except Exception as exc:  # offline, unknown id, gated repo...
+        raise FileNotFoundError(f"model: could not fetch {repo_id!r} from the hub ({type(exc).__name__})") from exc
+    return Path(folder)
+
+
+def _tensor_files(checkpoint: Path) -> dict[str, Path]:
+    """Map every tensor name to the safetensors file holding it (sharded or single-file)."""
+    index = checkpoint / "model.safetensors.index.json"
+    if index.is_file():
+        weight_map = json.loads(index.read_text())["weight_map"]
+        return {name: checkpoint / file for name, file in weight_map.items()}
+    from safetensors import safe_open
+
+    names: dict[str, Path] = {}
+    for file in sorted(checkpoint.glob("*.safetensors")):
+        with safe_open(str(file), framework="pt") as f:
+            names.update(dict.fromkeys(f.keys(), file))
+    if not names:
+        raise FileNotFoundError(f"model: no safetensors weights in {checkpoint}")
+    return names
+
+
+def read_tensors(checkpoint: Path, wanted: list[str]) -> dict[str, torch.Tensor]:
+    """Read only the named tensors (names without the `model.` prefix) from the checkpoint."""
+    from safetensors import safe_open
+
+    files = _tensor_files(checkpoint)
+    prefix = "model." if any(n.startswith("model.") for n in files) else ""
+    by_file: dict[Path, list[str]] = {}
+    for name in wanted:
+        full = prefix + name
+        if full not in files:
+            raise KeyError(f"model: tensor {full} missing from {checkpoint}")
+        by_file.setdefault(files[full], []).append(name)
+    out: dict[str, torch.Tensor] = {}
+    for file, names in by_file.items():
+        with safe_open(str(file), framework="pt") as f:
+            for name in names:
+                out[name] = f.get_tensor(prefix + name)
+    return out
+
+
+def load_spec(checkpoint: Path) -> ModelSpec:
+    """The ModelSpec of a checkpoint folder."""
+    return spec_from_config(load_hf_config(checkpoint))
+
+
+def load_truncated(checkpoint: Path, n_layers: int, dtype: torch.dtype = torch.float32) -> TruncatedLM:
+    """Build the model up to layer `n_layers` (the retrieval layer, q/k only) from safetensors.
+
+    The module is created on the meta device and its parameters are assigned from the file, so
+    no other tensors are ever read or allocated; every tensor's shape is checked on assignment.
+    """
+    config = load_hf_config(checkpoint)
+    spec = spec_from_config(config)
+    inv_freq, scaling = rope_inv_freq(config)
+    with torch.device("meta"):
+        model = TruncatedLM(spec, n_layers, torch.empty(0), scaling)
+    names = list(model.state_dict().keys())
+    tensors = read_tensors(checkpoint, names)
+    for name, tensor in tensors.items():
+        expected = model.get_parameter(name).shape
+        if tuple(tensor.shape) != tuple(expected):
+            raise ValueError(f"model: {name} has shape {tuple(tensor.shape)}, expected {tuple(expected)}")
+    model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=True, assign=True)
+    model.inv_freq = inv_freq
+    return model.eval().requires_grad_(False)
+
+
+def load_tokenizer(checkpoint: Path):
+    """The checkpoint's tokenizer (transformers AutoTokenizer, fast backend)."""
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(str(checkpoint))

@@ -1,0 +1,125 @@
+"""The engine: a loaded model + tokenizer that turns CompressRequests into CompressResults.
+
+Built once per process (CLI run, later each worker); `compress` is safe to call repeatedly and
+holds no per-request state between calls.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from ..compressor.pipeline import select_context
+from ..compressor.prefill import PrefillConfig
+from ..models.llama import TruncatedLM
+from ..models.loader import load_spec, load_tokenizer, load_truncated, resolve_checkpoint
+from ..models.profiles import load_profile
+from .messages import CompressRequest, CompressResult, InputError
+
+log = logging.getLogger(__name__)
+
+DEFAULT_BUDGET = 1024
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """model: reference (folder, .gguf, hub id; None = embedded default); layer: l_R override
+    (None = the model's profile); prefill: S/W/chunk; limits on what one request may carry."""
+
+    model: str | None = None
+    layer: int | None = None
+    prefill: PrefillConfig = field(default_factory=PrefillConfig)
+    max_context_tokens: int = 1 << 20
+    max_query_tokens: int = 4096
+    default_budget: int = DEFAULT_BUDGET
+
+
+class Engine:
+    """Loads the checkpoint truncated at l_R and serves compressions."""
+
+    def __init__(self, config: EngineConfig | None = None):
+        self.config = config = config or EngineConfig()
+        checkpoint = resolve_checkpoint(config.model)
+        self.checkpoint = checkpoint
+        self.spec = load_spec(checkpoint.path)
+        self.profile = load_profile(checkpoint.name, self.spec.num_layers)
+        if not self.profile.calibrated and config.layer is None:
+            log.warning("no calibrated profile for %s: using layer %d (run `ilre calibrate`)",
+                        checkpoint.name, self.profile.retrieval_layer)
+        self.layer = config.layer or self.profile.retrieval_layer
+        self._check_layer(self.layer, "layer")
+        self.tokenizer = load_tokenizer(checkpoint.path)
+        self._models: dict[int, TruncatedLM] = {self.layer: load_truncated(checkpoint.path, self.layer)}
+
+    @property
+    def model_name(self) -> str:
+        return self.checkpoint.name
+
+    def model_at(self, layer: int) -> TruncatedLM:
+        """The model truncated at `layer` (loaded on first use; loads are fast, reads are partial)."""
+        if layer not in self._models:
+            self._models[layer] = load_truncated(self.checkpoint.path, layer)
+        return self._models[layer]
+
+    def _check_layer(self, layer: int, name: str) -> None:
+        if not 1 <= layer <= self.spec.num_layers:
+            raise InputError(name, f"must be in 1..{self.spec.num_layers} (got {layer})")
+
+    def _ids(self, name: str, text: str | None, ids: list[int] | None, limit: int, limit_name: str) -> list[int]:
+        if ids is None:
+            ids = self.tokenizer(text, add_special_tokens=False).input_ids
+        elif (bad := next((i for i in ids if not 0 <= i < self.spec.vocab_size), None)) is not None:
+            raise InputError(f"{name}_ids", f"token id {bad} outside the vocabulary 0..{self.spec.vocab_size - 1}")
+        if not ids:
+            raise InputError(name, "has no tokens")
+        if len(ids) > limit:
+            raise InputError(name, f"{len(ids)} tokens exceed the limit of {limit} ({limit_name})")
+        return ids
+
+    def budget_for(self, request: CompressRequest, length: int) -> int:
+        """Context tokens to keep: the request's budget, its ratio of `length`, or the default."""
+        if request.budget is not None:
+            return request.budget
+        if request.ratio is not None:
+            return max(1, math.ceil(request.ratio * length))
+        return self.config.default_budget
+
+    def compress(self, request: CompressRequest) -> CompressResult:
+        """Tokenize, select context tokens, detokenize; raises InputError for bad input."""
+        start = time.perf_counter()
+        strategy = request.build_strategy()
+        layer = request.layer or self.layer
+        self._check_layer(layer, "layer")
+        context_ids = self._ids("context", request.context, request.context_ids,
+                                self.config.max_context_tokens, "max_context_tokens")
+        query_ids = self._ids("query", request.query, request.query_ids,
+                              self.config.max_query_tokens, "max_query_tokens")
+        tokenized = time.perf_counter()
+        budget = self.budget_for(request, len(context_ids))
+        total = len(context_ids) + len(query_ids)
+        dca = request.dca == "on" or (request.dca == "auto" and total > self.spec.native_context)
+        prefill = PrefillConfig(self.config.prefill.sink, self.config.prefill.window, self.config.prefill.chunk, dca)
+        model = self.model_at(layer) if strategy.needs_attention else None
+        selection = select_context(model, torch.tensor(context_ids), torch.tensor(query_ids), budget, strategy, prefill)
+        kept = selection.kept.tolist()
+        kept_ids = [context_ids[i] for i in kept]
+        selected = time.perf_counter()
+        compressed = self.tokenizer.decode(kept_ids)
+        query = request.query if request.query is not None else self.tokenizer.decode(query_ids)
+        timings = {"tokenize": _ms(start, tokenized), **selection.timings_ms,
+                   "detokenize": _ms(selected, time.perf_counter())}
+        timings["total"] = _ms(start, time.perf_counter())
+        return CompressResult(
+            id=request.id, token_ids=kept_ids + query_ids, kept_indices=kept, compressed_context=compressed,
+            query=query, original_tokens=len(context_ids), compressed_tokens=len(kept),
+            ratio=round(len(kept) / len(context_ids), 6), model=self.model_name, layer=layer,
+            strategy=strategy.name, dca=dca, passthrough=selection.passthrough, timings_ms=timings,
+        )
+
+
+def _ms(a: float, b: float) -> float:
+    return round((b - a) * 1000.0, 3)

@@ -1,0 +1,133 @@
+"""Every message that crosses a boundary: a compression request, its result, and input errors.
+
+A request arrives as a JSON object (a batch line, later the HTTP mirror and the gRPC message) and
+is validated here once, so every transport reports bad input the same way: field name and limit.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+from ..compressor.strategies import Strategy, make_strategy
+
+DCA_MODES = ("auto", "on", "off")
+
+
+class InputError(ValueError):
+    """Bad input: `field` names the offending request field, the message states the limit."""
+
+    def __init__(self, field_name: str, message: str):
+        super().__init__(f"{field_name}: {message}")
+        self.field = field_name
+
+
+@dataclass(frozen=True)
+class CompressRequest:
+    """One compression job. Exactly one of context / context_ids, one of query / query_ids;
+    at most one of budget (context tokens kept, sink included) / ratio (kept share of the context)."""
+
+    id: str | None = None
+    context: str | None = None
+    context_ids: list[int] | None = None
+    query: str | None = None
+    query_ids: list[int] | None = None
+    budget: int | None = None
+    ratio: float | None = None
+    strategy: str = "ilre"
+    strategy_options: dict[str, Any] = field(default_factory=dict)
+    dca: str = "auto"
+    layer: int | None = None
+
+    def __post_init__(self) -> None:
+        _check_text_or_ids("context", self.context, self.context_ids)
+        _check_text_or_ids("query", self.query, self.query_ids)
+        if self.budget is not None and self.ratio is not None:
+            raise InputError("budget", "give either budget or ratio, not both")
+        if self.budget is not None and (not _is_int(self.budget) or self.budget <= 0):
+            raise InputError("budget", f"must be a positive integer (got {self.budget!r})")
+        if self.ratio is not None and (
+            isinstance(self.ratio, bool) or not isinstance(self.ratio, (int, float))
+            or not math.isfinite(self.ratio) or not 0 < self.ratio <= 1
+        ):
+            raise InputError("ratio", f"must be a number in (0, 1] (got {self.ratio!r})")
+        if not isinstance(self.strategy, str) or not self.strategy:
+            raise InputError("strategy", f"must be a strategy name (got {self.strategy!r})")
+        if not isinstance(self.strategy_options, dict):
+            raise InputError("strategy_options", "must be an object of option names to values")
+        self.build_strategy()
+        if self.dca not in DCA_MODES:
+            raise InputError("dca", f"must be one of {', '.join(DCA_MODES)} (got {self.dca!r})")
+        if self.layer is not None and (not _is_int(self.layer) or self.layer < 1):
+            raise InputError("layer", f"must be a positive integer (got {self.layer!r})")
+        if self.id is not None and not isinstance(self.id, (str, int)):
+            raise InputError("id", "must be a string or an integer")
+
+    def build_strategy(self) -> Strategy:
+        """The strategy this request names, built with its options (InputError if unknown/bad)."""
+        try:
+            return make_strategy(self.strategy, self.strategy_options)
+        except (TypeError, ValueError) as exc:
+            field_name, _, message = str(exc).partition(": ")
+            raise InputError(field_name if message else "strategy_options", message or str(exc)) from None
+
+    @classmethod
+    def from_json(cls, data: Any, defaults: dict[str, Any] | None = None) -> "CompressRequest":
+        """Build from a decoded JSON object; `defaults` fill fields the object leaves out."""
+        if not isinstance(data, dict):
+            raise InputError("request", "must be a JSON object")
+        known = set(cls.__dataclass_fields__)
+        unknown = sorted(set(data) - known)
+        if unknown:
+            raise InputError(unknown[0], f"unknown field (known: {', '.join(sorted(known))})")
+        merged = {k: v for k, v in (defaults or {}).items() if v is not None}
+        if "budget" in data or "ratio" in data:  # a line's own budget/ratio replaces the default
+            merged.pop("budget", None)
+            merged.pop("ratio", None)
+        merged.update({k: v for k, v in data.items() if v is not None})
+        return cls(**merged)
+
+
+@dataclass
+class CompressResult:
+    """The contract's output fields (design.md); counts are context tokens."""
+
+    id: str | int | None
+    token_ids: list[int]
+    kept_indices: list[int]
+    compressed_context: str
+    query: str
+    original_tokens: int
+    compressed_tokens: int
+    ratio: float
+    model: str
+    layer: int
+    strategy: str
+    dca: bool
+    passthrough: bool
+    timings_ms: dict[str, float]
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_text_or_ids(name: str, text: Any, ids: Any) -> None:
+    if text is not None and ids is not None:
+        raise InputError(name, f"give either {name} or {name}_ids, not both")
+    if text is None and ids is None:
+        raise InputError(name, "is required")
+    if text is not None:
+        if not isinstance(text, str):
+            raise InputError(name, "must be a string")
+        if not text:
+            raise InputError(name, "must not be empty")
+    else:
+        if not isinstance(ids, list) or not all(_is_int(i) for i in ids):
+            raise InputError(f"{name}_ids", "must be a list of integer token ids")
+        if not ids:
+            raise InputError(f"{name}_ids", "must not be empty")

@@ -1,0 +1,16 @@
+"""Shared fixtures: the embedded model (real weights), loaded once per session."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+torch.set_num_threads(max(1, torch.get_num_threads()))
+
+
+@pytest.fixture(scope="session")
+def engine():
+    """An Engine on the embedded SmolLM2-135M-Instruct at its profiled retrieval layer."""
+    from ilre.service.engine import Engine
+
+    return Engine()

@@ -1,0 +1,193 @@
+"""Plain, obviously-correct reference implementations, used only by the tests.
+
+Nothing here is optimised: whole-sequence masks, dense softmaxes, Python loops. Each function says
+which product function it is a reference for.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from ilre.compressor.prefill import PrefillConfig, chunk_bounds
+
+
+# --------------------------------------------------------------------------------------------
+# Λ mask and dense prefill (reference for compressor.prefill.streaming_prefill)
+# --------------------------------------------------------------------------------------------
+
+
+def lambda_mask(
+    total_len: int, sink: int, window: int | None, bounds: list[tuple[int, int]]
+) -> torch.Tensor:
+    """(T, T) bool: mask[i, j] is True iff token i may attend token j.
+
+    `bounds` are the [start, end) of the context chunks; the tokens from the end of the last one up
+    to total_len (the query) form one more chunk. Token i in the chunk starting at c0 sees j iff
+    j <= i and (j < sink or j >= c0 - window or j >= c0); window None = unbounded.
+    """
+    starts = [0] * total_len
+    context_end = bounds[-1][1] if bounds else 0
+    for c0, c1 in list(bounds) + [(context_end, total_len)]:
+        for i in range(c0, c1):
+            starts[i] = c0
+    mask = torch.zeros(total_len, total_len, dtype=torch.bool)
+    for i in range(total_len):
+        c0 = starts[i]
+        for j in range(i + 1):
+            in_window = window is None or j >= c0 - window
+            mask[i, j] = j < sink or in_window or j >= c0
+    return mask
+
+
+def _chunk_index_of_rows(total_len: int, bounds: list[tuple[int, int]]) -> list[tuple[int, int, int]]:
+    """[(start, end, chunk index)] for the context chunks plus the query chunk (index N_C)."""
+    context_end = bounds[-1][1] if bounds else 0
+    rows = [(a, b, i) for i, (a, b) in enumerate(bounds)]
+    return rows + [(context_end, total_len, len(bounds))]
+
+
+def _dense_attention(q, k_per_chunk, v, mask, rows):
+    """q: (H, T, d); k_per_chunk[c]: (KV, T, d) keys as seen by the rows of chunk c; v: (KV, T, d);
+    mask: (T, T) bool. Plain masked softmax attention, KV heads repeated for GQA -> (H, T, d)."""
+    n_heads, total, dim = q.shape
+    group = n_heads // v.shape[0]
+    v_rep = v.repeat_interleave(group, dim=0)  # (H, T, d)
+    out = torch.empty_like(q)
+    for start, end, c in rows:
+        if start == end:
+            continue
+        k_rep = k_per_chunk[c].repeat_interleave(group, dim=0)  # (H, T, d)
+        logits = q[:, start:end] @ k_rep.transpose(1, 2) / math.sqrt(dim)  # (H, C, T)
+        logits = logits.masked_fill(~mask[start:end], -math.inf)
+        out[:, start:end] = torch.softmax(logits, dim=-1) @ v_rep
+    return out
+
+
+def dense_prefill(
+    model, context_ids: torch.Tensor, query_ids: torch.Tensor, config: PrefillConfig, layer: int | None = None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Whole-sequence version of the streaming prefill with an explicit Λ mask.
+
+    Runs `model` (an ilre TruncatedLM) over context + query at absolute positions 0..L+Lq-1 with
+    dense masked attention in layers < `layer` (default: the model's last layer) and returns the
+    layer-`layer` context keys (kv_heads, L, d) and query states (heads, Lq, d).
+
+    DCA (config.dca), written directly from eqs. 6-7 without re-rotating anything: every key is
+    computed by RoPE at the position it is meant to sit at.
+      eq. 6: rows of chunk c (0-based; the query is chunk N_C) with c >= 2 see the sink keys as if
+             the sink tokens sat at positions p + (c - 1) * chunk (paper: R^{i-2}(D_C), i = c + 1);
+      eq. 7: at the returned layer, the keys of context chunk c <= N_C - 3 sit at positions
+             p + (start of chunk N_C - 2) - (start of chunk c), i.e. moved onto chunk N_C - 1 (1-based).
+    """
+    layer = model.n_layers if layer is None else layer
+    length, n_query = context_ids.numel(), query_ids.numel()
+    total = length + n_query
+    bounds = chunk_bounds(length, config)
+    rows = _chunk_index_of_rows(total, bounds)
+    mask = lambda_mask(total, config.sink, config.window, bounds)  # (T, T)
+    positions = torch.arange(total)
+    n_sink = min(config.sink, length)
+    h = model.embed(torch.cat((context_ids, query_ids)))  # (T, D)
+    cos, sin = model.rope(positions)  # (T, d)
+    with torch.no_grad():
+        for l in range(1, layer + 1):
+            lay = model.layer(l)
+            if l == layer:
+                keys = lay.keys(h[:length], cos[:length], sin[:length])  # (KV, L, d)
+                if config.dca and len(bounds) >= 3:
+                    base = bounds[-2][0]
+                    for start, end in bounds[:-2]:
+                        c2, s2 = model.rope(positions[start:end] + (base - start))
+                        keys[:, start:end] = lay.keys(h[start:end], c2, s2)
+                return keys, lay.queries(h[length:], cos[length:], sin[length:])
+            q, k, v = lay.qkv(h, cos, sin)  # (H, T, d), (KV, T, d), (KV, T, d)
+            k_per_chunk = {}
+            for _, _, c in rows:
+                k_c = k.clone()
+                if config.dca and c >= 2 and n_sink:
+                    c2, s2 = model.rope(positions[:n_sink] + (c - 1) * config.chunk)
+                    k_c[:, :n_sink] = lay.keys(h[:n_sink], c2, s2)
+                k_per_chunk[c] = k_c
+            h = lay.finish(h, _dense_attention(q, k_per_chunk, v, mask, rows))
+    raise AssertionError("unreachable")
+
+
+# --------------------------------------------------------------------------------------------
+# Scores (reference for kernels.query_scores.query_key_scores)
+# --------------------------------------------------------------------------------------------
+
+
+def dense_scores(q: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
+    """q: (H, Lq, d), keys: (KV, L, d) -> (L,): max over heads and queries of the softmax over all
+    context keys (eqs. 4-5); query head h reads kv head h // (H / KV)."""
+    group = q.shape[0] // keys.shape[0]
+    k_rep = keys.double().repeat_interleave(group, dim=0)  # (H, L, d)
+    logits = q.double() @ k_rep.transpose(1, 2) / math.sqrt(q.shape[-1])  # (H, Lq, L)
+    probs = torch.softmax(logits, dim=-1)
+    return probs.amax(dim=(0, 1))
+
+
+# --------------------------------------------------------------------------------------------
+# Algorithm 1 (reference for compressor.allocation.PoolingAllocator)
+# --------------------------------------------------------------------------------------------
+
+
+def literal_algorithm1(
+    scores: list[float], budget: int, max_kernels: tuple[int, ...], avg_kernels: tuple[int, ...]
+) -> list[int]:
+    """Algorithm 1 of ILRe, loop by loop, with the readings documented in compressor/allocation.py.
+
+    scores: per-token scores (sink excluded), as Python floats. Returns the kept indices, ascending.
+    """
+    scores = [float(s) for s in scores]
+    length = len(scores)
+    if budget >= length:
+        return list(range(length))
+    n_comb = len(max_kernels) * len(avg_kernels)
+    taken: set[int] = set()
+    comb = 0
+    for m in max_kernels:
+        k_m = budget // m + 1
+        # MaxPooling, size = stride = m, a partial last block is a block of its own.
+        n_blocks = (length + m - 1) // m
+        maxed = []
+        for b in range(n_blocks):
+            block = scores[b * m : min((b + 1) * m, length)]
+            best = block[0]
+            for value in block[1:]:
+                if value > best:
+                    best = value
+            maxed.append(best)
+        for n in avg_kernels:
+            # AvgPooling, stride 1, window [i - (n-1)//2, i + n//2] clipped, mean of in-range values.
+            avg = []
+            for i in range(n_blocks):
+                lo = max(0, i - (n - 1) // 2)
+                hi = min(n_blocks - 1, i + n // 2)
+                window = maxed[lo : hi + 1]
+                avg.append(math.fsum(window) / len(window))
+            # Top K_m blocks by pooled score, ties by lower block index.
+            ranked_blocks = sorted(range(n_blocks), key=lambda b: (-avg[b], b))[:k_m]
+            candidates = []
+            for b in ranked_blocks:
+                for offset in range(m):
+                    token = b * m + offset
+                    if token < length:
+                        candidates.append(token)
+            share = (comb + 1) * budget // n_comb - comb * budget // n_comb
+            added = 0
+            for token in candidates:
+                if added >= share:
+                    break
+                if token not in taken:
+                    taken.add(token)
+                    added += 1
+            comb += 1
+    # Fill what the combinations could not from the highest raw scores.
+    for token in sorted(range(length), key=lambda j: (-scores[j], j)):
+        if len(taken) >= budget:
+            break
+        taken.add(token)
+    return sorted(taken)

@@ -1,0 +1,109 @@
+"""The `ilre` CLI as a user runs it: a real process, the embedded model, the JSON contract."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ILRE = [sys.executable, "-m", "ilre.service.cli"]
+CONTRACT = {"id", "token_ids", "kept_indices", "compressed_context", "query", "original_tokens",
+            "compressed_tokens", "ratio", "model", "layer", "strategy", "timings_ms"}
+FACT = "The vault code of the museum is 4471. "
+FILLER = "The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+CONTEXT = FILLER * 30 + FACT + FILLER * 30
+QUERY = " What is the vault code of the museum? The vault code is"
+
+
+def run(*args: str, stdin: bytes | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*ILRE, *args], input=stdin, capture_output=True, timeout=300,
+                          env={**os.environ, **(env or {})})
+
+
+def test_compress_json_has_contract_fields_and_consistent_ids(tmp_path: Path):
+    proc = run("compress", "--context", CONTEXT, "--query", QUERY, "--budget", "200", "--json")
+    assert proc.returncode == 0, proc.stderr.decode()
+    result = json.loads(proc.stdout)
+    assert CONTRACT <= set(result)
+    assert result["compressed_tokens"] == len(result["kept_indices"]) == 200
+    assert result["original_tokens"] > 1000
+    assert result["kept_indices"] == sorted(set(result["kept_indices"]))
+    assert result["kept_indices"][:4] == [0, 1, 2, 3]  # the sink
+    assert len(result["token_ids"]) > result["compressed_tokens"]  # query ids appended
+    assert result["ratio"] == pytest.approx(200 / result["original_tokens"], abs=1e-5)
+    assert result["strategy"] == "ilre" and result["model"] == "SmolLM2-135M-Instruct"
+    assert {"prefill", "score", "allocate", "total"} <= set(result["timings_ms"])
+    assert "4471" in result["compressed_context"]
+
+
+def test_compress_text_output_and_stdin(tmp_path: Path):
+    proc = run("compress", "--context-file", "-", "--query", QUERY, "--ratio", "0.1", stdin=CONTEXT.encode())
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert "kept" in proc.stderr.decode() and "context tokens" in proc.stderr.decode()
+    assert 0 < len(proc.stdout) < len(CONTEXT)
+
+
+def test_passthrough_when_context_fits():
+    proc = run("compress", "--context", "short text", "--query", "q?", "--json", "--strategy", "streaming_llm")
+    result = json.loads(proc.stdout)
+    assert result["passthrough"] is True and result["compressed_context"] == "short text"
+
+
+@pytest.mark.parametrize(
+    "args, stdin, message",
+    [
+        (["--context", ""], None, "context: must not be empty"),
+        (["--context", "abc", "--budget", "0"], None, "budget: must be a positive integer"),
+        (["--context", "abc", "--budget", "-5"], None, "budget: must be a positive integer"),
+        (["--context", "abc", "--ratio", "1.5"], None, "ratio: must be a number in (0, 1]"),
+        (["--context", "abc", "--strategy", "magic"], None, "strategy: unknown strategy 'magic'"),
+        (["--context-file", "/no/such/file"], None, "context-file: no such file"),
+        (["--context-file", "-"], b"ok \xff\xfe bytes", "context-file: not valid UTF-8"),
+        (["--context", "word " * 50, "--max-context-tokens", "10"], None,
+         "context: 50 tokens exceed the limit of 10 (max_context_tokens)"),
+        (["--context", "abc", "--layer", "99"], None, "layer: must be in 1..30"),
+        (["--context", "abc", "--model", "/no/such/dir"], None, "model:"),
+    ],
+)
+def test_bad_input_names_field_without_traceback(args, stdin, message):
+    proc = run("compress", "--query", "q", *args, stdin=stdin)
+    err = proc.stderr.decode()
+    assert proc.returncode == 2, err
+    assert message in err
+    assert "Traceback" not in err
+
+
+def test_batch_keeps_going_past_bad_lines(tmp_path: Path):
+    lines = [
+        json.dumps({"id": "a", "context": CONTEXT, "query": QUERY, "budget": 128}),
+        "{not json",
+        json.dumps({"id": "b", "context": "", "query": QUERY}),
+        json.dumps({"id": "c", "context": CONTEXT, "query": QUERY, "strategy": "streaming_llm"}),
+        json.dumps({"id": "d", "context": CONTEXT, "query": QUERY, "budget": 0}),
+        json.dumps({"id": "e", "context": CONTEXT, "query": QUERY, "colour": "red"}),
+    ]
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_bytes(("\n".join(lines) + "\n").encode() + b'{"id": "f", "context": "\xff", "query": "q"}\n')
+    proc = run("batch", "--input", str(source), "--output", str(target), "--ratio", "0.25")
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = [json.loads(line) for line in target.read_text().splitlines()]
+    assert [o.get("id") for o in out] == ["a", None, "b", "c", "d", "e", None]
+    assert out[0]["compressed_tokens"] == 128 and CONTRACT <= set(out[0])
+    assert "not valid JSON" in out[1]["error"]
+    assert out[2]["error"].startswith("context: must not be empty")
+    assert out[3]["strategy"] == "streaming_llm"
+    assert out[3]["compressed_tokens"] == -(-out[3]["original_tokens"] // 4)  # the default ratio applied
+    assert out[4]["error"].startswith("budget:")
+    assert out[5]["error"].startswith("colour: unknown field")
+    assert "not valid UTF-8" in out[6]["error"]
+    assert "5 compressed" not in proc.stderr.decode() and "2 compressed, 5 failed" in proc.stderr.decode()
+
+
+def test_batch_missing_input_is_a_clear_failure(tmp_path: Path):
+    proc = run("batch", "--input", str(tmp_path / "absent.jsonl"), "--output", str(tmp_path / "o.jsonl"))
+    assert proc.returncode == 2
+    assert "input: cannot read" in proc.stderr.decode() and "Traceback" not in proc.stderr.decode()
