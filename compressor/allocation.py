@@ -44,9 +44,15 @@ class PoolingAllocator:
     avg_kernels: tuple[int, ...] = tuple(range(1, 17))
 
     def __post_init__(self) -> None:
-        for name, sizes in (("max_kernels", self.max_kernels), ("avg_kernels", self.avg_kernels)):
-            if not sizes or any(int(s) < 1 for s in sizes):
-                raise ValueError(f"{name}: need at least one kernel, each >= 1 (got {sizes})")
+        for name in ("max_kernels", "avg_kernels"):
+            sizes = getattr(self, name)
+            if (
+                not isinstance(sizes, (list, tuple))
+                or not sizes
+                or any(isinstance(s, bool) or not isinstance(s, int) or s < 1 for s in sizes)
+            ):
+                raise ValueError(f"{name}: need at least one kernel, each an integer >= 1 (got {sizes!r})")
+            object.__setattr__(self, name, tuple(sizes))
 
     def allocate(self, scores: torch.Tensor, budget: int) -> torch.Tensor:
         """scores: (L,) per-token scores (sink excluded) -> (min(budget, L),) int64 indices, ascending."""

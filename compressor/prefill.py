@@ -114,6 +114,7 @@ def streaming_prefill(
     caches = [_LayerCache() for _ in range(l_r - 1)]
     bounds = chunk_bounds(length, config)
     base = bounds[-2][0] if len(bounds) >= 2 else 0  # start of chunk N_C - 1 (eq. 7 anchor)
+    top = score_layers[-1]  # layers above the highest score layer are never needed
     segments = [(a, b, i) for i, (a, b) in enumerate(bounds)] + [(length, length + query_ids.numel(), len(bounds))]
     for start, end, index in segments:
         is_query = index == len(bounds)
@@ -122,7 +123,7 @@ def streaming_prefill(
         sink_shift = (index - 1) * config.chunk if config.dca and index >= 2 else 0  # eq. 6
         key_shift = base - start if config.dca and not is_query and index < len(bounds) - 2 else 0  # eq. 7
         h = model.embed(ids.to(device))  # (T, D)
-        for l in range(1, l_r + 1):
+        for l in range(1, top + 1):
             layer = model.layer(l)
             if l == l_r:  # retrieval layer: q for the query, k for the context, nothing else
                 if is_query:
@@ -136,6 +137,8 @@ def streaming_prefill(
                     queries[l] = q
                 else:
                     keys[l][:, start:end] = rerotate(k, model.inv_freq, key_shift)
+            if l == top:
+                break
             cache = caches[l - 1]
             prefix = cache.prefix(sink_shift, model.inv_freq)
             if prefix is None:

@@ -20,6 +20,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
+import pytest
 import torch
 
 KINDS = ("llama", "llama3", "qwen2", "qwen2_yarn", "qwen3")
@@ -116,3 +117,17 @@ def copy_checkpoint(kind: str, target: Path, seed: int = 0) -> Path:
 def random_ids(n: int, seed: int) -> torch.Tensor:
     """(n,) int64 token ids in [0, VOCAB), reproducible."""
     return torch.randint(0, VOCAB, (n,), generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.fixture(autouse=True, scope="module")
+def single_thread():
+    """Run a test module's tiny tensor ops on one thread (restored afterwards).
+
+    The ops here are microseconds long; with 2 OpenMP threads on a busy 2-core machine each op can
+    wait milliseconds for the second thread (measured: linear 8x64x64 took 16 ms vs 9 us).
+    Import this into a test module to make it autouse there.
+    """
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)

@@ -21,7 +21,7 @@ class ILRe(Strategy):
     allocator: PoolingAllocator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "allocator", PoolingAllocator(tuple(self.max_kernels), tuple(self.avg_kernels)))
+        object.__setattr__(self, "allocator", PoolingAllocator(self.max_kernels, self.avg_kernels))
 
     def score(self, inputs: ScoreInputs) -> torch.Tensor:
         return inputs.attention

@@ -20,7 +20,10 @@ class SnapKV(Strategy):
     allocator: PoolingAllocator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "allocator", PoolingAllocator((1,), (int(self.kernel_size),)))
+        size = self.kernel_size
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"kernel_size: must be an integer >= 1 (got {size!r})")
+        object.__setattr__(self, "allocator", PoolingAllocator((1,), (size,)))
 
     def score(self, inputs: ScoreInputs) -> torch.Tensor:
         return inputs.attention

@@ -1,0 +1,45 @@
+"""One streamed chunk over [prefix | itself causally] against dense masked attention."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from tests.tiny_models import single_thread  # noqa: F401 (autouse)
+
+from ilre.kernels.chunk_attention import chunk_attention
+
+
+def dense_chunk_attention(q, k, v, n_prefix):
+    """q: (H, C, d); k, v: (KV, P + C, d) -> (H, C, d) with an explicit mask and repeated KV."""
+    n_chunk = q.shape[1]
+    group = q.shape[0] // k.shape[0]
+    k_rep, v_rep = k.repeat_interleave(group, 0), v.repeat_interleave(group, 0)  # (H, P+C, d)
+    mask = torch.zeros(n_chunk, n_prefix + n_chunk, dtype=torch.bool)
+    for i in range(n_chunk):
+        mask[i, : n_prefix + i + 1] = True  # whole prefix, chunk causally
+    logits = (q.double() @ k_rep.double().transpose(1, 2)) / math.sqrt(q.shape[-1])
+    return torch.softmax(logits.masked_fill(~mask, -math.inf), -1) @ v_rep.double()
+
+
+@pytest.mark.parametrize("n_prefix", [0, 1, 5])
+@pytest.mark.parametrize("group", [1, 2, 3])
+def test_chunk_attention_equals_dense(n_prefix, group):
+    gen = torch.Generator().manual_seed(n_prefix * 10 + group)
+    n_kv, n_chunk, dim = 2, 6, 8
+    q = 2 * torch.randn(n_kv * group, n_chunk, dim, generator=gen)  # (H, C, d)
+    k = torch.randn(n_kv, n_prefix + n_chunk, dim, generator=gen)  # (KV, P+C, d)
+    v = torch.randn(n_kv, n_prefix + n_chunk, dim, generator=gen)
+    got = chunk_attention(q, k, v, n_prefix)
+    assert got.shape == q.shape
+    torch.testing.assert_close(got.double(), dense_chunk_attention(q, k, v, n_prefix), atol=1e-5, rtol=1e-5)
+
+
+def test_first_query_of_chunk_ignores_later_chunk_tokens():
+    # with no prefix, the first query sees only its own token: output = its own value
+    q, k = torch.randn(2, 4, 8), torch.randn(1, 4, 8)
+    v = torch.arange(32.0).view(1, 4, 8)
+    out = chunk_attention(q, k, v, 0)
+    torch.testing.assert_close(out[:, 0], v[0, 0].expand(2, 8))

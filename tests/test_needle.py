@@ -1,0 +1,24 @@
+"""The real embedded model finds a passkey in a ~16K-token haystack (beyond its 8K window: DCA auto)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ilre.evaluation.passkey import make_passkey_sample
+from ilre.service.messages import CompressRequest
+
+DEPTHS = [d / 9 for d in range(10)]  # first token .. last, evenly
+
+
+@pytest.mark.slow
+def test_whole_passkey_survives_at_nine_of_ten_depths(engine):
+    survived = []
+    for depth in DEPTHS:
+        sample = make_passkey_sample(engine.tokenizer, 16000, depth, digits=6, seed=11)
+        result = engine.compress(CompressRequest(
+            context_ids=sample.context_ids, query_ids=sample.query_ids, budget=1024))
+        assert result.dca and result.compressed_tokens == 1024 and result.layer == engine.layer
+        kept = set(result.kept_indices)
+        survived.append(all(i in kept for i in range(*sample.needle)))
+    print("whole needle kept per depth:", dict(zip([round(d, 2) for d in DEPTHS], survived)))
+    assert sum(survived) >= 9, survived
