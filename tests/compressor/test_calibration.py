@@ -1,0 +1,41 @@
+"""l_R selection: recall per layer from one pass equals per-layer compression; smallest best layer."""
+
+from __future__ import annotations
+
+import torch
+
+from ilre.compressor.calibration import needle_kept, pick_layer, recall_by_layer
+from ilre.compressor.pipeline import select_context
+from ilre.compressor.prefill import PrefillConfig, streaming_prefill
+from ilre.compressor.strategies import make_strategy
+from ilre.models.loader import load_truncated
+from tests.tiny_models import N_LAYERS, random_ids, single_thread, tiny_checkpoint  # noqa: F401
+
+
+def test_pick_layer_takes_the_smallest_of_the_best():
+    assert pick_layer({1: 0.2, 2: 0.9, 3: 0.9, 4: 0.5}) == 2
+    assert pick_layer({5: 1.0, 3: 0.0, 9: 1.0}) == 5
+    assert pick_layer({1: 0.0, 2: 0.0}) == 1
+
+
+def test_needle_kept_needs_every_token():
+    kept = torch.tensor([0, 1, 2, 10, 11, 12, 20])
+    assert needle_kept(kept, (10, 13))
+    assert not needle_kept(kept, (10, 14))
+    assert not needle_kept(kept, (19, 21))
+
+
+def test_one_pass_recall_matches_compressing_at_each_layer():
+    config = PrefillConfig(sink=2, window=6, chunk=10)
+    context, query = random_ids(70, seed=3), random_ids(4, seed=4)
+    strategies = {"multi": make_strategy("ilre"), "single": make_strategy("snapkv")}
+    budget = 20
+    full = load_truncated(tiny_checkpoint("llama"), N_LAYERS)
+    state = streaming_prefill(full, context, query, config, tuple(range(1, N_LAYERS + 1)))
+    for needle in [(30, 33), (2, 4), (60, 70)]:
+        recalls = recall_by_layer(state, needle, budget, config.sink, strategies)
+        for layer in range(1, N_LAYERS + 1):
+            model = load_truncated(tiny_checkpoint("llama"), layer)
+            for name, strategy in strategies.items():
+                kept = select_context(model, context, query, budget, strategy, config).kept
+                assert recalls[name][layer] == needle_kept(kept, needle), (name, layer, needle)
