@@ -29,8 +29,8 @@ class CalibrationPlan:
     """lengths: context tokens (within the native window); digits: passkey lengths; depths: how
     many equal segments the needle visits; budget: tokens kept, as in the paper (1024)."""
 
-    lengths: tuple[int, ...] = (3072, 7168)
-    digits: tuple[int, ...] = (8, 16, 32)
+    lengths: tuple[int, ...] = (2048, 6144)
+    digits: tuple[int, ...] = (8, 32)
     depths: int = 20
     budget: int = 1024
     seed: int = 0

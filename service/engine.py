@@ -69,16 +69,20 @@ class Engine:
         if not 1 <= layer <= self.spec.num_layers:
             raise InputError(name, f"must be in 1..{self.spec.num_layers} (got {layer})")
 
-    def _ids(self, name: str, text: str | None, ids: list[int] | None, limit: int, limit_name: str) -> list[int]:
+    def _ids(self, name: str, text: str | None, ids: list[int] | None, limit: int, limit_name: str) -> torch.Tensor:
+        """(T,) int64 token ids of a text or checked ids; InputError when empty, too long, off-vocabulary."""
         if ids is None:
             ids = self.tokenizer(text, add_special_tokens=False).input_ids
-        elif (bad := next((i for i in ids if not 0 <= i < self.spec.vocab_size), None)) is not None:
-            raise InputError(f"{name}_ids", f"token id {bad} outside the vocabulary 0..{self.spec.vocab_size - 1}")
         if not ids:
             raise InputError(name, "has no tokens")
         if len(ids) > limit:
             raise InputError(name, f"{len(ids)} tokens exceed the limit of {limit} ({limit_name})")
-        return ids
+        tensor = torch.tensor(ids, dtype=torch.int64)
+        outside = (tensor < 0) | (tensor >= self.spec.vocab_size)
+        if bool(outside.any()):
+            bad = int(tensor[outside][0])
+            raise InputError(f"{name}_ids", f"token id {bad} outside the vocabulary 0..{self.spec.vocab_size - 1}")
+        return tensor
 
     def budget_for(self, request: CompressRequest, length: int) -> int:
         """Context tokens to keep: the request's budget, its ratio of `length`, or the default."""
@@ -104,17 +108,18 @@ class Engine:
         dca = request.dca == "on" or (request.dca == "auto" and total > self.spec.native_context)
         prefill = PrefillConfig(self.config.prefill.sink, self.config.prefill.window, self.config.prefill.chunk, dca)
         model = self.model_at(layer) if strategy.needs_attention else None
-        selection = select_context(model, torch.tensor(context_ids), torch.tensor(query_ids), budget, strategy, prefill)
+        selection = select_context(model, context_ids, query_ids, budget, strategy, prefill)
         kept = selection.kept.tolist()
-        kept_ids = [context_ids[i] for i in kept]
+        kept_ids = context_ids[selection.kept].tolist()
+        query_list = query_ids.tolist()
         selected = time.perf_counter()
         compressed = self.tokenizer.decode(kept_ids)
-        query = request.query if request.query is not None else self.tokenizer.decode(query_ids)
+        query = request.query if request.query is not None else self.tokenizer.decode(query_list)
         timings = {"tokenize": _ms(start, tokenized), **selection.timings_ms,
                    "detokenize": _ms(selected, time.perf_counter())}
         timings["total"] = _ms(start, time.perf_counter())
         return CompressResult(
-            id=request.id, token_ids=kept_ids + query_ids, kept_indices=kept, compressed_context=compressed,
+            id=request.id, token_ids=kept_ids + query_list, kept_indices=kept, compressed_context=compressed,
             query=query, original_tokens=len(context_ids), compressed_tokens=len(kept),
             ratio=round(len(kept) / len(context_ids), 6), model=self.model_name, layer=layer,
             strategy=strategy.name, dca=dca, passthrough=selection.passthrough, timings_ms=timings,
