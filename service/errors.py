@@ -1,0 +1,53 @@
+"""Service-level failures, independent of the transport: each maps to one gRPC status and one
+HTTP status (bad input itself is `messages.InputError`, mapped to INVALID_ARGUMENT)."""
+
+from __future__ import annotations
+
+from enum import Enum
+
+from .messages import InputError
+
+
+class Code(str, Enum):
+    """Failure classes, named after the gRPC status codes they map to."""
+
+    INVALID_ARGUMENT = "INVALID_ARGUMENT"      # bad input: the message names the field and the limit
+    UNAUTHENTICATED = "UNAUTHENTICATED"        # missing or wrong API key
+    RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"  # the queue is full, or a message is too large
+    DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"    # no result within the caller's deadline
+    UNAVAILABLE = "UNAVAILABLE"                # Redis down, model loading, no worker, shutting down
+    CANCELLED = "CANCELLED"                    # the caller went away
+    INTERNAL = "INTERNAL"                      # a bug, or a request that killed its workers
+
+
+HTTP_STATUS: dict[Code, int] = {
+    Code.INVALID_ARGUMENT: 400, Code.UNAUTHENTICATED: 401, Code.RESOURCE_EXHAUSTED: 429,
+    Code.DEADLINE_EXCEEDED: 504, Code.UNAVAILABLE: 503, Code.CANCELLED: 499, Code.INTERNAL: 500,
+}
+
+
+class ServiceError(Exception):
+    """A request that did not produce a result. `field` names the request field when known."""
+
+    def __init__(self, code: Code, message: str, field: str | None = None, http_status: int | None = None):
+        super().__init__(message)
+        self.code = Code(code)
+        self.message = message
+        self.field = field
+        self.http_status = http_status or HTTP_STATUS[self.code]  # 413 for a body too large
+
+    @classmethod
+    def from_input(cls, exc: InputError) -> "ServiceError":
+        return cls(Code.INVALID_ARGUMENT, str(exc), exc.field)
+
+    def to_dict(self) -> dict[str, str | None]:
+        """The JSON form (HTTP body, Redis result envelope): code, message and field."""
+        return {"code": self.code.value, "message": self.message, "field": self.field}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "ServiceError":
+        try:
+            code = Code(data.get("code"))
+        except ValueError:
+            code = Code.INTERNAL
+        return cls(code, str(data.get("message", "")), data.get("field"))

@@ -1,0 +1,98 @@
+"""The transport-independent front end: build the request, enqueue it, await it, count it.
+
+gRPC (grpc_server.py) and HTTP (http_app.py) are thin adapters onto `Frontend`; the queue behind
+it is the in-process batcher (queue_local.py) or Redis (queue_redis.py), which share one interface.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import logging
+import time
+from typing import Any, Protocol
+
+from .config import ServiceConfig
+from .errors import Code, ServiceError
+from .info import ModelInfo
+from .messages import CompressRequest, CompressResult, InputError
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+class Queue(Protocol):
+    """What the front end needs from a queue."""
+
+    kind: str
+
+    async def start(self) -> None: ...
+    async def submit(self, request: CompressRequest, timeout_s: float) -> CompressResult: ...
+    async def ready(self) -> bool: ...
+    async def depth(self) -> int: ...
+    async def model_info(self) -> ModelInfo: ...
+    async def close(self) -> None: ...
+
+
+class Frontend:
+    """defaults: request fields applied when a request leaves them out (`ilre serve --budget ...`)."""
+
+    def __init__(self, queue: Queue, metrics: Metrics, config: ServiceConfig,
+                 defaults: dict[str, Any] | None = None):
+        self.queue, self.metrics, self.config = queue, metrics, config
+        self.defaults = {k: v for k, v in (defaults or {}).items() if v is not None}
+
+    def build_request(self, data: Any) -> CompressRequest:
+        """A validated request from contract fields (InputError names the field and the limit)."""
+        try:
+            return CompressRequest.from_json(data, self.defaults)
+        except TypeError as exc:
+            raise InputError("request", str(exc)) from None
+
+    async def compress(self, data: dict[str, Any] | CompressRequest, timeout_s: float | None,
+                       method: str) -> CompressResult:
+        """Validate `data` (contract fields) and run it through the queue within `timeout_s`
+        (None = the configured default); ServiceError on every failure, metrics on every path."""
+        start = time.perf_counter()
+        self.metrics.requests.labels(method).inc()
+        timeout = timeout_s if timeout_s is not None else self.config.request_timeout_s
+        try:
+            request = data if isinstance(data, CompressRequest) else self.build_request(data)
+            if timeout <= 0:
+                raise ServiceError(Code.DEADLINE_EXCEEDED, "deadline: already passed on arrival")
+            result = await self.queue.submit(request, timeout)
+        except ServiceError as exc:
+            self.record_error(exc.code)
+            raise
+        except InputError as exc:
+            self.record_error(Code.INVALID_ARGUMENT)
+            raise ServiceError.from_input(exc) from None
+        except asyncio.CancelledError:
+            self.record_error(Code.CANCELLED)
+            raise
+        except Exception as exc:  # a bug: one line to the caller, the traceback to the log
+            log.exception("compress failed")
+            self.record_error(Code.INTERNAL)
+            raise ServiceError(Code.INTERNAL, f"internal: {type(exc).__name__}: {exc}") from None
+        self.metrics.latency.labels(method).observe(time.perf_counter() - start)
+        if self.queue.kind == "redis":  # the local queue's engine thread records these itself
+            self.metrics.observe_result(result.timings_ms, result.original_tokens, result.compressed_tokens)
+        return result
+
+    def record_error(self, code: Code) -> None:
+        self.metrics.errors.labels(code.value).inc()
+
+    async def model_info(self) -> ModelInfo:
+        info = await self.queue.model_info()
+        return dataclasses.replace(info, queue=self.queue.kind, max_message_bytes=self.config.max_message_bytes)
+
+    async def ready(self) -> bool:
+        ready = await self.queue.ready()
+        self.metrics.ready.set(1 if ready else 0)
+        return ready
+
+    async def metrics_text(self) -> bytes:
+        """The Prometheus exposition, with the queue depth and readiness refreshed."""
+        self.metrics.queue_depth.set(await self.queue.depth())
+        await self.ready()
+        return self.metrics.render()

@@ -1,0 +1,120 @@
+"""gRPC transport: a thin servicer onto Frontend, plus health, reflection, API keys and TLS."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+
+import grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
+from grpc_health.v1._async import HealthServicer
+from grpc_reflection.v1alpha import reflection
+
+from .auth import AuthInterceptor
+from .config import ConfigError, ServiceConfig
+from .convert import StreamAssembler, pb, pb_grpc, request_to_dict, result_to_proto
+from .errors import Code, ServiceError
+from .frontend import Frontend
+from .messages import InputError
+
+log = logging.getLogger(__name__)
+
+SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Compressor"].full_name  # "ilre.v1.Compressor"
+HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
+
+
+async def _abort(context: grpc.aio.ServicerContext, exc: ServiceError) -> None:
+    """End the call with the error's status; the field, when known, also goes in `ilre-field`."""
+    metadata = (("ilre-field", exc.field),) if exc.field else ()
+    await context.abort(grpc.StatusCode[exc.code.value], exc.message, trailing_metadata=metadata)
+
+
+class CompressorServicer(pb_grpc.CompressorServicer):
+    """ilre.v1.Compressor: every method maps its message onto Frontend and back."""
+
+    def __init__(self, frontend: Frontend):
+        self.frontend = frontend
+
+    async def Compress(self, request: pb.CompressRequest, context: grpc.aio.ServicerContext) -> pb.CompressResponse:
+        return await self._run(request_to_dict(request), context, "grpc.Compress")
+
+    async def CompressStream(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.CompressResponse:
+        cfg = self.frontend.config
+        assembler = StreamAssembler(cfg.max_context_bytes, cfg.max_context_tokens)
+        try:
+            async for part in request_iterator:
+                assembler.add(part)
+            data = assembler.finish()
+        except InputError as exc:
+            self.frontend.metrics.requests.labels("grpc.CompressStream").inc()
+            self.frontend.record_error(Code.INVALID_ARGUMENT)
+            await _abort(context, ServiceError.from_input(exc))
+        return await self._run(data, context, "grpc.CompressStream")
+
+    async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
+        self.frontend.metrics.requests.labels("grpc.GetModelInfo").inc()
+        try:
+            info = await self.frontend.model_info()
+        except ServiceError as exc:
+            self.frontend.record_error(exc.code)
+            await _abort(context, exc)
+        return pb.ModelInfo(**info.to_dict())
+
+    async def _run(self, data: dict, context: grpc.aio.ServicerContext, method: str) -> pb.CompressResponse:
+        try:
+            result = await self.frontend.compress(data, context.time_remaining(), method)
+        except ServiceError as exc:
+            await _abort(context, exc)
+        return result_to_proto(result)
+
+
+def build_grpc_server(frontend: Frontend, config: ServiceConfig) -> tuple[grpc.aio.Server, HealthServicer, int]:
+    """The server (not started), its health servicer, and the port it is bound to."""
+    cfg = config
+    options = [("grpc.max_receive_message_length", cfg.max_message_bytes),
+               ("grpc.max_send_message_length", cfg.max_message_bytes),
+               ("grpc.so_reuseport", 0)]
+    interceptors = [AuthInterceptor(cfg.api_keys)] if cfg.api_keys.enabled else []
+    server = grpc.aio.server(interceptors=interceptors, options=options)
+    pb_grpc.add_CompressorServicer_to_server(CompressorServicer(frontend), server)
+    health = HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health, server)
+    reflection.enable_server_reflection([SERVICE_NAME, HEALTH_SERVICE_NAME, reflection.SERVICE_NAME], server)
+    address = f"{cfg.host}:{cfg.grpc_port}"
+    try:
+        if cfg.tls:
+            port = server.add_secure_port(address, server_credentials(cfg))
+        else:
+            port = server.add_insecure_port(address)
+    except RuntimeError as exc:
+        raise ConfigError(f"grpc_port: cannot listen on {address} ({exc})") from None
+    return server, health, port
+
+
+def server_credentials(cfg: ServiceConfig) -> grpc.ServerCredentials:
+    """TLS from PEM files; with tls_client_ca, clients must present a certificate it signed."""
+    try:
+        key, cert = Path(cfg.tls_key).read_bytes(), Path(cfg.tls_cert).read_bytes()
+        client_ca = Path(cfg.tls_client_ca).read_bytes() if cfg.tls_client_ca else None
+    except OSError as exc:
+        raise ConfigError(f"tls: cannot read {exc.filename}: {exc.strerror}") from None
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=client_ca,
+                                       require_client_auth=client_ca is not None)
+
+
+async def track_health(frontend: Frontend, health: HealthServicer, period_s: float = 1.0) -> None:
+    """Keep the standard health service in step with readiness (model loaded / Redis and a worker)."""
+    last = None
+    while True:
+        try:
+            serving = await frontend.ready()
+        except Exception:  # readiness must never kill the tracker: count it as not ready
+            log.exception("readiness check failed")
+            serving = False
+        if serving != last:
+            status = health_pb2.HealthCheckResponse.SERVING if serving else health_pb2.HealthCheckResponse.NOT_SERVING
+            for name in ("", SERVICE_NAME):
+                await health.set(name, status)
+            last = serving
+        await asyncio.sleep(period_s)

@@ -1,0 +1,50 @@
+"""What a running engine serves: the model, its layers and the limits (GetModelInfo, /v1/model)."""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from ..compressor.strategies import STRATEGIES
+from .engine import Engine
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    """Mirrors ilre.v1.ModelInfo; `queue` and `max_message_bytes` are filled in by the front end."""
+
+    model: str
+    layer: int
+    num_layers: int
+    vocab_size: int
+    native_context: int
+    calibrated: bool
+    strategies: list[str]
+    default_budget: int
+    max_context_tokens: int
+    max_query_tokens: int
+    sink: int
+    window: int  # 0 = unbounded
+    chunk: int
+    queue: str = "local"
+    max_message_bytes: int = 0
+
+    @classmethod
+    def from_engine(cls, engine: Engine) -> "ModelInfo":
+        cfg = engine.config
+        return cls(
+            model=engine.model_name, layer=engine.layer, num_layers=engine.spec.num_layers,
+            vocab_size=engine.spec.vocab_size, native_context=engine.spec.native_context,
+            calibrated=bool(engine.profile.calibrated), strategies=sorted(STRATEGIES),
+            default_budget=cfg.default_budget, max_context_tokens=cfg.max_context_tokens,
+            max_query_tokens=cfg.max_query_tokens, sink=cfg.prefill.sink, window=cfg.prefill.window or 0,
+            chunk=cfg.prefill.chunk,
+        )
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "ModelInfo":
+        known = set(cls.__dataclass_fields__)
+        return cls(**{k: v for k, v in data.items() if k in known})
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)

@@ -1,0 +1,46 @@
+"""Prometheus metrics of one service instance (its own registry: several may share a process)."""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
+BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
+
+
+class Metrics:
+    """requests by method, errors by code, queue depth, batch sizes, latencies, tokens in/out."""
+
+    content_type = CONTENT_TYPE_LATEST
+
+    def __init__(self) -> None:
+        self.registry = registry = CollectorRegistry()
+        self.requests = Counter("ilre_requests", "Requests received, by method", ["method"], registry=registry)
+        self.errors = Counter("ilre_errors", "Requests that failed, by status code", ["code"], registry=registry)
+        self.queue_depth = Gauge("ilre_queue_depth", "Accepted requests not yet finished", registry=registry)
+        self.batch_size = Histogram("ilre_batch_size", "Requests per processed batch", buckets=BATCH_BUCKETS,
+                                    registry=registry)
+        self.latency = Histogram("ilre_request_latency_seconds", "End-to-end request latency, by method",
+                                 ["method"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.queue_wait = Histogram("ilre_queue_wait_seconds", "Time from acceptance to processing",
+                                    buckets=LATENCY_BUCKETS, registry=registry)
+        self.compute = Histogram("ilre_compress_seconds", "Engine time per request", buckets=LATENCY_BUCKETS,
+                                 registry=registry)
+        self.tokens_in = Counter("ilre_tokens_in", "Context tokens received", registry=registry)
+        self.tokens_out = Counter("ilre_tokens_out", "Context tokens kept", registry=registry)
+        self.dropped = Counter("ilre_dropped", "Queued requests dropped (caller gone or deadline passed)",
+                               registry=registry)
+        self.ready = Gauge("ilre_ready", "1 when requests can be served (model loaded / worker alive)",
+                           registry=registry)
+
+    def observe_result(self, timings_ms: dict[str, float], tokens_in: int, tokens_out: int) -> None:
+        """Record one finished compression."""
+        if "queue" in timings_ms:
+            self.queue_wait.observe(timings_ms["queue"] / 1000.0)
+        if "total" in timings_ms:
+            self.compute.observe(timings_ms["total"] / 1000.0)
+        self.tokens_in.inc(tokens_in)
+        self.tokens_out.inc(tokens_out)
+
+    def render(self) -> bytes:
+        return generate_latest(self.registry)

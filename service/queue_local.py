@@ -1,0 +1,176 @@
+"""The in-process batcher (the embedded default): one engine, one compute thread, a bounded queue.
+
+Data flow: `submit` (event loop) appends a job and awaits its future -> the batch loop takes up
+to max_batch jobs (waiting at most max_wait for the batch to fill) -> one executor call runs them
+in order on the engine thread, skipping jobs whose caller is gone or whose deadline has passed ->
+each result is handed back to its future as soon as it is ready.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import logging
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable
+
+from .engine import Engine
+from .errors import Code, ServiceError
+from .info import ModelInfo
+from .messages import CompressRequest, CompressResult, InputError
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class _Job:
+    request: CompressRequest
+    future: asyncio.Future
+    deadline: float                      # time.monotonic()
+    accepted: float = field(default_factory=time.monotonic)
+
+
+class LocalQueue:
+    """Batches requests onto one Engine; `engine` may be a ready Engine or a factory run at start."""
+
+    kind = "local"
+
+    def __init__(self, engine: Engine | Callable[[], Engine], metrics: Metrics, *, max_batch: int = 8,
+                 max_wait_s: float = 0.005, max_depth: int = 256):
+        self._engine_source = engine
+        self.engine: Engine | None = engine if isinstance(engine, Engine) else None
+        self.metrics = metrics
+        self.max_batch, self.max_wait_s, self.max_depth = max_batch, max_wait_s, max_depth
+        self._jobs: collections.deque[_Job] = collections.deque()
+        self._running: list[_Job] = []
+        self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="ilre-engine")
+        self._tasks: list[asyncio.Task] = []
+        self._closing = False
+        self.load_error: str | None = None
+        self.load_failed = asyncio.Event()
+
+    async def start(self) -> None:
+        """Load the engine (if given a factory) in the background and start the batch loop."""
+        loop = asyncio.get_running_loop()
+        if self.engine is None:
+            self._tasks.append(loop.create_task(self._load()))
+        self._tasks.append(loop.create_task(self._batch_loop()))
+
+    async def _load(self) -> None:
+        try:
+            self.engine = await asyncio.get_running_loop().run_in_executor(self._executor, self._engine_source)
+            log.info("model loaded: %s", self.engine.model_name)
+        except Exception as exc:  # reported by readyz/model_info; the process keeps serving health
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            log.error("model failed to load: %s", self.load_error)
+            self.load_failed.set()
+
+    async def ready(self) -> bool:
+        return self.engine is not None and not self._closing
+
+    async def depth(self) -> int:
+        return self._depth()
+
+    def _depth(self) -> int:
+        """Accepted jobs whose caller still waits (abandoned ones free their slot at once)."""
+        return sum(not job.future.done() for job in (*self._jobs, *self._running))
+
+    async def model_info(self) -> ModelInfo:
+        if self.engine is None:
+            raise ServiceError(Code.UNAVAILABLE, self._not_loaded())
+        return ModelInfo.from_engine(self.engine)
+
+    def _not_loaded(self) -> str:
+        return f"model: failed to load ({self.load_error})" if self.load_error else "model: still loading"
+
+    async def submit(self, request: CompressRequest, timeout_s: float) -> CompressResult:
+        """Queue one request and await its result within `timeout_s`."""
+        if self._closing:
+            raise ServiceError(Code.UNAVAILABLE, "service: shutting down")
+        if self.engine is None:
+            raise ServiceError(Code.UNAVAILABLE, self._not_loaded())
+        depth = self._depth()
+        if depth >= self.max_depth:
+            raise ServiceError(Code.RESOURCE_EXHAUSTED,
+                               f"queue: {depth} requests waiting, the limit is {self.max_depth} (max_queue)")
+        job = _Job(request, asyncio.get_running_loop().create_future(), time.monotonic() + timeout_s)
+        self._jobs.append(job)
+        self.metrics.queue_depth.set(depth + 1)
+        self._wakeup.set()
+        try:
+            return await asyncio.wait_for(asyncio.shield(job.future), timeout_s)
+        except asyncio.TimeoutError:
+            raise ServiceError(Code.DEADLINE_EXCEEDED, f"deadline: no result within {timeout_s:.3g} s") from None
+        finally:
+            job.future.cancel()  # no-op when done; otherwise the batch loop drops the job
+
+    async def _batch_loop(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            while not self._jobs:
+                self._wakeup.clear()
+                await self._wakeup.wait()
+            if len(self._jobs) < self.max_batch and self.max_wait_s > 0:
+                await asyncio.sleep(self.max_wait_s)  # let the batch fill up
+            batch = [self._jobs.popleft() for _ in range(min(self.max_batch, len(self._jobs)))]
+            batch = [job for job in batch if self._still_wanted(job)]
+            if not batch:
+                continue
+            self.metrics.batch_size.observe(len(batch))
+            self._running = batch
+            try:
+                await loop.run_in_executor(self._executor, self._run_batch, batch, loop)
+            finally:
+                self._running = []
+                self.metrics.queue_depth.set(self._depth())
+
+    def _still_wanted(self, job: _Job) -> bool:
+        """False (and counted as dropped) when the caller is gone or the deadline has passed."""
+        if job.future.done() or time.monotonic() >= job.deadline:
+            self.metrics.dropped.inc()
+            return False
+        return True
+
+    def _run_batch(self, batch: list[_Job], loop: asyncio.AbstractEventLoop) -> None:
+        """On the engine thread: run each still-wanted job, hand each outcome back at once."""
+        for job in batch:
+            if self._closing:
+                loop.call_soon_threadsafe(_deliver, job.future, ServiceError(Code.UNAVAILABLE, "service: shutting down"))
+                continue
+            if not self._still_wanted(job):
+                continue
+            started = time.monotonic()
+            try:
+                result = self.engine.compress(job.request)
+                result.timings_ms["queue"] = round((started - job.accepted) * 1000.0, 3)
+                self.metrics.observe_result(result.timings_ms, result.original_tokens, result.compressed_tokens)
+                outcome: CompressResult | BaseException = result
+            except InputError as exc:
+                outcome = ServiceError.from_input(exc)
+            except Exception as exc:  # a bug in the engine: the caller gets INTERNAL, the loop goes on
+                log.exception("compress failed")
+                outcome = ServiceError(Code.INTERNAL, f"internal: {type(exc).__name__}: {exc}")
+            loop.call_soon_threadsafe(_deliver, job.future, outcome)
+
+    async def close(self) -> None:
+        """Stop taking work, fail what is still queued with UNAVAILABLE, stop the loop and thread."""
+        self._closing = True
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        while self._jobs:
+            _deliver(self._jobs.popleft().future, ServiceError(Code.UNAVAILABLE, "service: shutting down"))
+        await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
+
+
+def _deliver(future: asyncio.Future, outcome: CompressResult | BaseException) -> None:
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)

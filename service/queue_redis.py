@@ -1,0 +1,225 @@
+"""The Redis queue, front-end side: requests go onto a Redis Stream, results come back on a
+per-request key (workers: service/worker.py).
+
+Keys (prefix "ilre" by default):
+  {p}:requests       stream of {rid, payload (request JSON), deadline (unix s)}; bounded by max_queue
+  {p}:workers        the consumer group the workers read through
+  {p}:result:{rid}   list holding the result envelope; the front end BLPOPs it within the deadline
+  {p}:cancel:{rid}   set when the caller is gone or its deadline passed: workers drop the entry
+  {p}:worker:{name}  a live worker's ModelInfo (JSON), with a TTL refreshed by its heartbeat
+  {p}:dead-letter    entries whose workers died max_attempts times
+Envelope: {"ok": <result dict>} or {"error": {"code", "message", "field"}}.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+import logging
+import math
+import time
+import uuid
+from dataclasses import dataclass
+from typing import Any
+
+import redis.asyncio as aioredis
+from redis.asyncio.retry import Retry
+from redis.backoff import ExponentialBackoff
+from redis.exceptions import RedisError, ResponseError
+
+from .errors import Code, ServiceError
+from .info import ModelInfo
+from .messages import CompressRequest, CompressResult
+from .metrics import Metrics
+
+log = logging.getLogger(__name__)
+
+BLOCK_CHUNK_S = 2.0  # a waiting front end re-issues BLPOP at least this often
+RESULT_GRACE_S = 30  # result and cancel keys outlive the deadline by this much
+
+# Atomic bounded enqueue: XADD only while the stream holds fewer than ARGV[1] entries.
+ENQUEUE = """
+local n = redis.call('XLEN', KEYS[1])
+if n >= tonumber(ARGV[1]) then return {0, n} end
+redis.call('XADD', KEYS[1], '*', 'rid', ARGV[2], 'payload', ARGV[3], 'deadline', ARGV[4])
+return {1, n + 1}
+"""
+
+
+@dataclass(frozen=True)
+class RedisKeys:
+    """Key names under one prefix (see the module docstring)."""
+
+    prefix: str = "ilre"
+
+    @property
+    def stream(self) -> str:
+        return f"{self.prefix}:requests"
+
+    @property
+    def group(self) -> str:
+        return f"{self.prefix}:workers"
+
+    @property
+    def dead_letter(self) -> str:
+        return f"{self.prefix}:dead-letter"
+
+    def result(self, rid: str) -> str:
+        return f"{self.prefix}:result:{rid}"
+
+    def cancel(self, rid: str) -> str:
+        return f"{self.prefix}:cancel:{rid}"
+
+    def worker(self, name: str) -> str:
+        return f"{self.prefix}:worker:{name}"
+
+
+def connect(url: str) -> aioredis.Redis:
+    """An asyncio client that fails fast while Redis is down and reconnects by itself after."""
+    return aioredis.Redis.from_url(
+        url, decode_responses=True, socket_connect_timeout=2.0, socket_timeout=BLOCK_CHUNK_S + 8.0,
+        retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2), health_check_interval=10,
+    )
+
+
+async def ensure_group(client: aioredis.Redis, keys: RedisKeys) -> None:
+    """Create the stream and the consumer group (from the start, so nothing queued is skipped)."""
+    try:
+        await client.xgroup_create(keys.stream, keys.group, id="0", mkstream=True)
+    except ResponseError as exc:
+        if "BUSYGROUP" not in str(exc):
+            raise
+
+
+def encode_request(request: CompressRequest) -> str:
+    return json.dumps({k: v for k, v in dataclasses.asdict(request).items() if v is not None})
+
+
+def encode_outcome(outcome: CompressResult | ServiceError) -> str:
+    if isinstance(outcome, ServiceError):
+        return json.dumps({"error": outcome.to_dict()})
+    return json.dumps({"ok": outcome.to_dict()})
+
+
+def decode_outcome(raw: str) -> CompressResult:
+    """The result in an envelope, or raise the ServiceError it carries."""
+    envelope = json.loads(raw)
+    if "ok" in envelope:
+        return CompressResult(**envelope["ok"])
+    raise ServiceError.from_dict(envelope.get("error", {}))
+
+
+def unavailable(exc: BaseException) -> ServiceError:
+    return ServiceError(Code.UNAVAILABLE, f"queue: Redis is unreachable ({type(exc).__name__}); retry later")
+
+
+class RedisQueue:
+    """Front-end side of the Redis queue: bounded enqueue, await the result within the deadline."""
+
+    kind = "redis"
+
+    def __init__(self, url: str, metrics: Metrics, *, prefix: str = "ilre", max_depth: int = 256,
+                 retry_s: float = 5.0):
+        self.client = connect(url)
+        self.keys = RedisKeys(prefix)
+        self.metrics = metrics
+        self.max_depth, self.retry_s = max_depth, retry_s
+        self._enqueue = self.client.register_script(ENQUEUE)
+        self._background: set[asyncio.Task] = set()
+        self._depth = 0
+
+    async def start(self) -> None:
+        try:
+            await ensure_group(self.client, self.keys)
+        except RedisError as exc:  # not fatal: readyz says not ready until Redis answers
+            log.warning("Redis not reachable at start (%s); will keep trying per request", type(exc).__name__)
+
+    async def ready(self) -> bool:
+        """Redis answers and at least one worker is registered."""
+        try:
+            return bool(await self._workers(limit=1))
+        except RedisError:
+            return False
+
+    async def depth(self) -> int:
+        try:
+            self._depth = await self.client.xlen(self.keys.stream)
+        except RedisError:
+            pass
+        return self._depth
+
+    async def _workers(self, limit: int = 100) -> list[str]:
+        names: list[str] = []
+        async for key in self.client.scan_iter(match=self.keys.worker("*"), count=100):
+            names.append(key)
+            if len(names) >= limit:
+                break
+        return sorted(names)
+
+    async def model_info(self) -> ModelInfo:
+        """The model of a live worker (any: workers behind one stream serve one model)."""
+        try:
+            names = await self._workers()
+            raw = [v for v in (await self.client.mget(names) if names else []) if v]
+        except RedisError as exc:
+            raise unavailable(exc) from None
+        if not raw:
+            raise ServiceError(Code.UNAVAILABLE, "queue: no worker is registered (start `ilre worker`)")
+        return ModelInfo.from_dict(json.loads(raw[0]))
+
+    async def submit(self, request: CompressRequest, timeout_s: float) -> CompressResult:
+        """Enqueue (RESOURCE_EXHAUSTED when full, UNAVAILABLE when Redis is down), await the result."""
+        rid = uuid.uuid4().hex
+        deadline = time.time() + timeout_s
+        try:
+            added, depth = await self._enqueue(keys=[self.keys.stream],
+                                               args=[self.max_depth, rid, encode_request(request), repr(deadline)])
+        except RedisError as exc:
+            raise unavailable(exc) from None
+        self._depth = int(depth)
+        self.metrics.queue_depth.set(self._depth)
+        if not added:
+            raise ServiceError(Code.RESOURCE_EXHAUSTED,
+                               f"queue: {depth} requests waiting, the limit is {self.max_depth} (max_queue)")
+        try:
+            return decode_outcome(await self._await(rid, deadline, timeout_s))
+        except BaseException as exc:
+            if not isinstance(exc, ServiceError) or exc.code in (Code.DEADLINE_EXCEEDED, Code.UNAVAILABLE):
+                self._spawn(self._cancel(rid, deadline))  # caller gone or gave up: workers drop it
+            raise
+
+    async def _await(self, rid: str, deadline: float, timeout_s: float) -> str:
+        """BLPOP the result key in chunks until the deadline; ride out Redis outages up to retry_s."""
+        failing_since: float | None = None
+        while (remaining := deadline - time.time()) > 0:
+            try:
+                item = await self.client.blpop([self.keys.result(rid)], timeout=max(0.01, min(remaining, BLOCK_CHUNK_S)))
+                failing_since = None
+            except RedisError as exc:
+                now = time.monotonic()
+                failing_since = failing_since or now
+                if now - failing_since >= self.retry_s:
+                    raise unavailable(exc) from None
+                await asyncio.sleep(min(0.2, max(remaining, 0)))
+                continue
+            if item:
+                return item[1]
+        raise ServiceError(Code.DEADLINE_EXCEEDED, f"deadline: no result within {timeout_s:.3g} s")
+
+    async def _cancel(self, rid: str, deadline: float) -> None:
+        ttl = max(1, math.ceil(deadline - time.time())) + RESULT_GRACE_S
+        try:
+            await self.client.set(self.keys.cancel(rid), "1", ex=ttl)
+        except RedisError:
+            pass  # the worker still drops it once its deadline has passed
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coro)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def close(self) -> None:
+        if self._background:
+            await asyncio.gather(*self._background, return_exceptions=True)
+        await self.client.aclose()

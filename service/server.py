@@ -1,0 +1,191 @@
+"""`ilre serve`: one front end = a queue + the gRPC server + the HTTP server, with graceful shutdown.
+
+Start: queue (the local queue loads the model in the background) -> gRPC -> HTTP; /healthz answers
+at once, /readyz and the gRPC health service turn ready when the model is loaded (or, with Redis,
+when Redis answers and a worker is registered).
+Stop (SIGTERM/SIGINT): health NOT_SERVING -> both servers stop taking calls and give in-flight ones
+shutdown_grace_s -> the queue closes (what is still queued locally fails with UNAVAILABLE).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import signal
+import socket
+import ssl
+import sys
+import threading
+from typing import Any, Callable
+
+import uvicorn
+
+from .config import ConfigError, ServiceConfig
+from .engine import Engine
+from .frontend import Frontend
+from .grpc_server import build_grpc_server, track_health
+from .http_app import build_app
+from .metrics import Metrics
+from .queue_local import LocalQueue
+from .queue_redis import RedisQueue
+
+log = logging.getLogger(__name__)
+
+
+class _Uvicorn(uvicorn.Server):
+    """uvicorn without its own signal handling: Service owns shutdown."""
+
+    @contextlib.contextmanager
+    def capture_signals(self):
+        yield
+
+
+class Service:
+    """A front end. engine: an Engine, or a factory the local queue runs at start (default: the
+    embedded model); unused with a Redis URL. defaults: request fields for requests that omit them."""
+
+    def __init__(self, config: ServiceConfig, engine: Engine | Callable[[], Engine] | None = None,
+                 defaults: dict[str, Any] | None = None):
+        self.config = config
+        self.metrics = Metrics()
+        if config.redis_url:
+            queue: Any = RedisQueue(config.redis_url, self.metrics, prefix=config.redis_prefix,
+                                    max_depth=config.max_queue, retry_s=config.redis_retry_s)
+        else:
+            queue = LocalQueue(engine or Engine, self.metrics, max_batch=config.max_batch,
+                               max_wait_s=config.max_wait_ms / 1000.0, max_depth=config.max_queue)
+        self.frontend = Frontend(queue, self.metrics, config, defaults)
+        self.grpc_port: int | None = None
+        self.http_port: int | None = None
+        self._tasks: list[asyncio.Task] = []
+
+    async def start(self) -> None:
+        cfg = self.config
+        await self.frontend.queue.start()
+        self._grpc, self._health, self.grpc_port = build_grpc_server(self.frontend, cfg)
+        await self._grpc.start()
+        self._tasks.append(asyncio.create_task(track_health(self.frontend, self._health)))
+        sock = _listen(cfg.host, cfg.http_port)
+        self.http_port = sock.getsockname()[1]
+        tls: dict[str, Any] = {}
+        if cfg.tls:
+            tls = {"ssl_certfile": cfg.tls_cert, "ssl_keyfile": cfg.tls_key}
+            if cfg.tls_client_ca:
+                tls.update(ssl_ca_certs=cfg.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
+        self._http = _Uvicorn(uvicorn.Config(build_app(self.frontend), lifespan="off", log_config=None,
+                                             access_log=False, timeout_graceful_shutdown=max(1, int(cfg.shutdown_grace_s)),
+                                             **tls))
+        self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))
+        while not self._http.started:
+            if self._http_task.done():
+                self._http_task.result()
+                raise ConfigError(f"http_port: the HTTP server did not start on {cfg.host}:{self.http_port}")
+            await asyncio.sleep(0.01)
+
+    async def stop(self) -> None:
+        """Graceful: no new calls, in-flight ones get shutdown_grace_s, then the queue closes."""
+        await self._health.enter_graceful_shutdown()
+        for task in self._tasks:
+            task.cancel()
+        self._http.should_exit = True
+        await asyncio.gather(self._grpc.stop(self.config.shutdown_grace_s), self._http_task, *self._tasks,
+                             return_exceptions=True)
+        await self.frontend.queue.close()
+
+    async def __aenter__(self) -> "Service":
+        await self.start()
+        return self
+
+    async def __aexit__(self, *exc: Any) -> None:
+        await self.stop()
+
+
+def _listen(host: str, port: int) -> socket.socket:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    try:
+        return socket.create_server((host, port), family=family)
+    except OSError as exc:
+        raise ConfigError(f"http_port: cannot listen on {host}:{port} ({exc.strerror})") from None
+
+
+def run_serve(config: ServiceConfig, engine: Engine | Callable[[], Engine] | None = None,
+              defaults: dict[str, Any] | None = None) -> int:
+    """Serve until SIGTERM/SIGINT, then shut down gracefully."""
+
+    async def main() -> int:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        async with Service(config, engine, defaults) as service:
+            scheme = "https" if config.tls else "http"
+            queue = f"Redis at {config.redis_url.split('@')[-1]}" if config.redis_url else "in-process"
+            print(f"ilre: gRPC on {config.host}:{service.grpc_port}{' (TLS)' if config.tls else ''}, "
+                  f"{scheme}://{config.host}:{service.http_port} (/healthz /readyz /metrics /v1/compress); "
+                  f"queue {queue}; API keys {'on' if config.api_keys.enabled else 'off'}", file=sys.stderr, flush=True)
+            waits = [asyncio.ensure_future(stop.wait())]
+            load_failed = getattr(service.frontend.queue, "load_failed", None)
+            if load_failed is not None:
+                waits.append(asyncio.ensure_future(load_failed.wait()))
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            for waiter in waits:
+                waiter.cancel()
+            if not stop.is_set():
+                print(f"error: model: {service.frontend.queue.load_error}", file=sys.stderr, flush=True)
+                return 2
+            print("ilre: shutting down", file=sys.stderr, flush=True)
+        return 0
+
+    return asyncio.run(main())
+
+
+class ServiceThread:
+    """A Service on its own event loop in a background thread (tests, benchmarks, embedding):
+    `with ServiceThread(config, engine) as svc: svc.grpc_port ...`."""
+
+    def __init__(self, config: ServiceConfig, engine: Engine | Callable[[], Engine] | None = None,
+                 defaults: dict[str, Any] | None = None):
+        self.config, self.engine, self.defaults = config, engine, defaults
+        self.service: Service | None = None
+        self._started = threading.Event()
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=lambda: asyncio.run(self._main()), daemon=True, name="ilre-service")
+
+    async def _main(self) -> None:
+        self.loop = asyncio.get_running_loop()
+        self._stop = asyncio.Event()
+        try:
+            async with Service(self.config, self.engine, self.defaults) as service:
+                self.service = service
+                self._started.set()
+                await self._stop.wait()
+        except BaseException as exc:
+            self._error = exc
+            self._started.set()
+
+    @property
+    def grpc_port(self) -> int:
+        return self.service.grpc_port
+
+    @property
+    def http_port(self) -> int:
+        return self.service.http_port
+
+    def start(self) -> "ServiceThread":
+        self._thread.start()
+        self._started.wait()
+        if self._error:
+            raise self._error
+        return self
+
+    def stop(self) -> None:
+        if self._thread.is_alive():
+            self.loop.call_soon_threadsafe(self._stop.set)
+            self._thread.join()
+
+    def __enter__(self) -> "ServiceThread":
+        return self.start()
+
+    def __exit__(self, *exc: Any) -> None:
+        self.stop()

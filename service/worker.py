@@ -1,0 +1,318 @@
+"""`ilre worker`: reads the Redis Stream through the consumer group in batches, runs the engine,
+writes each result to its per-request key and only then acknowledges the entry.
+
+One loop per worker process:
+  every claim_idle/2: XAUTOCLAIM entries idle longer than claim_idle (their worker died) -> entries
+      delivered more than max_attempts times go to the dead-letter stream, their callers get INTERNAL
+  else: XREADGROUP up to max_batch new entries, waiting at most max_wait for the batch to fill
+  per entry, in order: drop it if its caller is gone or its deadline passed; else compress on the
+      engine thread; then MULTI {LPUSH result, EXPIRE, XACK, XDEL}
+While a batch runs, its entries are re-claimed (XCLAIM JUSTID) every claim_idle/3 so that no other
+worker mistakes a long batch for a dead worker. On SIGTERM the current request finishes and the
+rest of the batch is put back on the stream.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import os
+import socket
+import time
+import uuid
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from redis.exceptions import RedisError, ResponseError
+
+from .config import ServiceConfig
+from .engine import Engine
+from .errors import Code, ServiceError
+from .info import ModelInfo
+from .messages import CompressRequest, CompressResult, InputError
+from .metrics import Metrics
+from .queue_redis import RESULT_GRACE_S, RedisKeys, connect, encode_outcome, ensure_group
+
+log = logging.getLogger(__name__)
+
+Entry = tuple[str, dict[str, str]]  # (stream entry id, fields)
+
+
+class Worker:
+    """One consumer of the request stream, serving one Engine."""
+
+    def __init__(self, engine: Engine, config: ServiceConfig, *, name: str | None = None,
+                 metrics: Metrics | None = None):
+        if not config.redis_url:
+            raise ValueError("redis_url: a worker needs --redis-url (or ILRE_REDIS_URL)")
+        self.engine, self.config = engine, config
+        self.client = connect(config.redis_url)
+        self.keys = RedisKeys(config.redis_prefix)
+        self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
+        self.metrics = metrics or Metrics()
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="ilre-engine")
+        self._inflight: set[str] = set()
+        self._claim_cursor = "0-0"
+        self._next_claim = 0.0
+        self._group_ready = False
+        self.info = ModelInfo.from_engine(engine)
+
+    @property
+    def claim_idle_s(self) -> float:
+        return self.config.claim_idle_ms / 1000.0
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Serve until `stop` is set; Redis outages are waited out, never fatal."""
+        tasks = [asyncio.create_task(self._heartbeat(stop)), asyncio.create_task(self._keep_claimed())]
+        backoff, down = 0.1, False
+        try:
+            while not stop.is_set():
+                try:
+                    if down or not self._group_ready:
+                        await ensure_group(self.client, self.keys)
+                        self._group_ready = True
+                    entries = await self._next_batch()
+                    if down:
+                        log.warning("worker %s: Redis is back", self.name)
+                    backoff, down = 0.1, False
+                    if entries:
+                        await self._process(entries, stop)
+                except ResponseError as exc:
+                    if "NOGROUP" in str(exc):
+                        self._group_ready = False  # Redis restarted without its data
+                    else:  # e.g. Redis out of memory: keep going, slowly
+                        log.error("worker %s: Redis refused a command: %s", self.name, exc)
+                        await _wait(stop, 1.0)
+                except RedisError as exc:
+                    if not down:
+                        log.warning("worker %s: Redis unreachable (%s); retrying", self.name, type(exc).__name__)
+                    down = True
+                    await _wait(stop, backoff)
+                    backoff = min(backoff * 2, 2.0)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+            try:
+                await self.client.delete(self.keys.worker(self.name))
+            except RedisError:
+                pass
+            await self.client.aclose()
+            self._executor.shutdown(wait=False)
+
+    async def _next_batch(self) -> list[Entry]:
+        now = time.monotonic()
+        if now >= self._next_claim:
+            self._next_claim = now + max(0.05, self.claim_idle_s / 2)
+            claimed = await self._reclaim()
+            if claimed:
+                return claimed
+        return await self._read()
+
+    async def _read(self) -> list[Entry]:
+        """Up to max_batch new entries: block up to 1 s for the first, max_wait for the rest."""
+        cfg = self.config
+        entries = await self._xreadgroup(cfg.max_batch, 1000)
+        give_up = time.monotonic() + cfg.max_wait_ms / 1000.0
+        while entries and len(entries) < cfg.max_batch and (left := give_up - time.monotonic()) > 0:
+            more = await self._xreadgroup(cfg.max_batch - len(entries), max(1, int(left * 1000)))
+            if not more:
+                break
+            entries += more
+        return entries
+
+    async def _xreadgroup(self, count: int, block_ms: int) -> list[Entry]:
+        reply = await self.client.xreadgroup(self.keys.group, self.name, {self.keys.stream: ">"},
+                                             count=count, block=block_ms)
+        return list(reply[0][1]) if reply else []
+
+    async def _reclaim(self) -> list[Entry]:
+        """Take over entries idle past claim_idle; dead-letter those delivered too often."""
+        cursor, claimed, _deleted = await self.client.xautoclaim(
+            self.keys.stream, self.keys.group, self.name, int(self.config.claim_idle_ms),
+            start_id=self._claim_cursor, count=self.config.max_batch)
+        self._claim_cursor = cursor
+        claimed = [(entry_id, fields) for entry_id, fields in claimed if entry_id]
+        if not claimed:
+            return []
+        pending = await self.client.xpending_range(self.keys.stream, self.keys.group, claimed[0][0],
+                                                   claimed[-1][0], len(claimed) + 100, self.name)
+        deliveries = {p["message_id"]: p["times_delivered"] for p in pending}
+        keep = []
+        for entry_id, fields in claimed:
+            if not fields:  # the entry was deleted: nothing left to do
+                await self.client.xack(self.keys.stream, self.keys.group, entry_id)
+            elif deliveries.get(entry_id, 1) > self.config.max_attempts:
+                await self._dead_letter(entry_id, fields, deliveries[entry_id] - 1)
+            else:
+                keep.append((entry_id, fields))
+        if keep:
+            log.warning("worker %s: reclaimed %d entries from a worker that stopped", self.name, len(keep))
+        return keep
+
+    async def _process(self, entries: list[Entry], stop: asyncio.Event) -> None:
+        rids = [fields.get("rid", "") for _, fields in entries]
+        cancelled = await self.client.mget([self.keys.cancel(rid) for rid in rids])
+        self.metrics.batch_size.observe(len(entries))
+        self._inflight = {entry_id for entry_id, _ in entries}
+        loop = asyncio.get_running_loop()
+        try:
+            for i, (entry_id, fields) in enumerate(entries):
+                if stop.is_set():
+                    await self._requeue(entries[i:])
+                    break
+                deadline = _float(fields.get("deadline"))
+                if cancelled[i] or time.time() >= deadline:
+                    self.metrics.dropped.inc()
+                    await self._finish(entry_id, rids[i], None, deadline)
+                    continue
+                outcome = await loop.run_in_executor(self._executor, self._compress, entry_id, fields.get("payload", ""))
+                await self._finish(entry_id, rids[i], outcome, deadline)
+                self._inflight.discard(entry_id)
+        finally:  # entries left unfinished (Redis went away) are reclaimed once idle
+            self._inflight = set()
+
+    def _compress(self, entry_id: str, payload: str) -> CompressResult | ServiceError:
+        """On the engine thread: one queued request -> its result or its error."""
+        waited_ms = max(0.0, time.time() * 1000.0 - _float(entry_id.split("-")[0]))
+        try:
+            result = self.engine.compress(_decode(payload))
+        except InputError as exc:
+            outcome: CompressResult | ServiceError = ServiceError.from_input(exc)
+        except Exception as exc:  # a bug: the caller gets INTERNAL, the worker goes on
+            log.exception("compress failed")
+            outcome = ServiceError(Code.INTERNAL, f"internal: {type(exc).__name__}: {exc}")
+        else:
+            result.timings_ms["queue"] = round(waited_ms, 3)
+            self.metrics.observe_result(result.timings_ms, result.original_tokens, result.compressed_tokens)
+            outcome = result
+        if isinstance(outcome, ServiceError):
+            self.metrics.errors.labels(outcome.code.value).inc()
+        return outcome
+
+    async def _finish(self, entry_id: str, rid: str, outcome: CompressResult | ServiceError | None,
+                      deadline: float) -> None:
+        """Write the outcome (if any) and acknowledge, atomically; retried while Redis is down,
+        until the caller's deadline (after it, a later reclaim drops the entry)."""
+        ttl = max(1, math.ceil(deadline - time.time())) + RESULT_GRACE_S
+        backoff = 0.05
+        while True:
+            try:
+                async with self.client.pipeline(transaction=True) as pipe:
+                    if outcome is not None:
+                        pipe.lpush(self.keys.result(rid), encode_outcome(outcome))
+                        pipe.expire(self.keys.result(rid), ttl)
+                    pipe.xack(self.keys.stream, self.keys.group, entry_id)
+                    pipe.xdel(self.keys.stream, entry_id)
+                    await pipe.execute()
+                return
+            except RedisError as exc:
+                if time.time() >= deadline:
+                    log.warning("worker %s: could not deliver %s before its deadline (%s)", self.name, rid,
+                                type(exc).__name__)
+                    return
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 1.0)
+
+    async def _dead_letter(self, entry_id: str, fields: dict[str, str], attempts: int) -> None:
+        message = (f"request: abandoned after {attempts} attempts, each ending with its worker gone "
+                   f"(max_attempts {self.config.max_attempts}); moved to {self.keys.dead_letter}")
+        log.error("worker %s: entry %s -> dead letters after %d attempts", self.name, entry_id, attempts)
+        rid = fields.get("rid", "")
+        async with self.client.pipeline(transaction=True) as pipe:
+            pipe.xadd(self.keys.dead_letter, {**fields, "entry": entry_id, "attempts": attempts, "reason": message},
+                      maxlen=10000, approximate=True)
+            pipe.lpush(self.keys.result(rid), encode_outcome(ServiceError(Code.INTERNAL, message)))
+            pipe.expire(self.keys.result(rid), RESULT_GRACE_S + max(1, math.ceil(_float(fields.get("deadline")) - time.time())))
+            pipe.xack(self.keys.stream, self.keys.group, entry_id)
+            pipe.xdel(self.keys.stream, entry_id)
+            await pipe.execute()
+        self.metrics.errors.labels(Code.INTERNAL.value).inc()
+
+    async def _requeue(self, entries: list[Entry]) -> None:
+        """Put unstarted entries back on the stream for other workers (graceful stop)."""
+        async with self.client.pipeline(transaction=True) as pipe:
+            for entry_id, fields in entries:
+                pipe.xadd(self.keys.stream, fields)
+                pipe.xack(self.keys.stream, self.keys.group, entry_id)
+                pipe.xdel(self.keys.stream, entry_id)
+            await pipe.execute()
+        log.info("worker %s: stopping; put %d entries back", self.name, len(entries))
+
+    async def _keep_claimed(self) -> None:
+        """Reset the idle time of the running batch's entries so they are not reclaimed."""
+        while True:
+            await asyncio.sleep(max(0.05, self.claim_idle_s / 3))
+            if self._inflight:
+                try:
+                    await self.client.xclaim(self.keys.stream, self.keys.group, self.name, 0,
+                                             sorted(self._inflight), justid=True)
+                except RedisError:
+                    pass
+
+    async def _heartbeat(self, stop: asyncio.Event) -> None:
+        """Register this worker (its ModelInfo, with a TTL) until stopped."""
+        info = json.dumps({**self.info.to_dict(), "queue": "redis", "worker": self.name})
+        while not stop.is_set():
+            try:
+                await self.client.set(self.keys.worker(self.name), info, ex=max(1, math.ceil(3 * self.config.heartbeat_s)))
+            except RedisError:
+                pass
+            await _wait(stop, self.config.heartbeat_s)
+
+
+async def _wait(stop: asyncio.Event, seconds: float) -> None:
+    try:
+        await asyncio.wait_for(stop.wait(), seconds)
+    except asyncio.TimeoutError:
+        pass
+
+
+def _decode(payload: str) -> CompressRequest:
+    """The queued request (InputError naming `request` if the entry is not one)."""
+    try:
+        return CompressRequest.from_json(json.loads(payload))
+    except InputError:
+        raise
+    except (ValueError, TypeError) as exc:
+        raise InputError("request", f"malformed queue entry ({exc})") from None
+
+
+def _float(value: Any) -> float:
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return 0.0
+
+
+def run_worker(engine: Engine, config: ServiceConfig, name: str | None = None, metrics_port: int | None = None) -> int:
+    """Run one worker until SIGTERM/SIGINT (graceful: the current request finishes)."""
+    import signal
+
+    from prometheus_client import start_http_server
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        worker = Worker(engine, config, name=name)
+        if metrics_port is not None:
+            start_http_server(metrics_port, addr=config.host, registry=worker.metrics.registry)
+        log.warning("worker %s: serving %s from %s (batch %d)", worker.name, engine.model_name,
+                    _redacted(config.redis_url), config.max_batch)
+        await worker.run(stop)
+
+    asyncio.run(main())
+    return 0
+
+
+def _redacted(url: str | None) -> str:
+    """The Redis URL without its password, for logs."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(url or "")
+    host = parts.hostname or ""
+    return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}{parts.path}"

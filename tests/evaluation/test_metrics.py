@@ -1,0 +1,41 @@
+"""RULER's string_match_all / string_match_part and retention on known cases."""
+
+from __future__ import annotations
+
+from ilre.evaluation.baselines import bm25_scores, rag_select, words
+from ilre.evaluation.metrics import retention, score, string_match_all, string_match_part
+
+
+def test_string_match_all_and_part_as_ruler_defines_them():
+    preds = ["The numbers are 1234567 and 7654321.", "only 1234567", "nothing"]
+    refs = [["1234567", "7654321"], ["1234567", "7654321"], ["1234567"]]
+    assert string_match_all(preds, refs) == round((1 + 0.5 + 0) / 3 * 100, 2)
+    assert string_match_part(preds, refs) == round((1 + 1 + 0) / 3 * 100, 2)
+    assert score("  ABC-def\x01", ["abc-DEF"]) == 1.0  # case-insensitive, control characters cleaned
+
+
+def test_retention_counts_a_retained_needle_and_a_dropped_one():
+    needle = "One of the special magic numbers for calm-river is: 4821937."
+    kept = f"The grass is green. {needle} The sky is blue."
+    assert retention(kept, ["4821937"]) == 1.0
+    assert retention("The grass is green. One of the special magic numbers for calm-river is: 48219", ["4821937"]) == 0.0
+    assert retention(kept, ["4821937", "1111111"]) == 0.5
+
+
+def test_bm25_ranks_the_chunk_with_the_query_terms_first():
+    docs = [words("the grass is green the sky is blue")] * 3 + [words("the magic number for calm-river is 42")]
+    scores = bm25_scores(docs, words("What is the magic number for calm-river?"))
+    assert max(range(4), key=scores.__getitem__) == 3
+
+
+class _CharTokenizer:
+    def decode(self, ids):
+        return "".join(chr(i) for i in ids)
+
+
+def test_rag_keeps_best_chunks_within_budget_in_order():
+    text = "a" * 8 + "bb key cc" + "d" * 7 + "e" * 8
+    ids = [ord(c) for c in text]
+    kept = rag_select(_CharTokenizer(), ids, "key", budget=8, chunk=8)
+    assert kept == sorted(kept) and len(kept) == 8
+    assert "key" in "".join(text[i] for i in kept)

@@ -1,0 +1,176 @@
+"""Service fixtures: real servers on 127.0.0.1 (free ports), a real redis-server per module in its
+own temp dir, `ilre worker` processes; one shared Engine (the session `engine` fixture) in-process."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Iterator
+
+import pytest
+import redis
+
+from ilre.service.config import ServiceConfig
+from ilre.service.server import ServiceThread
+
+FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
+          "A river runs past the mill and the miller counts his sacks of flour. ")
+QUERY = " What is the vault code of the museum? The vault code is"
+
+
+def context(i: int, repeats: int = 3) -> str:
+    """A short haystack (~100 tokens per repeat pair) with fact number i in its middle."""
+    return FILLER * repeats + f"The vault code of the museum is {4000 + 37 * i}. " + FILLER * repeats
+
+
+def service_config(environ: dict[str, str] | None = None, **overrides) -> ServiceConfig:
+    """Loopback, free ports, short grace; only `environ` is consulted, never os.environ."""
+    base = dict(host="127.0.0.1", grpc_port=0, http_port=0, shutdown_grace_s=2.0, max_wait_ms=2.0)
+    return ServiceConfig.from_env(environ or {}, **{**base, **overrides})
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_for(predicate, timeout: float = 60.0, what: str = "condition", interval: float = 0.05):
+    """Poll until `predicate()` is truthy (a bound on waiting, not a timing assertion)."""
+    give_up = time.monotonic() + timeout
+    while time.monotonic() < give_up:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"gave up waiting for {what} after {timeout} s")
+
+
+def comparable(result) -> dict:
+    """A result without its timings (which differ from run to run)."""
+    data = result if isinstance(result, dict) else result.to_dict()
+    return {k: v for k, v in data.items() if k not in ("timings_ms", "id")}
+
+
+class RedisServer:
+    """A real redis-server on a free loopback port with its own directory (AOF on, so a restart
+    keeps the stream and the consumer group, as a production Redis would)."""
+
+    def __init__(self, directory: Path):
+        self.binary = shutil.which("redis-server")
+        if self.binary is None:
+            pytest.fail("redis-server not found: `apt-get install redis-server` (.ci/run installs it)")
+        self.dir, self.port = directory, free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(
+            [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
+             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "no"],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
+        wait_for(lambda: _pings(client), 20, "redis-server to answer")
+        client.close()
+
+    def stop(self) -> None:
+        if self.proc and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(20)
+
+    def client(self) -> redis.Redis:
+        return redis.Redis(port=self.port, decode_responses=True)
+
+
+def _pings(client: redis.Redis) -> bool:
+    try:
+        return bool(client.ping())
+    except redis.RedisError:
+        return False
+
+
+@pytest.fixture(scope="module")
+def redis_server(tmp_path_factory) -> Iterator[RedisServer]:
+    server = RedisServer(tmp_path_factory.mktemp("redis"))
+    server.start()
+    yield server
+    server.stop()
+
+
+class WorkerProcess:
+    """`ilre worker` in its own process (so that it can be killed with SIGKILL)."""
+
+    def __init__(self, redis_url: str, prefix: str, name: str, *extra: str):
+        self.name, self.prefix = name, prefix
+        env = {**os.environ, "ILRE_REDIS_URL": redis_url}
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "ilre.service.cli", "worker", "--redis-prefix", prefix, "--name", name,
+             "--threads", "1", *extra], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+
+    def wait_registered(self, client: redis.Redis, timeout: float = 120.0) -> None:
+        def registered():
+            if self.proc.poll() is not None:
+                raise AssertionError(f"worker exited: {self.proc.stderr.read().decode()[-2000:]}")
+            return client.exists(f"{self.prefix}:worker:{self.name}")
+        wait_for(registered, timeout, f"worker {self.name} to register", interval=0.2)
+
+    def kill(self) -> None:
+        self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(20)
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                self.kill()
+
+
+@pytest.fixture(scope="module")
+def local_service(engine) -> Iterator[ServiceThread]:
+    """The in-process service on the shared engine."""
+    with ServiceThread(service_config(), engine) as svc:
+        yield svc
+
+
+class WorkerThread:
+    """A `Worker` on its own event loop in a thread of this process (shares the session engine)."""
+
+    def __init__(self, engine, config: ServiceConfig, name: str = "in-process"):
+        import threading
+
+        self.engine, self.config, self.name = engine, config, name
+        self._ready = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        import asyncio
+
+        from ilre.service.worker import Worker
+
+        async def main() -> None:
+            self.loop, self.stop_event = asyncio.get_running_loop(), asyncio.Event()
+            self.worker = Worker(self.engine, self.config, name=self.name)
+            self._ready.set()
+            await self.worker.run(self.stop_event)
+
+        asyncio.run(main())
+
+    def __enter__(self) -> "WorkerThread":
+        self._thread.start()
+        self._ready.wait()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.loop.call_soon_threadsafe(self.stop_event.set)
+        self._thread.join(60)
