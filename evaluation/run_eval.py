@@ -1,0 +1,388 @@
+"""`ilre eval`: RULER-style tasks x lengths x strategies at one budget; retention and end to end.
+
+For each (task, length, sample) the prompt is generated once and every strategy sees the same
+context, query and budget:
+
+  full            no compression: the whole prompt goes to the model (retention 100% by construction)
+  ilre            ILRe as the engine runs it (`--dca auto`: DCA on beyond the native window)
+  ilre_nodca      ILRe with DCA off
+  snapkv          the same layer-l_R attention (DCA auto, as the engine runs it), one kernel, plain top-k
+  streaming_llm   sink + most recent tokens
+  rag             BM25 over 256-token chunks, best chunks up to the budget, original order
+  llmlingua       LLMLingua (coarse + token level), `llmlingua` 0.2.2 in its own environment
+  longllmlingua   LongLLMLingua (question-aware), same package
+
+ILRe, ILRe without DCA and SnapKV share streaming passes: one pass per (sample, DCA setting)
+yields the layer-l_R keys and query states, and each strategy only runs its own allocation on the
+same scores (exactly what `Engine.compress` computes; tests check it). Their wall time is that pass
+plus their own allocation.
+
+Metrics: retention = share of gold answers whose text is in the detokenized kept context;
+end to end = the whole embedded model (all layers) generates greedily from
+[chat head + kept context + question + chat tail + answer prefix], scored with RULER's
+string_match_all (string_match_part for QA-like tasks).
+
+Raw records go to `<results_dir>/raw.jsonl` (one line per sample x strategy; a rerun skips what is
+there), the plan and notes to `<results_dir>/meta.json`; evaluation/results.py writes the page.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..compressor.prefill import PrefillConfig, streaming_prefill
+from ..compressor.strategies import ScoreInputs, make_strategy
+from ..kernels.query_scores import query_key_scores
+from .baselines import rag_select
+from .lingua import METHODS as LINGUA_METHODS
+from .metrics import retention, score
+from .ruler import TASKS, RulerSample, generate_sample, length_label
+
+log = logging.getLogger(__name__)
+
+STRATEGIES = ("full", "ilre", "ilre_nodca", "snapkv", "streaming_llm", "rag", "llmlingua", "longllmlingua")
+ATTENTION = {"ilre": "ilre", "ilre_nodca": "ilre", "snapkv": "snapkv"}  # strategies sharing the pass
+RAG_CHUNK = 256
+
+
+@dataclass(frozen=True)
+class EvalPlan:
+    """What to run. Lengths in tokens (context + query + RULER's tokens_to_generate). Caps for CPU:
+    generation runs for lengths <= e2e_max_length, full-context generation (a dense prefill of all
+    layers) only up to full_max_length, LLMLingua (a full-model pass over every chunk) only up to
+    lingua_max_length; 0 = no cap. e2e_tasks: tasks that generate (empty = all).
+    max_new_tokens: cap on RULER's tokens_to_generate (0 = RULER's own)."""
+
+    tasks: tuple[str, ...] = tuple(TASKS)
+    lengths: tuple[int, ...] = (4096, 8192, 16384, 32768, 65536, 131072)
+    strategies: tuple[str, ...] = STRATEGIES
+    samples: int = 3
+    budget: int = 1024
+    seed: int = 0
+    e2e: bool = True
+    e2e_tasks: tuple[str, ...] = ()
+    e2e_max_length: int = 32768
+    full_max_length: int = 16384
+    lingua_max_length: int = 8192
+    max_new_tokens: int = 0
+    chat: bool = True
+    model: str | None = None
+    long_tasks: tuple[str, ...] = ()  # when set, lengths > long_from run only these tasks
+    long_from: int = 0
+    long_samples: int = 0  # samples at lengths > long_from (0 = samples)
+
+    def __post_init__(self) -> None:
+        unknown = [t for t in self.tasks + self.e2e_tasks + self.long_tasks if t not in TASKS]
+        if unknown:
+            raise ValueError(f"tasks: unknown {unknown} (known: {', '.join(TASKS)})")
+        bad = [s for s in self.strategies if s not in STRATEGIES]
+        if bad:
+            raise ValueError(f"strategies: unknown {bad} (known: {', '.join(STRATEGIES)})")
+        if self.samples < 1 or self.budget < 8 or not self.lengths or min(self.lengths) < 1024:
+            raise ValueError("samples >= 1, budget >= 8 and lengths >= 1024 are required")
+
+    def cells(self) -> list[tuple[str, int, int]]:
+        """(task, length, index) in run order: short lengths first, so a cut-short run has them all."""
+        out = []
+        for length in sorted(self.lengths):
+            long = self.long_from and length > self.long_from
+            tasks = self.long_tasks if long and self.long_tasks else self.tasks
+            n = self.long_samples if long and self.long_samples else self.samples
+            out += [(t, length, i) for i in range(n) for t in tasks]
+        return out
+
+
+QUICK_PLAN = EvalPlan(tasks=("niah_single_1", "niah_single_2"), lengths=(4096,),
+                      strategies=("ilre", "snapkv", "streaming_llm", "rag"), samples=1, max_new_tokens=16)
+
+# The full run of docs/results.md on a 2-core CPU: every task up to 32K, the four tasks of the
+# retention targets at 64K and 128K; generation on those four tasks up to 32K.
+TARGET_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1")
+FULL_PLAN = EvalPlan(samples=2, long_tasks=TARGET_TASKS, long_from=32768, long_samples=1,
+                     e2e_tasks=TARGET_TASKS, max_new_tokens=32)
+
+
+@dataclass
+class Record:
+    """One sample x strategy. retention in [0, 1]; e2e in [0, 1] or None when not generated."""
+
+    task: str
+    length: int
+    index: int
+    seed: int
+    strategy: str
+    budget: int
+    context_tokens: int
+    kept_tokens: int
+    retention: float
+    compress_s: float
+    e2e: float | None = None
+    prediction: str | None = None
+    answers: list[str] = field(default_factory=list)
+    layer: int | None = None
+    dca: bool | None = None
+    generate_s: float | None = None
+    note: str | None = None
+
+    def key(self) -> tuple:
+        return (self.task, self.length, self.index, self.seed, self.strategy, self.budget)
+
+
+class Generator:
+    """The whole embedded model (all layers, transformers) for the end-to-end metric."""
+
+    def __init__(self, checkpoint: Path, tokenizer, chat: bool):
+        from transformers import AutoModelForCausalLM
+
+        self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+        self.tokenizer = tokenizer
+        self.head: list[int] = []
+        self.tail: list[int] = []
+        if chat and tokenizer.chat_template:
+            marker = "\u2063"  # split the rendered template around the user's content
+            text = tokenizer.apply_chat_template([{"role": "user", "content": marker}], tokenize=False,
+                                                 add_generation_prompt=True)
+            head, tail = text.split(marker)
+            self.head = tokenizer(head, add_special_tokens=False).input_ids
+            self.tail = tokenizer(tail, add_special_tokens=False).input_ids
+        stops = {tokenizer.eos_token_id, tokenizer.convert_tokens_to_ids("<|im_end|>")}
+        self.stops = [s for s in stops if isinstance(s, int) and s >= 0]
+
+    def prompt(self, kept_ids: list[int], sample: RulerSample) -> list[int]:
+        """[chat head] + kept context + question + [chat tail] + answer prefix (RULER's layout)."""
+        tok = self.tokenizer
+        question = tok(sample.question, add_special_tokens=False).input_ids
+        prefix = tok(sample.answer_prefix.strip() if self.tail else sample.answer_prefix, add_special_tokens=False).input_ids
+        return self.head + kept_ids + question + self.tail + prefix
+
+    def generate(self, ids: list[int], max_new_tokens: int) -> str:
+        with torch.inference_mode():
+            out = self.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                                      max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=self.stops,
+                                      pad_token_id=self.stops[0])
+        return self.tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)
+
+
+def _attention_pass(engine, sample: RulerSample, dca: bool) -> tuple[torch.Tensor, float]:
+    """A^C at l_R for the sample (one streaming pass) and the seconds it took."""
+    start = time.perf_counter()
+    config = engine.config.prefill
+    prefill = PrefillConfig(config.sink, config.window, config.chunk, dca)
+    model = engine.model_at(engine.layer)
+    with torch.inference_mode():
+        state = streaming_prefill(model, torch.tensor(sample.context_ids), torch.tensor(sample.query_ids), prefill)
+        attention = query_key_scores(state.queries[engine.layer], state.keys[engine.layer])
+    return attention, time.perf_counter() - start
+
+
+def allocate(strategy_name: str, attention: torch.Tensor | None, length: int, budget: int, sink: int) -> list[int]:
+    """The pipeline's score + allocate steps (compressor/pipeline.py) on precomputed attention."""
+    strategy = make_strategy(strategy_name)
+    with torch.inference_mode():
+        scores = strategy.score(ScoreInputs(length=length, attention=attention))
+        sink = min(sink, budget)
+        picked = strategy.allocate(scores[sink:], budget - sink) + sink
+    return torch.cat((torch.arange(sink), picked.cpu())).tolist()
+
+
+class Evaluator:
+    """Holds the engine, the generator and the lingua peer for one run."""
+
+    def __init__(self, plan: EvalPlan, notes: dict[str, str]):
+        from ..service.engine import Engine, EngineConfig
+
+        self.plan = plan
+        self.notes = notes
+        self.engine = Engine(EngineConfig(model=plan.model))
+        self.tokenizer = self.engine.tokenizer
+        self.native = self.engine.spec.native_context
+        self._generator: Generator | None = None
+        self._lingua = None
+        self._lingua_failed: str | None = None
+
+    @property
+    def generator(self) -> Generator:
+        if self._generator is None:
+            self._generator = Generator(self.engine.checkpoint.path, self.tokenizer, self.plan.chat)
+        return self._generator
+
+    def lingua(self):
+        if self._lingua is None and self._lingua_failed is None:
+            from ..models.embedded import cache_root
+            from .lingua import LinguaPeer, lingua_unavailable
+
+            reason = lingua_unavailable()
+            if reason is None:
+                try:
+                    self._lingua = LinguaPeer(self.engine.checkpoint.path, cache_root() / "lingua-model")
+                except (OSError, RuntimeError, ValueError) as exc:
+                    reason = str(exc)
+            if reason is not None:
+                self._lingua_failed = reason
+                self.notes["llmlingua"] = f"LLMLingua not run: {reason}"
+                print(f"eval: skipping LLMLingua/LongLLMLingua: {reason}", file=sys.stderr)
+        return self._lingua
+
+    def close(self) -> None:
+        if self._lingua is not None:
+            self._lingua.close()
+
+    def run_sample(self, sample: RulerSample, strategies: list[str]) -> list[Record]:
+        plan, tok = self.plan, self.tokenizer
+        budget, sink = plan.budget, self.engine.config.prefill.sink
+        total = len(sample.context_ids) + len(sample.query_ids)
+        passes: dict[bool, tuple[torch.Tensor, float]] = {}
+
+        def attention(dca: bool):
+            if dca not in passes:
+                passes[dca] = _attention_pass(self.engine, sample, dca)
+            return passes[dca]
+
+        records = []
+        for name in strategies:
+            start = time.perf_counter()
+            dca = None
+            kept_ids: list[int] | None = None
+            text: str
+            if name == "full":
+                kept = list(range(len(sample.context_ids)))
+                seconds = 0.0
+            elif name in ATTENTION:
+                dca = name != "ilre_nodca" and total > self.native  # the engine's --dca auto
+                scores, pass_s = attention(dca)
+                tick = time.perf_counter()
+                kept = allocate(ATTENTION[name], scores, len(sample.context_ids), budget, sink)
+                seconds = pass_s + time.perf_counter() - tick
+            elif name == "streaming_llm":
+                kept = allocate(name, None, len(sample.context_ids), budget, sink)
+                seconds = time.perf_counter() - start
+            elif name == "rag":
+                kept = rag_select(tok, sample.context_ids, sample.query, budget, RAG_CHUNK)
+                seconds = time.perf_counter() - start
+            else:  # llmlingua, longllmlingua
+                peer = self.lingua()
+                if peer is None:
+                    continue
+                ids = sample.context_ids
+                chunks = [tok.decode(ids[i : i + RAG_CHUNK]) for i in range(0, len(ids), RAG_CHUNK)]
+                try:
+                    text, seconds = peer.compress(name, chunks, sample.query, budget)
+                except RuntimeError as exc:
+                    self.notes[f"{name}-error"] = str(exc)
+                    print(f"eval: {name} failed on {sample.task} {sample.length}: {exc}", file=sys.stderr)
+                    continue
+                kept_ids = tok(text, add_special_tokens=False).input_ids
+                kept = []
+            if kept_ids is None:
+                kept_ids = [sample.context_ids[i] for i in kept]
+                text = tok.decode(kept_ids)
+            record = Record(sample.task, sample.length, sample.index, sample.seed, name, budget,
+                            len(sample.context_ids), len(kept_ids), retention(text, sample.answers),
+                            round(seconds, 4), answers=sample.answers, layer=self.engine.layer, dca=dca)
+            if self._generates(name, sample) and record.retention == 0.0 and TASKS[sample.task].kind in ("niah", "vt"):
+                # no gold text survived: a random 7-digit number, UUID or 5-letter name cannot be
+                # produced from the prompt, so the RULER score is 0 without spending a generation
+                record.e2e, record.note = 0.0, "not generated: no gold answer in the compressed context"
+            elif self._generates(name, sample):
+                n_new = sample.tokens_to_generate if not plan.max_new_tokens else min(plan.max_new_tokens, sample.tokens_to_generate)
+                tick = time.perf_counter()
+                prediction = self.generator.generate(self.generator.prompt(kept_ids, sample), n_new)
+                record.generate_s = round(time.perf_counter() - tick, 3)
+                record.prediction = prediction
+                record.e2e = score(prediction, sample.answers, sample.metric)
+            records.append(record)
+        return records
+
+    def _generates(self, name: str, sample: RulerSample) -> bool:
+        plan = self.plan
+        if not plan.e2e or (plan.e2e_tasks and sample.task not in plan.e2e_tasks):
+            return False
+        if plan.e2e_max_length and sample.length > plan.e2e_max_length and name != "full":
+            return False
+        return not (name == "full" and plan.full_max_length and sample.length > plan.full_max_length)
+
+    def wanted(self, length: int) -> list[str]:
+        plan = self.plan
+        out = []
+        for name in plan.strategies:
+            if name == "full" and not plan.e2e:
+                continue  # nothing to measure: retention is 100% by construction
+            if name == "full" and plan.full_max_length and length > plan.full_max_length:
+                continue
+            if name in LINGUA_METHODS and plan.lingua_max_length and length > plan.lingua_max_length:
+                continue
+            out.append(name)
+        return out
+
+
+def caps_notes(plan: EvalPlan) -> dict[str, str]:
+    notes = {}
+    if plan.e2e:
+        if plan.full_max_length:
+            notes["full"] = (f"full context generates only up to {length_label(plan.full_max_length)}: a dense prefill of all "
+                             f"30 layers on 2 CPU cores takes minutes per sample beyond that")
+        if plan.e2e_max_length:
+            notes["e2e"] = f"end to end only up to {length_label(plan.e2e_max_length)}"
+        if plan.e2e_tasks:
+            notes["e2e-tasks"] = f"end to end only on {', '.join(plan.e2e_tasks)}"
+        notes["e2e-skip"] = ("niah and vt samples whose compressed context kept no gold answer are scored 0 end to end "
+                             "without generating (the answer cannot be produced from the prompt)")
+        if plan.max_new_tokens:
+            notes["max-new-tokens"] = (f"generation capped at {plan.max_new_tokens} new tokens "
+                                       f"(RULER: 128 for niah, 30 vt, 120 cwe, 50 fwe)")
+    if plan.lingua_max_length and any(s in LINGUA_METHODS for s in plan.strategies):
+        notes["lingua-cap"] = (f"LLMLingua/LongLLMLingua only up to {length_label(plan.lingua_max_length)}: they run the "
+                               f"whole model over every 256-token chunk (minutes per sample on this CPU)")
+    if plan.long_tasks and plan.long_from:
+        notes["long"] = (f"beyond {length_label(plan.long_from)} only {', '.join(plan.long_tasks)}"
+                         + (f", {plan.long_samples} sample(s) each" if plan.long_samples else ""))
+    return notes
+
+
+def load_records(path: Path) -> list[dict]:
+    if not path.is_file():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def run_eval(plan: EvalPlan, results_dir: Path, fresh: bool = False, progress=print) -> Path:
+    """Run the plan, appending to results_dir/raw.jsonl (skipping records already there)."""
+    results_dir.mkdir(parents=True, exist_ok=True)
+    raw = results_dir / "raw.jsonl"
+    if fresh and raw.exists():
+        raw.unlink()
+    notes = caps_notes(plan)
+    if (results_dir / "meta.json").is_file() and not fresh:  # earlier stages' notes stay
+        notes = {**json.loads((results_dir / "meta.json").read_text()).get("notes", {}), **notes}
+    evaluator = Evaluator(plan, notes)
+    layer = evaluator.engine.layer  # records of attention strategies at another l_R are redone
+    done = {(r["task"], r["length"], r["index"], r["seed"], r["strategy"], r["budget"]) for r in load_records(raw)
+            if r["strategy"] not in ATTENTION or r.get("layer") == layer}
+    meta = {"plan": asdict(plan), "model": evaluator.engine.model_name, "layer": evaluator.engine.layer,
+            "calibrated": evaluator.engine.profile.calibrated, "native_context": evaluator.native, "notes": notes}
+    (results_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    cells = plan.cells()
+    try:
+        for n, (task, length, index) in enumerate(cells, 1):
+            todo = [s for s in evaluator.wanted(length) if (task, length, index, plan.seed, s, plan.budget) not in done]
+            if not todo:
+                continue
+            tick = time.perf_counter()
+            sample = generate_sample(evaluator.tokenizer, task, length, plan.seed, index)
+            records = evaluator.run_sample(sample, todo)
+            with raw.open("a") as f:
+                for record in records:
+                    f.write(json.dumps(asdict(record)) + "\n")
+            summary = " ".join(f"{r.strategy}={r.retention:.2f}" + (f"/{r.e2e:.2f}" if r.e2e is not None else "") for r in records)
+            progress(f"[{n}/{len(cells)}] {task} {length_label(length)} #{index}: {summary} ({time.perf_counter() - tick:.0f} s)")
+            (results_dir / "meta.json").write_text(json.dumps({**meta, "notes": notes}, indent=2) + "\n")
+    finally:
+        evaluator.close()
+    return raw
