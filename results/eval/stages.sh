@@ -1,13 +1,20 @@
 #!/bin/bash
-# The staged CPU run behind docs/results.md: each stage appends to results/eval/raw.jsonl (a rerun
-# skips what is there) and rewrites docs/results.md. `make eval` runs the whole FULL_PLAN instead.
-set -x
+# The staged CPU run behind docs/results.md, in the order it was run: each stage appends to
+# results/eval/raw.jsonl (a rerun skips what is there) and rewrites docs/results.md; the page states the
+# widest cap any stage ran with. `make eval` runs the whole FULL_PLAN instead.
+set -ex
 ILRE=".venv/bin/ilre eval"
 T4=niah_single_1,niah_single_2,niah_single_3,niah_multikey_1
+# 1. the four target tasks, 4K-32K, every strategy but LLMLingua, with end to end
 $ILRE --tasks $T4 --lengths 4K,8K,16K,32K --samples 1 --strategies full,ilre,ilre_nodca,snapkv,streaming_llm,rag --full-max-length 4096 --max-new-tokens 32
-$ILRE --tasks niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe --lengths 4K,8K,16K,32K --samples 1 --strategies ilre,snapkv,streaming_llm,rag --no-e2e
-$ILRE --tasks niah_single_1,niah_single_2 --lengths 4K --samples 1 --strategies llmlingua,longllmlingua --max-new-tokens 32 --lingua-max-length 8192
+# 2. the target tasks at 64K and 128K, retention only
 $ILRE --tasks $T4 --lengths 64K,128K --samples 1 --strategies ilre,snapkv,streaming_llm,rag --no-e2e
+# 3. the other seven tasks, 4K-32K, retention only
+$ILRE --tasks niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe --lengths 4K,8K,16K,32K --samples 1 --strategies ilre,snapkv,streaming_llm,rag --no-e2e
+# 4. LLMLingua and LongLLMLingua (in .venv-lingua, `make lingua`) on the target tasks at 4K and 16K
+$ILRE --tasks $T4 --lengths 4K --samples 1 --strategies llmlingua,longllmlingua --max-new-tokens 32 --lingua-max-length 8192
+$ILRE --tasks $T4 --lengths 16K --samples 1 --strategies llmlingua,longllmlingua --max-new-tokens 32 --lingua-max-length 16384
+# 5. full context beyond 4K (8K native, 16K beyond the window), end to end
 $ILRE --tasks $T4 --lengths 8K,16K --samples 1 --strategies full --full-max-length 16384 --max-new-tokens 32
-$ILRE --tasks niah_single_3,niah_multikey_1 --lengths 4K --samples 1 --strategies llmlingua,longllmlingua --max-new-tokens 32 --lingua-max-length 8192
+# 6. a second sample of stage 1
 $ILRE --tasks $T4 --lengths 4K,8K,16K,32K --samples 2 --strategies full,ilre,ilre_nodca,snapkv,streaming_llm,rag --full-max-length 4096 --max-new-tokens 32

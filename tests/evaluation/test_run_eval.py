@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from ilre.evaluation.results import write_report
-from ilre.evaluation.run_eval import EvalPlan, Record, _attention_pass, allocate
+from ilre.evaluation.run_eval import EvalPlan, Record, _attention_pass, allocate, caps_notes, plan_caps, widest_caps
 
 
 def test_shared_pass_gives_the_engines_selection(engine):
@@ -37,15 +37,31 @@ def test_plan_validation():
     assert plan.cells() == [("vt", 4096, 0), ("vt", 4096, 1), ("niah_single_1", 65536, 0)]
 
 
+def test_staged_runs_state_the_widest_caps():
+    full_16k = EvalPlan(tasks=("niah_single_1",), lengths=(8192,), strategies=("full",), full_max_length=16384)
+    full_4k = EvalPlan(tasks=("niah_single_1",), lengths=(4096,), strategies=("full", "ilre"), full_max_length=4096)
+    retention_only = EvalPlan(tasks=("vt",), lengths=(4096,), strategies=("ilre",), e2e=False)
+    assert plan_caps(retention_only) == {}
+    caps = widest_caps(widest_caps({}, plan_caps(full_16k)), plan_caps(full_4k))
+    assert caps == {"e2e_max_length": 32768, "full_max_length": 16384}
+    assert "up to 16K" in caps_notes(full_4k, caps)["full"]
+    assert "lingua-cap" not in caps_notes(full_4k, caps)
+    assert widest_caps({"e2e_max_length": 0}, {"e2e_max_length": 4096}) == {"e2e_max_length": 0}  # 0: no cap
+    assert widest_caps({"lingua_max_length": 8192}, {"lingua_max_length": 16384}) == {"lingua_max_length": 16384}
+
+
 def test_report_from_records(tmp_path):
     from dataclasses import asdict
 
     rows = [Record("niah_single_1", n, 0, 0, s, 1024, n - 100, 1024, ret, 1.0, e2e, answers=["1"])
             for n in (4096, 16384) for s, ret, e2e in (("ilre", 1.0, 1.0), ("snapkv", 0.0, 0.0), ("full", 1.0, 0.5))]
+    rows.append(Record("vt", 4096, 0, 0, "ilre", 1024, 3996, 1024, 0.0, 1.0, None, answers=["2"]))  # not a target task
     (tmp_path / "raw.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
     out = write_report(tmp_path, tmp_path / "results.md", "ilre eval --test")
     text = out.read_text()
-    assert "| ILRe (DCA auto) | 100 (1) | 100 (1) |" in text and "| SnapKV | 0 (1) | 0 (1) |" in text
+    targets, every = text.split("## Retention, mean over single 1-3 + multikey 1")[1].split("## Retention, mean over every")
+    assert "| ILRe (DCA auto) | 100 (1) | 100 (1) |" in targets and "| SnapKV | 0 (1) | 0 (1) |" in targets
+    assert "| ILRe (DCA auto) | 50 (2) | 100 (1) |" in every
     assert "retention on single 1-3 + multikey 1 at 16K: 100.0% (target >= 95%): met" in text
     assert (tmp_path / "results_retention.png").is_file()
 
@@ -63,4 +79,4 @@ def test_ilre_eval_quick_runs_from_the_command_line(tmp_path):
     assert all(r["e2e"] is not None for r in records)
     kept = {r["strategy"]: sum(x["retention"] for x in records if x["strategy"] == r["strategy"]) for r in records}
     assert kept["ilre"] >= kept["streaming_llm"]  # a needle mid-context: the recent tokens miss it
-    assert "## Retention, mean over tasks" in (tmp_path / "results.md").read_text()
+    assert "## Retention, mean over single 1-3 + multikey 1" in (tmp_path / "results.md").read_text()

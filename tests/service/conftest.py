@@ -13,9 +13,11 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+import httpx
 import pytest
 import redis
 
+from ilre.service.client import Client
 from ilre.service.config import ServiceConfig
 from ilre.service.server import ServiceThread
 
@@ -33,6 +35,16 @@ def service_config(environ: dict[str, str] | None = None, **overrides) -> Servic
     """Loopback, free ports, short grace; only `environ` is consulted, never os.environ."""
     base = dict(host="127.0.0.1", grpc_port=0, http_port=0, shutdown_grace_s=2.0, max_wait_ms=2.0)
     return ServiceConfig.from_env(environ or {}, **{**base, **overrides})
+
+
+def grpc_client(svc: ServiceThread, timeout: float = 120, **kwargs) -> Client:
+    """A sync gRPC client of a running service (use as a context manager)."""
+    return Client(f"127.0.0.1:{svc.grpc_port}", timeout=timeout, **kwargs)
+
+
+def http_client(svc: ServiceThread, timeout: float = 120) -> httpx.Client:
+    """An HTTP client of a running service's JSON mirror (use as a context manager)."""
+    return httpx.Client(base_url=f"http://127.0.0.1:{svc.http_port}", timeout=timeout)
 
 
 def free_port() -> int:

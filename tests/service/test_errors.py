@@ -7,7 +7,6 @@ import contextlib
 import threading
 
 import grpc
-import httpx
 import pytest
 
 from ilre.compressor.prefill import PrefillConfig
@@ -16,7 +15,7 @@ from ilre.service.convert import pb, pb_grpc
 from ilre.service.engine import Engine, EngineConfig
 from ilre.service.server import ServiceThread
 
-from .conftest import QUERY, service_config, wait_for
+from .conftest import QUERY, grpc_client, http_client, service_config, wait_for
 
 SHORT = "The grass is green. The sky is blue. The vault code is 4471. The sun is yellow. " * 3  # ~60 tokens
 LIMITS = dict(max_context_tokens=100, max_query_tokens=20)
@@ -33,13 +32,13 @@ def strict_service():
 
 @pytest.fixture(scope="module")
 def client(strict_service):
-    with Client(f"127.0.0.1:{strict_service.grpc_port}", timeout=120) as c:
+    with grpc_client(strict_service) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
 def http(strict_service):
-    with httpx.Client(base_url=f"http://127.0.0.1:{strict_service.http_port}", timeout=120) as h:
+    with http_client(strict_service) as h:
         yield h
 
 

@@ -6,12 +6,11 @@ from __future__ import annotations
 
 import json
 
-import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ilre.service.client import Client, ClientError
+from ilre.service.client import ClientError
 
 FIELDS = ("id", "context", "context_ids", "query", "query_ids", "budget", "ratio", "strategy",
           "strategy_options", "dca", "layer")
@@ -56,7 +55,7 @@ FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCh
 
 @pytest.fixture(scope="module")
 def http(local_service):
-    with httpx.Client(base_url=f"http://127.0.0.1:{local_service.http_port}", timeout=120) as h:
+    with http_client(local_service) as h:
         yield h
 
 
@@ -95,7 +94,7 @@ def test_fuzz_grpc(local_service, fields):
         fields.pop("query_ids")
     if "budget" in fields and "ratio" in fields:
         fields.pop("ratio")
-    with Client(f"127.0.0.1:{local_service.grpc_port}", timeout=120) as client:
+    with grpc_client(local_service) as client:
         try:
             result = client.compress(**fields)
         except ClientError as exc:

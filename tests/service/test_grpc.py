@@ -6,15 +6,14 @@ from __future__ import annotations
 import asyncio
 
 import grpc
-import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
-from ilre.service.client import AsyncClient, Client
+from ilre.service.client import AsyncClient
 from ilre.service.messages import CompressRequest
 
-from .conftest import QUERY, comparable, context
+from .conftest import QUERY, comparable, context, grpc_client, http_client
 
 CONTRACT = {"id", "token_ids", "kept_indices", "compressed_context", "query", "original_tokens",
             "compressed_tokens", "ratio", "model", "layer", "strategy", "timings_ms"}
@@ -22,13 +21,13 @@ CONTRACT = {"id", "token_ids", "kept_indices", "compressed_context", "query", "o
 
 @pytest.fixture(scope="module")
 def client(local_service):
-    with Client(f"127.0.0.1:{local_service.grpc_port}", timeout=120) as c:
+    with grpc_client(local_service) as c:
         yield c
 
 
 @pytest.fixture(scope="module")
 def http(local_service):
-    with httpx.Client(base_url=f"http://127.0.0.1:{local_service.http_port}", timeout=120) as h:
+    with http_client(local_service) as h:
         yield h
 
 
