@@ -130,9 +130,20 @@ class Record:
     dca: bool | None = None
     generate_s: float | None = None
     note: str | None = None
+    new_tokens: int | None = None  # the generation budget used
 
     def key(self) -> tuple:
         return (self.task, self.length, self.index, self.seed, self.strategy, self.budget)
+
+
+def new_token_budget(sample: RulerSample, cap: int, tokenizer) -> int:
+    """RULER's tokens_to_generate, cut to `cap` (0 = no cap) to save CPU time, but never below what
+    the gold answers themselves take (their tokens + 2 each for separators + 8): a cap may trim the
+    chatter after an answer, never the answer (a UUID alone is ~33 tokens)."""
+    if not cap:
+        return sample.tokens_to_generate
+    need = sum(len(tokenizer(" " + a, add_special_tokens=False).input_ids) + 2 for a in sample.answers) + 8
+    return min(sample.tokens_to_generate, max(cap, need))
 
 
 class Generator:
@@ -291,10 +302,11 @@ class Evaluator:
                 # produced from the prompt, so the RULER score is 0 without spending a generation
                 record.e2e, record.note = 0.0, "not generated: no gold answer in the compressed context"
             elif self._generates(name, sample):
-                n_new = sample.tokens_to_generate if not plan.max_new_tokens else min(plan.max_new_tokens, sample.tokens_to_generate)
+                n_new = new_token_budget(sample, plan.max_new_tokens, tok)
                 tick = time.perf_counter()
                 prediction = self.generator.generate(self.generator.prompt(kept_ids, sample), n_new)
                 record.generate_s = round(time.perf_counter() - tick, 3)
+                record.new_tokens = n_new
                 record.prediction = prediction
                 record.e2e = score(prediction, sample.answers, sample.metric)
             records.append(record)
@@ -356,8 +368,8 @@ def caps_notes(plan: EvalPlan, caps: dict[str, int] | None = None) -> dict[str, 
         notes["e2e-skip"] = ("niah and vt samples whose compressed context kept no gold answer are scored 0 end to end "
                              "without generating (the answer cannot be produced from the prompt)")
         if plan.max_new_tokens:
-            notes["max-new-tokens"] = (f"generation capped at {plan.max_new_tokens} new tokens "
-                                       f"(RULER: 128 for niah, 30 vt, 120 cwe, 50 fwe)")
+            notes["max-new-tokens"] = (f"generation capped at {plan.max_new_tokens} new tokens, or the gold answers' own "
+                                       f"length + 8 where that is more (RULER: 128 for niah, 30 vt, 120 cwe, 50 fwe)")
     if caps.get("lingua_max_length"):
         notes["lingua-cap"] = (f"LLMLingua/LongLLMLingua only up to {length_label(caps['lingua_max_length'])}: they run "
                                f"the whole model over every 256-token chunk (minutes per sample on this CPU)")

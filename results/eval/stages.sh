@@ -18,3 +18,5 @@ $ILRE --tasks $T4 --lengths 16K --samples 1 --strategies llmlingua,longllmlingua
 $ILRE --tasks $T4 --lengths 8K,16K --samples 1 --strategies full --full-max-length 16384 --max-new-tokens 32
 # 6. a second sample of stage 1
 $ILRE --tasks $T4 --lengths 4K,8K,16K,32K --samples 2 --strategies full,ilre,ilre_nodca,snapkv,streaming_llm,rag --full-max-length 4096 --max-new-tokens 32
+# 7. LongLLMLingua (the query-aware one) at 32K
+$ILRE --tasks $T4 --lengths 32K --samples 1 --strategies longllmlingua --max-new-tokens 32 --lingua-max-length 32768

@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 from ilre.evaluation.results import write_report
-from ilre.evaluation.run_eval import EvalPlan, Record, _attention_pass, allocate, caps_notes, plan_caps, widest_caps
+from ilre.evaluation.run_eval import (EvalPlan, Record, _attention_pass, allocate, caps_notes, new_token_budget,
+                                      plan_caps, widest_caps)
 
 
 def test_shared_pass_gives_the_engines_selection(engine):
@@ -25,6 +26,20 @@ def test_shared_pass_gives_the_engines_selection(engine):
         result = engine.compress(CompressRequest(context_ids=sample.context_ids, query_ids=sample.query_ids,
                                                  budget=512, strategy=name, dca="off"))
         assert ours == result.kept_indices, name
+
+
+def test_a_generation_cap_never_cuts_the_gold_answer(engine):
+    from ilre.evaluation.ruler import generate_sample
+
+    tok = engine.tokenizer
+    uuid = generate_sample(tok, "niah_single_3", 2048, seed=0)
+    number = generate_sample(tok, "niah_single_1", 2048, seed=0)
+    uuid_tokens = len(tok(" " + uuid.answers[0], add_special_tokens=False).input_ids)
+    assert uuid_tokens > 30  # why a flat cap of 32 was wrong: ": " + the UUID did not fit
+    assert new_token_budget(uuid, 32, tok) >= uuid_tokens + 8
+    assert new_token_budget(number, 32, tok) == 32  # a 7-digit number fits: the cap holds
+    assert new_token_budget(number, 0, tok) == number.tokens_to_generate == 128  # RULER's own
+    assert new_token_budget(uuid, 1000, tok) == 128  # never beyond RULER's
 
 
 def test_plan_validation():
