@@ -99,11 +99,12 @@ def retention_plot(records: list[dict], path: Path, title: str) -> Path | None:
     if not rows:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    for name in STRATEGIES:
-        if name not in rows or name == "full":
-            continue
+    markers = "os^Dv<>p"
+    for i, name in enumerate(n for n in STRATEGIES if n in rows and n != "full"):
         xs = sorted(rows[name])
-        ax.plot(xs, [100 * mean(rows[name][x]) for x in xs], marker="o", label=LABELS[name])
+        # lines that coincide (several strategies at 100%) stay visible: wide ones under narrow ones
+        ax.plot(xs, [100 * mean(rows[name][x]) for x in xs], marker=markers[i % len(markers)], label=LABELS[name],
+                linewidth=max(4.5 - 0.6 * i, 1.0), markersize=max(9 - i, 4), alpha=0.85)
     lengths = sorted({r["length"] for r in records})
     ax.set_xscale("log", base=2)
     ax.set_xticks(lengths, [length_label(n) for n in lengths])
@@ -112,7 +113,7 @@ def retention_plot(records: list[dict], path: Path, title: str) -> Path | None:
     ax.set_ylim(-2, 102)
     ax.set_title(title)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="lower left")
+    ax.legend(fontsize=8, loc="center right")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=120)

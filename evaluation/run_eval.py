@@ -369,7 +369,7 @@ def caps_notes(plan: EvalPlan, caps: dict[str, int] | None = None) -> dict[str, 
                              "without generating (the answer cannot be produced from the prompt)")
         if plan.max_new_tokens:
             notes["max-new-tokens"] = (f"generation capped at {plan.max_new_tokens} new tokens, or the gold answers' own "
-                                       f"length + 8 where that is more (RULER: 128 for niah, 30 vt, 120 cwe, 50 fwe)")
+                                       f"tokens plus a margin where that is more (RULER: 128 for niah, 30 vt, 120 cwe, 50 fwe)")
     if caps.get("lingua_max_length"):
         notes["lingua-cap"] = (f"LLMLingua/LongLLMLingua only up to {length_label(caps['lingua_max_length'])}: they run "
                                f"the whole model over every 256-token chunk (minutes per sample on this CPU)")

@@ -12,6 +12,8 @@ from hypothesis import strategies as st
 
 from ilre.service.client import ClientError
 
+from .conftest import grpc_client, http_client
+
 FIELDS = ("id", "context", "context_ids", "query", "query_ids", "budget", "ratio", "strategy",
           "strategy_options", "dca", "layer")
 text = st.text(max_size=300)
