@@ -20,3 +20,5 @@ $ILRE --tasks $T4 --lengths 8K,16K --samples 1 --strategies full --full-max-leng
 $ILRE --tasks $T4 --lengths 4K,8K,16K,32K --samples 2 --strategies full,ilre,ilre_nodca,snapkv,streaming_llm,rag --full-max-length 4096 --max-new-tokens 32
 # 7. LongLLMLingua (the query-aware one) at 32K
 $ILRE --tasks $T4 --lengths 32K --samples 1 --strategies longllmlingua --max-new-tokens 32 --lingua-max-length 32768
+# 8. a second sample of the other seven tasks where the peers are compared (16K, 32K)
+$ILRE --tasks niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe --lengths 16K,32K --samples 2 --strategies ilre,snapkv,streaming_llm,rag --no-e2e
