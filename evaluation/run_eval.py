@@ -391,9 +391,8 @@ def run_eval(plan: EvalPlan, results_dir: Path, fresh: bool = False, progress=pr
     raw = results_dir / "raw.jsonl"
     if fresh and raw.exists():
         raw.unlink()
-    earlier = json.loads((results_dir / "meta.json").read_text()) if (results_dir / "meta.json").is_file() else {}
-    if fresh:
-        earlier = {}
+    meta_path = results_dir / "meta.json"
+    earlier = json.loads(meta_path.read_text()) if meta_path.is_file() and not fresh else {}
     caps = widest_caps(earlier.get("caps", {}), plan_caps(plan))  # the page covers every stage's records
     notes = {**earlier.get("notes", {}), **caps_notes(plan, caps)}
     evaluator = Evaluator(plan, notes)
@@ -402,7 +401,7 @@ def run_eval(plan: EvalPlan, results_dir: Path, fresh: bool = False, progress=pr
             if r["strategy"] not in ATTENTION or r.get("layer") == layer}
     meta = {"plan": asdict(plan), "model": evaluator.engine.model_name, "layer": evaluator.engine.layer,
             "calibrated": evaluator.engine.profile.calibrated, "native_context": evaluator.native, "caps": caps, "notes": notes}
-    (results_dir / "meta.json").write_text(json.dumps(meta, indent=2) + "\n")
+    meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     cells = plan.cells()
     try:
         for n, (task, length, index) in enumerate(cells, 1):
@@ -417,7 +416,7 @@ def run_eval(plan: EvalPlan, results_dir: Path, fresh: bool = False, progress=pr
                     f.write(json.dumps(asdict(record)) + "\n")
             summary = " ".join(f"{r.strategy}={r.retention:.2f}" + (f"/{r.e2e:.2f}" if r.e2e is not None else "") for r in records)
             progress(f"[{n}/{len(cells)}] {task} {length_label(length)} #{index}: {summary} ({time.perf_counter() - tick:.0f} s)")
-            (results_dir / "meta.json").write_text(json.dumps({**meta, "notes": notes}, indent=2) + "\n")
+            meta_path.write_text(json.dumps({**meta, "notes": notes}, indent=2) + "\n")
     finally:
         evaluator.close()
     return raw
