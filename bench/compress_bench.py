@@ -23,8 +23,8 @@ def measure_compress(length: int, strategy: str, layer: int | None) -> dict:
     import torch
 
     from ilre.evaluation.passkey import make_passkey_sample
-    from ilre.service.engine import Engine, EngineConfig
-    from ilre.service.messages import CompressRequest
+    from ilre.service.api.engine import Engine, EngineConfig
+    from ilre.service.api.messages import CompressRequest
 
     loading = time.perf_counter()
     engine = Engine(EngineConfig(layer=layer))

@@ -28,8 +28,8 @@ import torch
 from ilre.evaluation.passkey import make_passkey_sample
 from ilre.service.client import AsyncClient
 from ilre.service.config import ServiceConfig
-from ilre.service.engine import Engine
-from ilre.service.messages import CompressRequest
+from ilre.service.api.engine import Engine
+from ilre.service.api.messages import CompressRequest
 from ilre.service.server import ServiceThread
 
 DISTINCT = 16

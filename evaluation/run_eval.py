@@ -207,7 +207,7 @@ class Evaluator:
     """Holds the engine, the generator and the lingua peer for one run."""
 
     def __init__(self, plan: EvalPlan, notes: dict[str, str]):
-        from ..service.engine import Engine, EngineConfig
+        from ..service.api.engine import Engine, EngineConfig
 
         self.plan = plan
         self.notes = notes

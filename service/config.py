@@ -11,11 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .auth import ApiKeys
-
-
-class ConfigError(ValueError):
-    """A setting that cannot be used; the message names the setting."""
+from .api.errors import ConfigError
+from .api.keys import ApiKeys
 
 
 @dataclass(frozen=True)
@@ -72,22 +69,61 @@ class ServiceConfig:
     @classmethod
     def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> "ServiceConfig":
         """Overrides (None = not given) beat ILRE_* variables, which beat the defaults."""
-        values: dict[str, Any] = {}
-        for f in dataclasses.fields(cls):
-            if f.name == "api_keys":
-                continue
-            given = overrides.pop(f.name, None)
-            raw = environ.get(f"ILRE_{f.name.upper()}")
-            if given is not None:
-                values[f.name] = given
-            elif raw not in (None, ""):
-                values[f.name] = _parse(f"ILRE_{f.name.upper()}", raw, f.default)
         keys_file = overrides.pop("api_keys_file", None)
-        if overrides:
-            raise TypeError(f"unknown settings: {', '.join(sorted(overrides))}")
+        values = _values(cls, environ, overrides, skip=("api_keys",))
         values["api_keys"] = ApiKeys.load(environ, keys_file)
         return cls(**values)
 
+
+ENGINE_APIS = ("sglang", "openai", "llamacpp")
+FORWARD_MODES = ("auto", "ids", "text")
+
+
+@dataclass(frozen=True)
+class SidecarConfig:
+    """The engine behind `ilre sidecar`; each field's environment variable is ILRE_<NAME upper-cased>."""
+
+    engine_url: str = "http://127.0.0.1:30000"   # the engine's base URL
+    engine_api: str = "sglang"                   # sglang | openai (vLLM and other OpenAI servers) | llamacpp
+    forward: str = "auto"                        # ids | text | auto (ids when the engine's tokenizer is ours)
+    engine_timeout_s: float = 600.0              # deadline of a request that brings no x-request-timeout
+    connect_timeout_s: float = 5.0               # connecting to the engine
+    query_tokens: int = 64                       # plain prompts: the last N tokens are the query
+
+    def __post_init__(self) -> None:
+        if not self.engine_url.startswith(("http://", "https://")):
+            raise ConfigError(f"engine_url: must start with http:// or https:// (got {self.engine_url!r})")
+        if self.engine_api not in ENGINE_APIS:
+            raise ConfigError(f"engine_api: must be one of {', '.join(ENGINE_APIS)} (got {self.engine_api!r})")
+        if self.forward not in FORWARD_MODES:
+            raise ConfigError(f"forward: must be one of {', '.join(FORWARD_MODES)} (got {self.forward!r})")
+        for name in ("engine_timeout_s", "connect_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"{name}: must be > 0 (got {getattr(self, name)})")
+        if not 1 <= self.query_tokens <= 4096:
+            raise ConfigError(f"query_tokens: must be in 1..4096 (got {self.query_tokens})")
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> "SidecarConfig":
+        """Overrides (None = not given) beat ILRE_* variables, which beat the defaults."""
+        return cls(**_values(cls, environ, overrides))
+
+
+def _values(cls: type, environ: Mapping[str, str], overrides: dict[str, Any], skip: tuple[str, ...] = ()) -> dict[str, Any]:
+    """Field values of dataclass `cls`: an override, else ILRE_<NAME> parsed to the field's type."""
+    values: dict[str, Any] = {}
+    for f in dataclasses.fields(cls):
+        if f.name in skip:
+            continue
+        given = overrides.pop(f.name, None)
+        raw = environ.get(f"ILRE_{f.name.upper()}")
+        if given is not None:
+            values[f.name] = given
+        elif raw not in (None, ""):
+            values[f.name] = _parse(f"ILRE_{f.name.upper()}", raw, f.default)
+    if overrides:
+        raise TypeError(f"unknown settings: {', '.join(sorted(overrides))}")
+    return values
 
 def _parse(name: str, raw: str, default: Any) -> Any:
     kind = type(default) if default is not None else str

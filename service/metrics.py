@@ -32,6 +32,16 @@ class Metrics:
                                registry=registry)
         self.ready = Gauge("ilre_ready", "1 when requests can be served (model loaded / worker alive)",
                            registry=registry)
+        # the engine sidecar
+        self.sidecar_requests = Counter("ilre_sidecar_requests", "Sidecar requests on compressible routes, by route "
+                                        "and action (compressed, passthrough, off, error)", ["route", "action"],
+                                        registry=registry)
+        self.sidecar_tokens = Counter("ilre_sidecar_prompt_tokens", "Prompt tokens of compressible requests, as "
+                                      "received (original) and as forwarded", ["stage"], registry=registry)
+        self.sidecar_engine_latency = Histogram("ilre_sidecar_engine_seconds", "Time until the engine's response "
+                                                "headers, by route", ["route"], buckets=LATENCY_BUCKETS, registry=registry)
+        self.sidecar_engine_errors = Counter("ilre_sidecar_engine_errors", "Engine failures: unreachable, timeout, "
+                                             "status_4xx, status_5xx", ["kind"], registry=registry)
 
     def observe_result(self, timings_ms: dict[str, float], tokens_in: int, tokens_out: int) -> None:
         """Record one finished compression."""

@@ -21,14 +21,18 @@ from typing import Any, Callable
 
 import uvicorn
 
-from .config import ConfigError, ServiceConfig
-from .engine import Engine
-from .frontend import Frontend
-from .grpc_server import build_grpc_server, track_health
-from .http_app import build_app
+from .api.errors import ConfigError
+from .config import ServiceConfig, SidecarConfig
+from .api.engine import Engine
+from .transport.frontend import Frontend
+from .transport.grpc_server import build_grpc_server, track_health
+from .transport.http_app import build_app
+from .transport.sidecar.app import Sidecar, build_sidecar_app
+from .transport.sidecar.options import CompressionOptions
+from .transport.sidecar.prompt import PromptSplitter
 from .metrics import Metrics
-from .queue_local import LocalQueue
-from .queue_redis import RedisQueue
+from .queue.local import LocalQueue
+from .queue.redis_stream import RedisQueue
 
 log = logging.getLogger(__name__)
 
@@ -43,11 +47,16 @@ class _Uvicorn(uvicorn.Server):
 
 class Service:
     """A front end. engine: an Engine, or a factory the local queue runs at start (default: the
-    embedded model); unused with a Redis URL. defaults: request fields for requests that omit them."""
+    embedded model); unused with a Redis URL. defaults: request fields for requests that omit them.
+    With `sidecar` (and the compressor's `tokenizer`), the HTTP port serves the engine sidecar
+    instead of the JSON mirror (which moves under /ilre/) and no gRPC server runs."""
 
     def __init__(self, config: ServiceConfig, engine: Engine | Callable[[], Engine] | None = None,
-                 defaults: dict[str, Any] | None = None):
+                 defaults: dict[str, Any] | None = None, sidecar: SidecarConfig | None = None,
+                 tokenizer: Any = None):
         self.config = config
+        self.sidecar_config, self.tokenizer = sidecar, tokenizer
+        self.sidecar: Sidecar | None = None
         self.metrics = Metrics()
         if config.redis_url:
             queue: Any = RedisQueue(config.redis_url, self.metrics, prefix=config.redis_prefix,
@@ -63,9 +72,16 @@ class Service:
     async def start(self) -> None:
         cfg = self.config
         await self.frontend.queue.start()
-        self._grpc, self._health, self.grpc_port = build_grpc_server(self.frontend, cfg)
-        await self._grpc.start()
-        self._tasks.append(asyncio.create_task(track_health(self.frontend, self._health)))
+        if self.sidecar_config is not None:
+            options = CompressionOptions(query_tokens=self.sidecar_config.query_tokens)
+            self.sidecar = Sidecar(self.frontend, self.sidecar_config, PromptSplitter(self.tokenizer), options)
+            app: Any = build_sidecar_app(self.sidecar)
+            self._grpc = self._health = None
+        else:
+            app = build_app(self.frontend)
+            self._grpc, self._health, self.grpc_port = build_grpc_server(self.frontend, cfg)
+            await self._grpc.start()
+            self._tasks.append(asyncio.create_task(track_health(self.frontend, self._health)))
         sock = _listen(cfg.host, cfg.http_port)
         self.http_port = sock.getsockname()[1]
         tls: dict[str, Any] = {}
@@ -73,7 +89,7 @@ class Service:
             tls = {"ssl_certfile": cfg.tls_cert, "ssl_keyfile": cfg.tls_key}
             if cfg.tls_client_ca:
                 tls.update(ssl_ca_certs=cfg.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
-        self._http = _Uvicorn(uvicorn.Config(build_app(self.frontend), lifespan="off", log_config=None,
+        self._http = _Uvicorn(uvicorn.Config(app, lifespan="off", log_config=None,
                                              access_log=False, timeout_graceful_shutdown=max(1, int(cfg.shutdown_grace_s)),
                                              **tls))
         self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))
@@ -85,12 +101,15 @@ class Service:
 
     async def stop(self) -> None:
         """Graceful: no new calls, in-flight ones get shutdown_grace_s, then the queue closes."""
-        await self._health.enter_graceful_shutdown()
+        if self._health is not None:
+            await self._health.enter_graceful_shutdown()
         for task in self._tasks:
             task.cancel()
         self._http.should_exit = True
-        await asyncio.gather(self._grpc.stop(self.config.shutdown_grace_s), self._http_task, *self._tasks,
-                             return_exceptions=True)
+        grpc_stop = [self._grpc.stop(self.config.shutdown_grace_s)] if self._grpc is not None else []
+        await asyncio.gather(*grpc_stop, self._http_task, *self._tasks, return_exceptions=True)
+        if self.sidecar is not None:
+            await self.sidecar.close()
         await self.frontend.queue.close()
 
     async def __aenter__(self) -> "Service":
@@ -110,20 +129,26 @@ def _listen(host: str, port: int) -> socket.socket:
 
 
 def run_serve(config: ServiceConfig, engine: Engine | Callable[[], Engine] | None = None,
-              defaults: dict[str, Any] | None = None) -> int:
-    """Serve until SIGTERM/SIGINT, then shut down gracefully."""
+              defaults: dict[str, Any] | None = None, **sidecar: Any) -> int:
+    """Serve until SIGTERM/SIGINT, then shut down gracefully (`sidecar`: Service's sidecar arguments)."""
 
     async def main() -> int:
         stop = asyncio.Event()
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        async with Service(config, engine, defaults) as service:
+        async with Service(config, engine, defaults, **sidecar) as service:
             scheme = "https" if config.tls else "http"
             queue = f"Redis at {config.redis_url.split('@')[-1]}" if config.redis_url else "in-process"
-            print(f"ilre: gRPC on {config.host}:{service.grpc_port}{' (TLS)' if config.tls else ''}, "
-                  f"{scheme}://{config.host}:{service.http_port} (/healthz /readyz /metrics /v1/compress); "
-                  f"queue {queue}; API keys {'on' if config.api_keys.enabled else 'off'}", file=sys.stderr, flush=True)
+            if service.sidecar is not None:
+                engine_cfg = service.sidecar.config
+                where = (f"sidecar on {scheme}://{config.host}:{service.http_port} in front of {engine_cfg.engine_url} "
+                         f"({engine_cfg.engine_api} API, forwarding {engine_cfg.forward}; ilre's own endpoints under /ilre/)")
+            else:
+                where = (f"gRPC on {config.host}:{service.grpc_port}{' (TLS)' if config.tls else ''}, "
+                         f"{scheme}://{config.host}:{service.http_port} (/healthz /readyz /metrics /v1/compress)")
+            print(f"ilre: {where}; queue {queue}; API keys {'on' if config.api_keys.enabled else 'off'}",
+                  file=sys.stderr, flush=True)
             waits = [asyncio.ensure_future(stop.wait())]
             load_failed = getattr(service.frontend.queue, "load_failed", None)
             if load_failed is not None:
@@ -145,8 +170,8 @@ class ServiceThread:
     `with ServiceThread(config, engine) as svc: svc.grpc_port ...`."""
 
     def __init__(self, config: ServiceConfig, engine: Engine | Callable[[], Engine] | None = None,
-                 defaults: dict[str, Any] | None = None):
-        self.config, self.engine, self.defaults = config, engine, defaults
+                 defaults: dict[str, Any] | None = None, **sidecar: Any):
+        self.config, self.engine, self.defaults, self.sidecar = config, engine, defaults, sidecar
         self.service: Service | None = None
         self._started = threading.Event()
         self._error: BaseException | None = None
@@ -156,7 +181,7 @@ class ServiceThread:
         self.loop = asyncio.get_running_loop()
         self._stop = asyncio.Event()
         try:
-            async with Service(self.config, self.engine, self.defaults) as service:
+            async with Service(self.config, self.engine, self.defaults, **self.sidecar) as service:
                 self.service = service
                 self._started.set()
                 await self._stop.wait()

@@ -8,6 +8,6 @@ import pytest
 @pytest.fixture(scope="session")
 def engine():
     """An Engine on the embedded SmolLM2-135M-Instruct at its profiled retrieval layer."""
-    from ilre.service.engine import Engine
+    from ilre.service.api.engine import Engine
 
     return Engine()

@@ -15,7 +15,7 @@ from ilre.evaluation.metrics import retention
 from ilre.evaluation.ruler import generate_sample, parse_length
 from ilre.evaluation.run_eval import allocate
 from ilre.kernels.query_scores import query_key_scores
-from ilre.service.engine import Engine, EngineConfig
+from ilre.service.api.engine import Engine, EngineConfig
 
 
 def main() -> None:

@@ -17,7 +17,7 @@ from ilre.evaluation.run_eval import (EvalPlan, Record, _attention_pass, allocat
 
 def test_shared_pass_gives_the_engines_selection(engine):
     from ilre.evaluation.ruler import generate_sample
-    from ilre.service.messages import CompressRequest
+    from ilre.service.api.messages import CompressRequest
 
     sample = generate_sample(engine.tokenizer, "niah_single_2", 2048, seed=1)
     attention, _ = _attention_pass(engine, sample, dca=False)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ilre.service.auth import ApiKeys
+from ilre.service.api.keys import ApiKeys
 from ilre.service.config import ConfigError, ServiceConfig
 
 

@@ -11,8 +11,8 @@ import pytest
 
 from ilre.compressor.prefill import PrefillConfig
 from ilre.service.client import AsyncClient, Client, ClientError
-from ilre.service.convert import pb, pb_grpc
-from ilre.service.engine import Engine, EngineConfig
+from ilre.service.transport.convert import pb, pb_grpc
+from ilre.service.api.engine import Engine, EngineConfig
 from ilre.service.server import ServiceThread
 
 from .conftest import QUERY, grpc_client, http_client, service_config, wait_for

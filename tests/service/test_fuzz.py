@@ -6,13 +6,17 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from ilre.service.client import ClientError
 
-from .conftest import grpc_client, http_client
+from ilre.service.config import SidecarConfig
+from ilre.service.server import ServiceThread
+
+from .conftest import free_port, grpc_client, http_client, service_config
 
 FIELDS = ("id", "context", "context_ids", "query", "query_ids", "budget", "ratio", "strategy",
           "strategy_options", "dca", "layer")
@@ -104,3 +108,86 @@ def test_fuzz_grpc(local_service, fields):
             assert exc.field and exc.message.startswith(f"{exc.field}:")
         else:
             assert result.compressed_tokens == len(result.kept_indices) <= result.original_tokens
+
+
+# -- raw bytes, for every HTTP route (the JSON mirror, the sidecar's compressible routes and its
+#    mirror under /ilre): broken UTF-8, lone surrogates, deep nesting, huge numbers --------------
+def nested(depth: int, key: str = "context") -> bytes:
+    return ('{"%s": ' % key + "[" * depth + "1" + "]" * depth + ', "query": "q"}').encode()
+
+
+RAW_CASES = [
+    b'{"context": "abc \\ud800 def", "query": "q"}',           # an escaped lone surrogate
+    b'{"context": "ok", "query": "\\udfff"}',
+    b'{"prompt": "abc \\ud83d", "n_predict": 1}',
+    b'{"messages": [{"role": "user", "content": "\\udc00"}]}',
+    b'{"context\\ud800": "a", "query": "b"}',                   # ... in a key
+    b"[" * 100_000 + b"]" * 100_000,                            # 100,000 arrays deep
+    nested(100), nested(5000, "prompt"), nested(900, "messages"),
+    b'{"budget": 1' + b"0" * 5000 + b', "context": "a", "query": "b"}',  # beyond the digit limit
+    b'{"budget": 1e999, "context": "a", "query": "b"}',
+    b'{"prompt": "caf\xc3", "n_predict": 1}',                    # broken UTF-8
+    b"\xff\xfe{}", b"", b"null", b"[]", b'"text"', b"{", b'{"a": NaN}',
+]
+raw_bodies = st.one_of(
+    st.sampled_from(RAW_CASES),
+    st.binary(max_size=300),
+    st.builds(lambda d, k: nested(d, k), st.integers(0, 3000), st.sampled_from(["context", "prompt", "text", "x"])),
+    st.builds(lambda s: json.dumps({"context": s, "query": "q", "prompt": s}).encode(),
+              st.text(alphabet=st.characters(codec=None, categories=["Cs", "Ll", "Zs"]), max_size=20)),
+    st.builds(lambda n, f: ('{"%s": 9%s, "prompt": "x"}' % (f, "9" * n)).encode(), st.integers(0, 6000),
+              st.sampled_from(["budget", "n_predict", "layer"])),
+    st.builds(lambda raw, at, junk: raw[:at] + junk + raw[at:], st.sampled_from(RAW_CASES[:4]),
+              st.integers(0, 40), st.binary(min_size=1, max_size=4)),
+)
+
+
+def check_raw_reply(reply: httpx.Response, allowed: set[int]) -> None:
+    """A clear answer: an allowed status, JSON naming the field on 400, never a 500 or a traceback."""
+    assert reply.status_code in allowed, (reply.status_code, reply.text[:300])
+    assert "Traceback" not in reply.text
+    if reply.status_code == 400:
+        body = reply.json()
+        error = body.get("error")
+        field, message = (body["field"], error) if isinstance(error, str) else (error["param"], error["message"])
+        assert field and message.startswith(f"{field}:"), body
+
+
+@pytest.mark.parametrize("raw", RAW_CASES, ids=range(len(RAW_CASES)))
+def test_raw_bytes_json_mirror(http, raw):
+    reply = http.post("/v1/compress", content=raw, headers={"x-request-timeout": "120"})
+    check_raw_reply(reply, {200, 400})
+    if raw.startswith(b'{"context": "abc \\ud800'):
+        assert reply.status_code == 400 and reply.json()["field"] == "context"
+    if raw.startswith(b"[[["):
+        assert reply.status_code == 400 and "nested deeper" in reply.json()["error"]
+
+
+@pytest.fixture(scope="module")
+def sidecar_no_engine(engine):
+    """A sidecar whose engine is not running: what passes its checks ends as 502, never 500."""
+    sidecar = SidecarConfig(engine_url=f"http://127.0.0.1:{free_port()}", engine_api="llamacpp", forward="ids")
+    with ServiceThread(service_config(), engine, sidecar=sidecar, tokenizer=engine.tokenizer) as svc:
+        with httpx.Client(base_url=f"http://127.0.0.1:{svc.http_port}", timeout=120) as client:
+            yield client
+
+
+SIDECAR_ROUTES = ["/completion", "/v1/completions", "/v1/chat/completions", "/generate", "/ilre/v1/compress"]
+
+
+@pytest.mark.parametrize("route", SIDECAR_ROUTES)
+def test_raw_bytes_sidecar_routes(sidecar_no_engine, route):
+    for raw in RAW_CASES:
+        check_raw_reply(sidecar_no_engine.post(route, content=raw), {200, 400, 502})
+
+
+@FUZZ
+@given(raw=raw_bodies, route=st.sampled_from(SIDECAR_ROUTES))
+def test_fuzz_raw_bytes_sidecar(sidecar_no_engine, raw, route):
+    check_raw_reply(sidecar_no_engine.post(route, content=raw), {200, 400, 502})
+
+
+@FUZZ
+@given(raw=raw_bodies)
+def test_fuzz_raw_bytes_json_mirror(http, raw):
+    check_raw_reply(http.post("/v1/compress", content=raw, headers={"x-request-timeout": "120"}), {200, 400})

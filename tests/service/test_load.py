@@ -9,7 +9,7 @@ import asyncio
 import pytest
 
 from ilre.service.client import AsyncClient
-from ilre.service.messages import CompressRequest
+from ilre.service.api.messages import CompressRequest
 from ilre.service.server import ServiceThread
 
 from .conftest import QUERY, WorkerProcess, comparable, context, service_config

@@ -12,11 +12,12 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from .auth import AuthInterceptor
-from .config import ConfigError, ServiceConfig
+from ..api.errors import ConfigError
+from ..config import ServiceConfig
 from .convert import StreamAssembler, pb, pb_grpc, request_to_dict, result_to_proto
-from .errors import Code, ServiceError
+from ..api.errors import Code, ServiceError
 from .frontend import Frontend
-from .messages import InputError
+from ..api.messages import InputError
 
 log = logging.getLogger(__name__)
 

@@ -10,13 +10,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from .messages import DCA_MODES, InputError
-
-EXIT_INPUT = 2
-
-
-class CliError(Exception):
-    """A run that cannot proceed: printed as one line, exit status EXIT_INPUT."""
+from ..api.messages import DCA_MODES, InputError
+from .output import EXIT_INPUT, CliError, summary
 
 
 def _engine_options(parser: argparse.ArgumentParser) -> None:
@@ -55,6 +50,9 @@ def build_parser() -> argparse.ArgumentParser:
     serve = sub.add_parser("serve", help="run the gRPC + HTTP service (in-process queue, or Redis with --redis-url)")
     _service_options(serve)
     _engine_options(serve)
+    sidecar = sub.add_parser("sidecar", help="an engine's own HTTP API (SGLang, vLLM/OpenAI, llama.cpp) with long prompts compressed")
+    _sidecar_options(sidecar)
+    _engine_options(sidecar)
     worker = sub.add_parser("worker", help="serve requests queued on Redis by `ilre serve --redis-url`")
     _queue_options(worker)
     worker.add_argument("--claim-idle-ms", type=int, help="reclaim entries of a worker silent this long (default 30000)")
@@ -125,9 +123,33 @@ def _service_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--shutdown-grace", type=float, help="seconds in-flight calls get on SIGTERM (default 10)")
 
 
+def _sidecar_options(parser: argparse.ArgumentParser) -> None:
+    """Sidecar settings; each also reads ILRE_<NAME> (see SidecarConfig in service/config.py)."""
+    from ..config import ENGINE_APIS, FORWARD_MODES
+
+    parser.add_argument("--engine-url", help="the engine's base URL (env ILRE_ENGINE_URL; default http://127.0.0.1:30000)")
+    parser.add_argument("--engine-api", choices=ENGINE_APIS, help="the engine's API (env ILRE_ENGINE_API; default sglang; "
+                        "openai = vLLM or any OpenAI-compatible server)")
+    parser.add_argument("--forward", choices=FORWARD_MODES, help="send the engine token IDs or text; auto = IDs when its "
+                        "tokenizer is ours (env ILRE_FORWARD; default auto)")
+    parser.add_argument("--engine-timeout", type=float, help="deadline of a request without x-request-timeout: "
+                        "compression plus the engine's answer, in s (default 600)")
+    parser.add_argument("--connect-timeout", type=float, help="connecting to the engine, in s (default 5)")
+    parser.add_argument("--query-tokens", type=int, help="plain prompts: the last N tokens are the query (default 64)")
+    parser.add_argument("--host", help="listen address (default 127.0.0.1; 0.0.0.0 in containers)")
+    parser.add_argument("--port", type=int, help="listen port (env ILRE_HTTP_PORT; default 8080)")
+    _queue_options(parser)
+    parser.add_argument("--max-queue", type=int, help="accepted unfinished compressions before 429 (default 256)")
+    parser.add_argument("--max-message-bytes", type=int, help="largest request body (default 16 MiB)")
+    parser.add_argument("--api-keys-file", help="accepted API keys, one per line (also env ILRE_API_KEYS)")
+    parser.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (with --tls-key)")
+    parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    parser.add_argument("--shutdown-grace", type=float, help="seconds in-flight requests get on SIGTERM (default 10)")
+
+
 def _engine(args: argparse.Namespace):
-    from ..compressor.prefill import PrefillConfig
-    from .engine import Engine, EngineConfig
+    from ...compressor.prefill import PrefillConfig
+    from ..api.engine import Engine, EngineConfig
 
     try:
         prefill = PrefillConfig(args.sink, args.window or None, args.chunk)
@@ -167,7 +189,7 @@ def read_context(args: argparse.Namespace) -> str:
 
 
 def run_compress(args: argparse.Namespace) -> int:
-    from .messages import CompressRequest
+    from ..api.messages import CompressRequest
 
     request = CompressRequest.from_json({"context": read_context(args), "query": args.query}, request_defaults(args))
     result = _compress_remote(args, request) if args.server else _engine(args).compress(request)
@@ -183,7 +205,7 @@ def _compress_remote(args: argparse.Namespace, request):
     """`compress --server`: the same request through a running service's gRPC API."""
     import dataclasses
 
-    from .client import Client, ClientError
+    from ..client import Client, ClientError
 
     fields = {k: v for k, v in dataclasses.asdict(request).items() if v is not None}
     if args.layer is not None:
@@ -201,7 +223,7 @@ def _compress_remote(args: argparse.Namespace, request):
 
 def _service_config(args: argparse.Namespace, **settings: Any):
     """ServiceConfig from the environment, the flags winning; CliError naming a bad setting."""
-    from .config import ServiceConfig
+    from ..config import ServiceConfig
 
     if getattr(args, "threads", None):
         import torch
@@ -210,9 +232,8 @@ def _service_config(args: argparse.Namespace, **settings: Any):
     names = ("host", "grpc_port", "http_port", "redis_url", "redis_prefix", "max_batch", "max_wait_ms", "max_queue",
              "max_message_bytes", "tls_cert", "tls_key", "tls_client_ca", "claim_idle_ms", "max_attempts")
     flags = {name: getattr(args, name) for name in names if hasattr(args, name)}
-    if hasattr(args, "request_timeout"):
-        flags.update(request_timeout_s=args.request_timeout, shutdown_grace_s=args.shutdown_grace,
-                     api_keys_file=args.api_keys_file)
+    flags.update(request_timeout_s=getattr(args, "request_timeout", None), shutdown_grace_s=getattr(args, "shutdown_grace", None),
+                 api_keys_file=getattr(args, "api_keys_file", None))
     try:
         return ServiceConfig.from_env(os.environ, **flags, **settings)
     except ValueError as exc:
@@ -220,7 +241,7 @@ def _service_config(args: argparse.Namespace, **settings: Any):
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from .server import run_serve as serve
+    from ..server import run_serve as serve
 
     config = _service_config(args, max_context_tokens=args.max_context_tokens)
     try:
@@ -229,20 +250,32 @@ def run_serve(args: argparse.Namespace) -> int:
         raise CliError(str(exc)) from None
 
 
+def run_sidecar(args: argparse.Namespace) -> int:
+    from ...models.loader import load_tokenizer, resolve_checkpoint
+    from ..config import SidecarConfig
+    from ..server import run_serve as serve
+
+    config = _service_config(args, http_port=args.port, max_context_tokens=args.max_context_tokens)
+    try:
+        sidecar = SidecarConfig.from_env(os.environ, engine_url=args.engine_url, engine_api=args.engine_api,
+                                         forward=args.forward, engine_timeout_s=args.engine_timeout,
+                                         connect_timeout_s=args.connect_timeout, query_tokens=args.query_tokens)
+        tokenizer = load_tokenizer(resolve_checkpoint(args.model).path)
+    except (FileNotFoundError, KeyError, ValueError) as exc:
+        raise CliError(str(exc).strip("'\"")) from None
+    try:
+        return serve(config, lambda: _engine(args), request_defaults(args), sidecar=sidecar, tokenizer=tokenizer)
+    except ValueError as exc:  # ConfigError: a port in use, unreadable TLS files
+        raise CliError(str(exc)) from None
+
+
 def run_worker(args: argparse.Namespace) -> int:
-    from .worker import run_worker as work
+    from ..queue.worker import run_worker as work
 
     config = _service_config(args)
     if not config.redis_url:
         raise CliError("redis-url: a worker needs --redis-url (or ILRE_REDIS_URL)")
     return work(_engine(args), config, name=args.name, metrics_port=args.metrics_port)
-
-
-def summary(result: dict[str, Any]) -> str:
-    """One line for people: what was kept, how, and how long it took."""
-    return (f"kept {result['compressed_tokens']} of {result['original_tokens']} context tokens "
-            f"({100 * result['ratio']:.1f}%) with {result['strategy']} at layer {result['layer']} of "
-            f"{result['model']}{' with DCA' if result['dca'] else ''} in {result['timings_ms']['total'] / 1000:.2f} s")
 
 
 def run_batch(args: argparse.Namespace) -> int:
@@ -260,8 +293,8 @@ def run_demo(args: argparse.Namespace) -> int:
 def run_calibrate(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from ..evaluation.calibrate import QUICK_PLAN, CalibrationPlan, run_calibration
-    from ..models.profiles import PROFILE_DIR
+    from ...evaluation.calibrate import QUICK_PLAN, CalibrationPlan, run_calibration
+    from ...models.profiles import PROFILE_DIR
 
     plan = QUICK_PLAN if args.quick else CalibrationPlan()
     try:
@@ -285,9 +318,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
 def run_evaluation(args: argparse.Namespace) -> int:
     import dataclasses
 
-    from ..evaluation.results import write_report
-    from ..evaluation.ruler import parse_length
-    from ..evaluation.run_eval import FULL_PLAN, QUICK_PLAN, run_eval
+    from ...evaluation.results import write_report
+    from ...evaluation.ruler import parse_length
+    from ...evaluation.run_eval import FULL_PLAN, QUICK_PLAN, run_eval
 
     plan = QUICK_PLAN if args.quick else FULL_PLAN
     results_dir = Path(args.results_dir or ("results/eval-quick" if args.quick else "results/eval"))
@@ -339,7 +372,7 @@ def _eval_command(args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    runners = {"compress": run_compress, "batch": run_batch, "demo": run_demo, "serve": run_serve,
+    runners = {"compress": run_compress, "batch": run_batch, "demo": run_demo, "serve": run_serve, "sidecar": run_sidecar,
                "worker": run_worker, "calibrate": run_calibrate, "eval": run_evaluation}
     try:
         return runners[args.command](args)
@@ -354,8 +387,3 @@ def main(argv: list[str] | None = None) -> int:
         print(f"error: internal: {type(exc).__name__}: {exc} (set ILRE_DEBUG=1 for the traceback)", file=sys.stderr)
         return 1
 
-
-if __name__ == "__main__":  # `python -m ilre.service.cli`: run the package's module, not a second copy
-    from ilre.service.cli import main as package_main
-
-    sys.exit(package_main())

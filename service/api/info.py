@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from ..compressor.strategies import STRATEGIES
+from ...compressor.strategies import STRATEGIES
 from .engine import Engine
 
 

@@ -16,11 +16,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from .engine import Engine
-from .errors import Code, ServiceError
-from .info import ModelInfo
-from .messages import CompressRequest, CompressResult, InputError
-from .metrics import Metrics
+from ..api.engine import Engine
+from ..api.errors import Code, ServiceError
+from ..api.info import ModelInfo
+from ..api.messages import CompressRequest, CompressResult, InputError
+from ..metrics import Metrics
 
 log = logging.getLogger(__name__)
 

@@ -12,12 +12,9 @@ import hmac
 from pathlib import Path
 from typing import Mapping
 
-import grpc
+from .errors import ConfigError
 
 UNAUTHENTICATED_MESSAGE = "authorization: missing or invalid API key (send 'authorization: Bearer <key>')"
-# Probes and schema discovery answer without a key; the Compressor service needs one.
-OPEN_METHODS = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",
-                "/grpc.reflection.v1.ServerReflection/")
 
 
 class ApiKeys:
@@ -29,8 +26,6 @@ class ApiKeys:
     @classmethod
     def load(cls, environ: Mapping[str, str], path: str | None = None) -> "ApiKeys":
         """Keys from ILRE_API_KEYS plus the file `path` (or ILRE_API_KEYS_FILE)."""
-        from .config import ConfigError
-
         keys = [k.strip() for k in environ.get("ILRE_API_KEYS", "").split(",") if k.strip()]
         path = path or environ.get("ILRE_API_KEYS_FILE") or None
         if path:
@@ -69,36 +64,3 @@ class ApiKeys:
         for digest in self._digests:  # no early exit: the time does not depend on which key matched
             ok |= hmac.compare_digest(presented, digest)
         return ok
-
-
-class AuthInterceptor(grpc.aio.ServerInterceptor):
-    """Rejects calls without an accepted key with UNAUTHENTICATED (health and reflection exempt)."""
-
-    def __init__(self, keys: ApiKeys):
-        self.keys = keys
-
-    async def intercept_service(self, continuation, handler_call_details):
-        handler = await continuation(handler_call_details)
-        if handler is None or handler_call_details.method.startswith(OPEN_METHODS):
-            return handler
-        metadata = dict(handler_call_details.invocation_metadata or ())
-        if self.keys.check(metadata.get("authorization")):
-            return handler
-        return _denying(handler)
-
-
-async def _deny(request_or_iterator, context: grpc.aio.ServicerContext):
-    await context.abort(grpc.StatusCode.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
-
-
-def _denying(handler: grpc.RpcMethodHandler) -> grpc.RpcMethodHandler:
-    """A handler of the same shape as `handler` that only aborts."""
-    codecs = {"request_deserializer": handler.request_deserializer,
-              "response_serializer": handler.response_serializer}
-    if handler.unary_unary:
-        return grpc.unary_unary_rpc_method_handler(_deny, **codecs)
-    if handler.stream_unary:
-        return grpc.stream_unary_rpc_method_handler(_deny, **codecs)
-    if handler.unary_stream:
-        return grpc.unary_stream_rpc_method_handler(_deny, **codecs)
-    return grpc.stream_stream_rpc_method_handler(_deny, **codecs)

@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..compressor.strategies import Strategy, make_strategy
+from ...compressor.strategies import Strategy, make_strategy
 
 DCA_MODES = ("auto", "on", "off")
 

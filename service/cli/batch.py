@@ -9,8 +9,9 @@ from typing import Any
 
 from tqdm import tqdm
 
-from .engine import Engine
-from .messages import CompressRequest, InputError
+from ..api.engine import Engine
+from ..api.messages import CompressRequest, InputError
+from .output import CliError
 
 
 class BatchError(Exception):
@@ -37,8 +38,6 @@ def process_line(engine: Engine, raw: bytes, number: int, defaults: dict[str, An
 
 def run_batch_file(engine: Engine, source: Path, target: Path, defaults: dict[str, Any]) -> int:
     """Compress every non-blank line of `source` into `target`; returns 0 (bad lines are reported inline)."""
-    from .cli import CliError
-
     try:
         lines = source.read_bytes().splitlines()
     except OSError as exc:

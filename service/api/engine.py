@@ -13,11 +13,11 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..compressor.pipeline import select_context
-from ..compressor.prefill import PrefillConfig
-from ..models.llama import TruncatedLM
-from ..models.loader import load_spec, load_tokenizer, load_truncated, resolve_checkpoint
-from ..models.profiles import load_profile
+from ...compressor.pipeline import select_context
+from ...compressor.prefill import PrefillConfig
+from ...models.llama import TruncatedLM
+from ...models.loader import load_spec, load_tokenizer, load_truncated, resolve_checkpoint
+from ...models.profiles import load_profile
 from .messages import CompressRequest, CompressResult, InputError
 
 log = logging.getLogger(__name__)

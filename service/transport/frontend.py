@@ -12,11 +12,11 @@ import logging
 import time
 from typing import Any, Protocol
 
-from .config import ServiceConfig
-from .errors import Code, ServiceError
-from .info import ModelInfo
-from .messages import CompressRequest, CompressResult, InputError
-from .metrics import Metrics
+from ..config import ServiceConfig
+from ..api.errors import Code, ServiceError
+from ..api.info import ModelInfo
+from ..api.messages import CompressRequest, CompressResult, InputError
+from ..metrics import Metrics
 
 log = logging.getLogger(__name__)
 

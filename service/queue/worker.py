@@ -27,13 +27,13 @@ from typing import Any
 
 from redis.exceptions import RedisError, ResponseError
 
-from .config import ServiceConfig
-from .engine import Engine
-from .errors import Code, ServiceError
-from .info import ModelInfo
-from .messages import CompressRequest, CompressResult, InputError
-from .metrics import Metrics
-from .queue_redis import RESULT_GRACE_S, RedisKeys, connect, encode_outcome, ensure_group
+from ..config import ServiceConfig
+from ..api.engine import Engine
+from ..api.errors import Code, ServiceError
+from ..api.info import ModelInfo
+from ..api.messages import CompressRequest, CompressResult, InputError
+from ..metrics import Metrics
+from .redis_stream import RESULT_GRACE_S, RedisKeys, connect, encode_outcome, ensure_group
 
 log = logging.getLogger(__name__)
 

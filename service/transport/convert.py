@@ -10,11 +10,11 @@ from typing import Any, Iterator
 
 from google.protobuf import json_format, struct_pb2
 
-from .messages import CompressResult, InputError
+from ..api.messages import CompressResult, InputError
 
 try:
-    from ..v1 import compressor_pb2 as pb
-    from ..v1 import compressor_pb2_grpc as pb_grpc
+    from ...v1 import compressor_pb2 as pb
+    from ...v1 import compressor_pb2_grpc as pb_grpc
 except ImportError as exc:  # the stubs are generated, not committed
     raise ImportError("gRPC stubs missing: run `make proto` (part of `make setup`)") from exc
 

@@ -5,9 +5,10 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ..evaluation.haystack import filler_ids
-from .engine import Engine
-from .messages import CompressRequest
+from ...evaluation.haystack import filler_ids
+from ..api.engine import Engine
+from ..api.messages import CompressRequest
+from .output import summary
 
 FACT = "\n\nThe secret ingredient of the Duke of Milan's wine is saffron from Valencia.\n"
 QUESTION = "\n\nWhat is the secret ingredient of the Duke of Milan's wine?\nAnswer: The secret ingredient is"
@@ -15,8 +16,6 @@ QUESTION = "\n\nWhat is the secret ingredient of the Duke of Milan's wine?\nAnsw
 
 def run_demo_document(engine: Engine, n_tokens: int, defaults: dict[str, Any]) -> int:
     """Plant FACT at 40% of `n_tokens` of Shakespeare, compress for QUESTION, print a summary."""
-    from .cli import summary
-
     filler = engine.tokenizer.decode(filler_ids(engine.tokenizer, n_tokens))
     at = filler.rfind("\n", 0, int(len(filler) * 0.4)) + 1
     context = filler[:at] + FACT + filler[at:]

@@ -26,6 +26,10 @@ HTTP_STATUS: dict[Code, int] = {
 }
 
 
+class ConfigError(ValueError):
+    """A setting that cannot be used; the message names the setting."""
+
+
 class ServiceError(Exception):
     """A request that did not produce a result. `field` names the request field when known."""
 

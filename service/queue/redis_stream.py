@@ -28,10 +28,10 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError, ResponseError
 
-from .errors import Code, ServiceError
-from .info import ModelInfo
-from .messages import CompressRequest, CompressResult
-from .metrics import Metrics
+from ..api.errors import Code, ServiceError
+from ..api.info import ModelInfo
+from ..api.messages import CompressRequest, CompressResult
+from ..metrics import Metrics
 
 log = logging.getLogger(__name__)
 

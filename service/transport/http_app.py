@@ -9,7 +9,6 @@ An optional `X-Request-Timeout: <seconds>` header sets the deadline.
 from __future__ import annotations
 
 import asyncio
-import json
 from typing import Any
 
 from starlette.applications import Starlette
@@ -17,11 +16,10 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
-from .auth import UNAUTHENTICATED_MESSAGE
-from .errors import HTTP_STATUS, Code, ServiceError
+from ..api.keys import UNAUTHENTICATED_MESSAGE
+from ..api.errors import HTTP_STATUS, Code, ServiceError
 from .frontend import Frontend
-
-DISCONNECT_POLL_S = 0.25
+from .http_common import decode_json, parse_timeout, read_body, unless_disconnected
 
 
 def build_app(frontend: Frontend) -> Starlette:
@@ -50,15 +48,15 @@ def build_app(frontend: Frontend) -> Starlette:
         try:
             if not frontend.config.api_keys.check(request.headers.get("authorization")):
                 raise ServiceError(Code.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
-            data = _decode(await _body(request, frontend.config.max_message_bytes))
-            timeout = _timeout(request.headers.get("x-request-timeout"))
+            data = decode_json(await read_body(request, frontend.config.max_message_bytes))
+            timeout = parse_timeout(request.headers.get("x-request-timeout"))
         except ServiceError as exc:  # refused before it reaches the front end: counted here
             frontend.metrics.requests.labels("http.compress").inc()
             frontend.record_error(exc.code)
             return _error(data, exc)
         work = asyncio.ensure_future(frontend.compress(data, timeout, "http.compress"))
         try:
-            result = await _unless_disconnected(request, work)
+            result = await unless_disconnected(request, work)
         except ServiceError as exc:
             return _error(data, exc)
         if result is None:  # the client went away; its queued work has been dropped
@@ -68,60 +66,6 @@ def build_app(frontend: Frontend) -> Starlette:
     routes = [Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics),
               Route("/v1/model", model), Route("/v1/compress", compress, methods=["POST"])]
     return Starlette(routes=routes)
-
-
-async def _body(request: Request, limit: int) -> bytes:
-    """The request body, refused with RESOURCE_EXHAUSTED beyond `limit` bytes (max_message_bytes)."""
-    declared = request.headers.get("content-length")
-    too_big = ServiceError(Code.RESOURCE_EXHAUSTED, f"request: body exceeds the limit of {limit} bytes (max_message_bytes)",
-                           "request", http_status=413)
-    if declared and declared.isdigit() and int(declared) > limit:
-        raise too_big
-    chunks, size = [], 0
-    async for chunk in request.stream():
-        size += len(chunk)
-        if size > limit:
-            raise too_big
-        chunks.append(chunk)
-    return b"".join(chunks)
-
-
-def _decode(body: bytes) -> Any:
-    try:
-        return json.loads(body.decode("utf-8"))
-    except UnicodeDecodeError as exc:
-        raise ServiceError(Code.INVALID_ARGUMENT, f"request: not valid UTF-8 (offset {exc.start})", "request") from None
-    except json.JSONDecodeError as exc:
-        raise ServiceError(Code.INVALID_ARGUMENT, f"request: not valid JSON ({exc.msg} at column {exc.colno})",
-                           "request") from None
-
-
-def _timeout(raw: str | None) -> float | None:
-    if raw is None:
-        return None
-    try:
-        value = float(raw)
-    except ValueError:
-        value = float("nan")
-    if not value > 0 or value == float("inf"):
-        raise ServiceError(Code.INVALID_ARGUMENT, f"x-request-timeout: must be a number of seconds > 0 (got {raw!r})",
-                           "x-request-timeout")
-    return value
-
-
-async def _unless_disconnected(request: Request, work: asyncio.Future) -> Any:
-    """The work's result; None (and the work cancelled) if the client disconnects first."""
-    try:
-        while True:
-            done, _ = await asyncio.wait({work}, timeout=DISCONNECT_POLL_S)
-            if done:
-                return work.result()
-            if await request.is_disconnected():
-                work.cancel()
-                return None
-    finally:
-        if not work.done():
-            work.cancel()
 
 
 def _error(data: Any, exc: ServiceError) -> JSONResponse:

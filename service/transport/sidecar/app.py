@@ -1,0 +1,270 @@
+"""The sidecar's HTTP app: the engine's own API, with long prompts compressed on the way through.
+
+One request on a compressible route (formats.py):
+  read + decode the body (http_common) -> options: defaults < x-ilre-* headers < body "compression"
+  -> the prompt's tokens, split into prefix | context | query (prompt.py)
+  -> fits (context <= budget)? forward the original bytes untouched
+  -> else compress through the front end (in-process queue or Redis workers, as `ilre serve`)
+  -> the body with the compressed prompt: token IDs when the engine's tokenizer is ours, else text
+  -> relay the engine's answer chunk by chunk (chat answers reshaped when they went to /v1/completions)
+Every other path is relayed to the engine unchanged. ilre's own endpoints live under /ilre/.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from starlette.applications import Starlette
+from starlette.requests import Request
+from starlette.responses import JSONResponse, Response, StreamingResponse
+from starlette.routing import Mount, Route
+
+from ...api.engine import DEFAULT_BUDGET
+from ...api.errors import HTTP_STATUS, Code, ServiceError
+from ...api.keys import UNAUTHENTICATED_MESSAGE
+from ...api.messages import CompressRequest, InputError
+from ...config import SidecarConfig
+from ..frontend import Frontend
+from ..http_app import build_app
+from ..http_common import decode_json, parse_timeout, read_body, unless_disconnected
+from .formats import FORMATS, OpenAIChat, Prompt, RouteFormat, chat_chunk_from_completion, chat_from_completion, map_sse
+from .options import BODY_FIELD, CompressionOptions
+from .prompt import ChatTemplateError, PromptSplitter, Split, rebuild_messages
+from .upstream import PROBE_TEXT, EngineError, Upstream, response_headers
+
+log = logging.getLogger(__name__)
+
+OPEN_PATHS = ("/health", "/ilre/healthz", "/ilre/readyz", "/ilre/metrics")  # probes need no API key
+
+
+@dataclass
+class Forwarded:
+    """What goes to the engine for one request, and what the response headers report."""
+
+    path: str
+    content: Any                         # bytes, or the client's body stream
+    action: str                          # compressed | passthrough | off
+    original_tokens: int | None = None
+    forwarded_tokens: int | None = None
+    compress_ms: float = 0.0
+    reason: str | None = None            # why a compressible request went through untouched
+    to_chat: bool = False                # a chat request sent to /v1/completions: reshape the answer
+
+
+class Sidecar:
+    """A compressing proxy in front of one engine. `splitter` holds the compressor's tokenizer."""
+
+    def __init__(self, frontend: Frontend, config: SidecarConfig, splitter: PromptSplitter,
+                 defaults: CompressionOptions):
+        self.frontend, self.config, self.splitter, self.defaults = frontend, config, splitter, defaults
+        self.upstream = Upstream(config.engine_url, config.engine_api, config.connect_timeout_s)
+        self.metrics = frontend.metrics
+        self._forward: str | None = None if config.forward == "auto" else config.forward
+
+    async def close(self) -> None:
+        await self.upstream.close()
+
+    async def forward_mode(self) -> str:
+        """ids when the engine's tokenizer gives our IDs for a probe text, else text (checked once;
+        an engine that cannot be reached yet is asked again on the next request)."""
+        if self._forward is None:
+            ours = self.splitter.tokenizer(PROBE_TEXT, add_special_tokens=False).input_ids
+            try:
+                theirs = await self.upstream.tokenize(PROBE_TEXT)
+            except EngineError as exc:
+                if "answered" not in exc.message:
+                    return "ids"  # unreachable: the request fails at the engine anyway; decide later
+                theirs = None
+            self._forward = "ids" if theirs == list(ours) else "text"
+            log.info("engine %s: tokenizer %s ours: forwarding %s", self.config.engine_url,
+                     "matches" if self._forward == "ids" else "differs from", self._forward)
+        return self._forward
+
+    # -- one request ---------------------------------------------------------------------------
+    async def handle(self, request: Request, fmt: RouteFormat) -> Response:
+        try:
+            raw = await read_body(request, self.frontend.config.max_message_bytes)
+            data = decode_json(raw)
+            if not isinstance(data, dict):
+                raise ServiceError(Code.INVALID_ARGUMENT, "request: must be a JSON object", "request")
+            timeout = parse_timeout(request.headers.get("x-request-timeout")) or self.config.engine_timeout_s
+            options = self.defaults.resolve(request.headers, data.get(BODY_FIELD))
+            self._request(options, [0], [0])  # bad options fail even where the prompt would pass through
+        except InputError as exc:
+            return self._error(fmt.name, ServiceError.from_input(exc))
+        except ServiceError as exc:
+            return self._error(fmt.name, exc)
+        deadline = time.monotonic() + timeout
+        body = {k: v for k, v in data.items() if k != BODY_FIELD}
+        untouched = raw if BODY_FIELD not in data else json.dumps(body, ensure_ascii=False).encode()
+        if not options.enabled:
+            plan = Forwarded(fmt.path, untouched, "off")
+        else:
+            work = asyncio.ensure_future(self._plan(fmt, body, untouched, options, deadline))
+            try:
+                plan = await unless_disconnected(request, work)
+            except InputError as exc:
+                return self._error(fmt.name, ServiceError.from_input(exc))
+            except ServiceError as exc:
+                return self._error(fmt.name, exc)
+            if plan is None:
+                return Response(status_code=HTTP_STATUS[Code.CANCELLED])
+        self.metrics.sidecar_requests.labels(fmt.name, plan.action).inc()
+        if plan.original_tokens is not None:
+            self.metrics.sidecar_tokens.labels("original").inc(plan.original_tokens)
+            self.metrics.sidecar_tokens.labels("forwarded").inc(plan.forwarded_tokens)
+        return await self.relay(request, plan, deadline, fmt.name)
+
+    async def _plan(self, fmt: RouteFormat, body: dict[str, Any], untouched: bytes, options: CompressionOptions,
+                    deadline: float) -> Forwarded:
+        """Decide what to forward: the untouched body, or one with the compressed prompt."""
+        start = time.perf_counter()
+        prompt = fmt.prompt(body)
+        if prompt is None:
+            return Forwarded(fmt.path, untouched, "passthrough", reason="no single text, token-ID or text-chat prompt")
+        mode = await self.forward_mode()
+        if prompt.ids is not None and mode == "text":
+            return Forwarded(fmt.path, untouched, "passthrough", reason="token IDs of another tokenizer")
+        chat = isinstance(fmt, OpenAIChat)
+        if chat and fmt.needs_chat_route(body):
+            mode = "text"
+        try:
+            split = await asyncio.to_thread(self._split, prompt, options, body)
+        except ChatTemplateError as exc:
+            return Forwarded(fmt.path, untouched, "passthrough", reason=str(exc))
+        if chat and mode == "text" and not split.spans:
+            return Forwarded(fmt.path, untouched, "passthrough", reason="the chat template rewrites message contents")
+        if not split.query or not split.context:
+            return Forwarded(fmt.path, untouched, "passthrough", split.total, split.total, _ms(start),
+                             reason="no context before the query")
+        request = self._request(options, split.context, split.query)
+        if _fits(len(split.context), request):
+            return Forwarded(fmt.path, untouched, "passthrough", split.total, split.total,
+                             _ms(start), reason="fits the budget")
+        result = await self.frontend.compress(request, max(deadline - time.monotonic(), 0.0), f"sidecar.{fmt.name}")
+        ids = split.prefix + result.token_ids
+        if mode == "ids":
+            path, out = fmt.with_ids(body, ids)
+        elif chat:
+            path, out = fmt.with_messages(body, rebuild_messages(prompt.messages, split, result.kept_indices))
+        else:
+            path, out = fmt.with_text(body, self.splitter.decode(result.token_ids))
+        return Forwarded(path, json.dumps(out, ensure_ascii=False).encode(), "compressed", split.total, len(ids),
+                         _ms(start), to_chat=chat and path != fmt.path)
+
+    def _request(self, options: CompressionOptions, context: list[int], query: list[int]) -> CompressRequest:
+        """The compression request for a split; InputError names the option as the client wrote it."""
+        try:
+            return self.frontend.build_request({"context_ids": context, "query_ids": query, **options.request_fields()})
+        except InputError as exc:
+            raise InputError(f"{BODY_FIELD}.{exc.field}", str(exc).partition(": ")[2]) from None
+
+    def _split(self, prompt: Prompt, options: CompressionOptions, body: dict[str, Any]) -> Split:
+        if prompt.messages is not None:
+            kwargs = body.get("chat_template_kwargs")
+            return self.splitter.chat(prompt.messages, options.query_tokens, kwargs if isinstance(kwargs, dict) else {})
+        ids = prompt.ids if prompt.ids is not None else self.splitter.text_ids(prompt.text)
+        return self.splitter.plain(ids, options.query_tokens, from_text=prompt.ids is None)
+
+    # -- the engine ----------------------------------------------------------------------------
+    async def relay(self, request: Request, plan: Forwarded, deadline: float, route: str) -> Response:
+        """Send `plan` to the engine and stream its answer back (no buffering but the chat reshape)."""
+        opened = time.perf_counter()
+        work = asyncio.ensure_future(self.upstream.open(request.method, plan.path, request.url.query, request.headers,
+                                                        plan.content, max(deadline - time.monotonic(), 0.001)))
+        try:
+            response = await unless_disconnected(request, work)
+        except EngineError as exc:
+            self.metrics.sidecar_engine_errors.labels("timeout" if exc.status == 504 else "unreachable").inc()
+            return _engine_error(exc.status, exc.message)
+        if response is None:  # the client went away before the engine answered: request cancelled
+            return Response(status_code=HTTP_STATUS[Code.CANCELLED])
+        self.metrics.sidecar_engine_latency.labels(route).observe(time.perf_counter() - opened)
+        if response.status_code >= 400:
+            self.metrics.sidecar_engine_errors.labels(f"status_{response.status_code // 100}xx").inc()
+        reshape = plan.to_chat and response.status_code == 200
+        headers = {**response_headers(response, rewritten=reshape), **_report(plan)}
+        if not reshape:
+            return StreamingResponse(self.upstream.body(response), status_code=response.status_code, headers=headers)
+        if "text/event-stream" in response.headers.get("content-type", ""):
+            started: set[int] = set()
+            chunks = map_sse(self.upstream.body(response, decoded=True), lambda d: chat_chunk_from_completion(d, started))
+            return StreamingResponse(chunks, status_code=200, headers=headers)
+        try:
+            data = json.loads(b"".join([c async for c in self.upstream.body(response, decoded=True)]))
+        except ValueError:
+            return _engine_error(502, f"engine: {self.config.engine_url}{plan.path} answered 200 with a body that is not JSON")
+        headers.pop("content-type", None)
+        return JSONResponse(chat_from_completion(data), headers=headers)
+
+    async def passthrough(self, request: Request) -> Response:
+        """Any other path: the request as it came (body streamed), the answer as it comes."""
+        if request.url.path.startswith("/ilre/"):
+            return _engine_error(404, f"path: {request.url.path} is not an ilre endpoint (see /ilre/v1/model)")
+        deadline = time.monotonic() + self.config.engine_timeout_s
+        return await self.relay(request, Forwarded(request.url.path, request.stream(), "other"), deadline, "other")
+
+    def _error(self, route: str, exc: ServiceError) -> Response:
+        self.metrics.sidecar_requests.labels(route, "error").inc()
+        self.frontend.record_error(exc.code)
+        return _engine_error(exc.http_status, exc.message, exc.field, exc.code.value)
+
+
+def _fits(n: int, request: CompressRequest) -> bool:
+    """Nothing to gain: a context of `n` tokens no longer than what the request would keep."""
+    keep = math.ceil(request.ratio * n) if request.ratio is not None else request.budget or DEFAULT_BUDGET
+    return n <= keep
+
+
+def _report(plan: Forwarded) -> dict[str, str]:
+    """The x-ilre-* response headers: what the sidecar did with the prompt."""
+    headers = {"x-ilre-action": plan.action}
+    if plan.original_tokens is not None:
+        headers.update({"x-ilre-original-tokens": str(plan.original_tokens),
+                        "x-ilre-compressed-tokens": str(plan.forwarded_tokens),
+                        "x-ilre-compress-ms": f"{plan.compress_ms:.1f}"})
+    if plan.reason:
+        headers["x-ilre-reason"] = plan.reason
+    return headers if plan.action != "other" else {}
+
+
+def _engine_error(status: int, message: str, field: str | None = None, code: str | None = None) -> JSONResponse:
+    """An error in the shape engines use (OpenAI style), so that existing clients parse it."""
+    kind = "invalid_request_error" if status == 400 else "ilre_error"
+    return JSONResponse({"error": {"message": message, "type": kind, "param": field, "code": code or status}},
+                        status_code=status)
+
+
+def _ms(start: float) -> float:
+    return (time.perf_counter() - start) * 1000.0
+
+
+def build_sidecar_app(sidecar: Sidecar) -> Starlette:
+    """The ASGI app: the four compressible routes, ilre's endpoints under /ilre, the rest relayed."""
+    keys = sidecar.frontend.config.api_keys
+
+    def route(fmt: RouteFormat) -> Callable:
+        async def endpoint(request: Request) -> Response:
+            return await sidecar.handle(request, fmt)
+        return endpoint
+
+    async def guarded(scope, receive, send) -> None:
+        if scope["type"] == "http" and keys.enabled and not scope["path"].startswith(OPEN_PATHS):
+            request = Request(scope, receive)
+            if not keys.check(request.headers.get("authorization")):
+                sidecar.frontend.record_error(Code.UNAUTHENTICATED)
+                await _engine_error(401, UNAUTHENTICATED_MESSAGE, "authorization", Code.UNAUTHENTICATED.value)(scope, receive, send)
+                return
+        await app(scope, receive, send)
+
+    routes = [Route(fmt.path, route(fmt), methods=["POST"]) for fmt in FORMATS]
+    routes += [Mount("/ilre", app=build_app(sidecar.frontend)),
+               Route("/{path:path}", sidecar.passthrough, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])]
+    app = Starlette(routes=routes)
+    return guarded

@@ -1,0 +1,269 @@
+"""The sidecar in front of a real llama.cpp server (SmolLM2 GGUF, a 4096-token window), with a
+recording relay between them so that each test reads exactly what the engine received."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from ilre.evaluation.haystack import filler_ids
+from ilre.service.api.messages import CompressRequest
+from ilre.service.config import SidecarConfig
+from ilre.service.server import ServiceThread
+
+from .conftest import free_port, service_config, wait_for
+from .engines import LlamaServer, RecordingRelay, wait_idle
+
+FACT = "\n\nThe vault code of the Duke of Milan's museum is 7302946.\n\n"
+QUESTION = ("\n\nQuestion: What is the vault code of the Duke of Milan's museum?\n"
+            "Answer: The vault code of the Duke of Milan's museum is")
+CHAT_QUESTION = "What is the vault code of the Duke of Milan's museum? Reply with the number."
+GREEDY = {"temperature": 0, "top_k": 1}
+
+
+def haystack(tokenizer, n_tokens: int) -> str:
+    """`n_tokens` of Shakespeare with FACT planted at 40%."""
+    filler = tokenizer.decode(filler_ids(tokenizer, n_tokens))
+    at = filler.rfind("\n", 0, int(len(filler) * 0.4)) + 1
+    return filler[:at] + FACT + filler[at:]
+
+
+@pytest.fixture(scope="module")
+def llama():
+    server = LlamaServer(ctx_size=4096)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def relay(llama):
+    recorder = RecordingRelay(llama.port)
+    yield recorder
+    recorder.close()
+
+
+def sidecar_service(engine, url: str, **settings) -> ServiceThread:
+    sidecar = SidecarConfig(engine_url=url, engine_api="llamacpp", **settings)
+    return ServiceThread(service_config(), engine, sidecar=sidecar, tokenizer=engine.tokenizer)
+
+
+@pytest.fixture(scope="module")
+def sidecar(engine, relay):
+    with sidecar_service(engine, relay.url) as svc:
+        yield svc
+
+
+@pytest.fixture(scope="module")
+def http(sidecar):
+    with httpx.Client(base_url=f"http://127.0.0.1:{sidecar.http_port}", timeout=300) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def long_prompt(engine):
+    return haystack(engine.tokenizer, 16000) + QUESTION
+
+
+def reference_ids(engine, ids: list[int], n_query: int, budget: int = 1024) -> list[int]:
+    """What `ilre compress` returns for the same context/query split."""
+    result = engine.compress(CompressRequest(context_ids=ids[:-n_query], query_ids=ids[-n_query:], budget=budget))
+    return result.token_ids
+
+
+# -- a 16K-token prompt through every request format ---------------------------------------------
+@pytest.mark.slow
+def test_plain_prompt_formats_forward_exactly_the_compressed_ids(engine, llama, relay, http, long_prompt):
+    ids = engine.tokenizer(long_prompt).input_ids
+    assert len(ids) > 16000 > llama.ctx_size
+    expected = reference_ids(engine, ids, 64)
+    assert len(expected) == 1024 + 64
+
+    # llama.cpp's own /completion: the engine gets the IDs and answers from them
+    reply = http.post("/completion", json={"prompt": long_prompt, "n_predict": 12, **GREEDY})
+    assert reply.status_code == 200, reply.text
+    assert relay.last("/completion").json()["prompt"] == expected
+    assert "7302946" in reply.json()["content"]
+    assert reply.headers["x-ilre-action"] == "compressed"
+    assert int(reply.headers["x-ilre-original-tokens"]) == len(ids)
+    assert int(reply.headers["x-ilre-compressed-tokens"]) == len(expected)
+    assert float(reply.headers["x-ilre-compress-ms"]) > 0
+
+    # OpenAI completions, compression options in the body: removed before forwarding
+    reply = http.post("/v1/completions", json={"prompt": long_prompt, "max_tokens": 12, "temperature": 0,
+                                               "compression": {"budget": 1024, "query_tokens": 64}})
+    assert reply.status_code == 200, reply.text
+    sent = relay.last("/v1/completions").json()
+    assert sent["prompt"] == expected and "compression" not in sent and sent["max_tokens"] == 12
+    assert "7302946" in reply.json()["choices"][0]["text"]
+
+    # SGLang's /generate: `text` becomes `input_ids`, sampling_params untouched; llama-server has no
+    # /generate, so its 404 comes back as it is (the IDs are the ones answered correctly above)
+    params = {"max_new_tokens": 12, "temperature": 0.0, "stop": ["\n"]}
+    reply = http.post("/generate", json={"text": long_prompt, "sampling_params": params, "rid": "r-1"})
+    sent = relay.last("/generate").json()
+    assert sent == {"input_ids": expected, "sampling_params": params, "rid": "r-1"}
+    assert reply.status_code == 404
+
+
+@pytest.mark.slow
+def test_chat_is_split_at_the_last_user_turn_and_answered(engine, relay, http):
+    document = haystack(engine.tokenizer, 16000)
+    messages = [{"role": "system", "content": "Answer questions about this document.\n\n" + document},
+                {"role": "user", "content": CHAT_QUESTION}]
+    rendered = engine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    ids = engine.tokenizer(rendered, add_special_tokens=False).input_ids
+    turn = max(i for i, t in enumerate(ids) if t == engine.tokenizer.convert_tokens_to_ids("<|im_start|>") and
+               engine.tokenizer.decode(ids[i:i + 2]).endswith("user"))
+    expected = reference_ids(engine, ids, len(ids) - turn)
+
+    reply = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 24, "temperature": 0})
+    assert reply.status_code == 200, reply.text
+    sent = relay.last("/v1/completions").json()  # no engine takes token IDs on its chat route
+    assert sent["prompt"] == expected and "messages" not in sent
+    answer = reply.json()
+    assert answer["object"] == "chat.completion"
+    assert answer["choices"][0]["message"]["role"] == "assistant"
+    assert "7302946" in answer["choices"][0]["message"]["content"]
+    assert int(reply.headers["x-ilre-compressed-tokens"]) == len(expected)
+
+
+@pytest.mark.slow
+def test_the_full_prompt_does_not_fit_the_engine_and_its_error_is_relayed(llama, relay, http, long_prompt):
+    direct = httpx.post(llama.url + "/completion", json={"prompt": long_prompt, "n_predict": 4}, timeout=120)
+    reply = http.post("/completion", json={"prompt": long_prompt, "n_predict": 4}, headers={"x-ilre-compress": "off"})
+    assert direct.status_code == reply.status_code == 400
+    assert reply.json() == direct.json() and "context" in reply.json()["error"]["message"]
+    assert reply.headers["x-ilre-action"] == "off"
+
+
+# -- streaming, pass-through, other paths --------------------------------------------------------
+@pytest.fixture(scope="module")
+def medium_prompt(engine):
+    return haystack(engine.tokenizer, 2500) + QUESTION
+
+
+def sse_payloads(reply: httpx.Response) -> list[dict]:
+    return [json.loads(line[5:]) for line in reply.iter_lines() if line.startswith("data:") and line[5:].strip() != "[DONE]"]
+
+
+def test_streaming_returns_the_same_text_as_not_streaming(http, medium_prompt):
+    body = {"prompt": medium_prompt, "n_predict": 16, **GREEDY, "compression": {"budget": 256}}
+    whole = http.post("/completion", json=body)
+    assert whole.status_code == 200 and whole.headers["x-ilre-action"] == "compressed"
+    with http.stream("POST", "/completion", json={**body, "stream": True}) as reply:
+        assert reply.status_code == 200 and reply.headers["content-type"].startswith("text/event-stream")
+        events = sse_payloads(reply)
+    assert len(events) > 2  # relayed event by event
+    assert "".join(e["content"] for e in events) == whole.json()["content"]
+
+
+def test_streaming_chat_is_reshaped_into_chat_chunks(http, engine):
+    messages = [{"role": "system", "content": haystack(engine.tokenizer, 1500)}, {"role": "user", "content": CHAT_QUESTION}]
+    body = {"messages": messages, "max_tokens": 16, "temperature": 0, "compression": {"budget": 256}}
+    whole = http.post("/v1/chat/completions", json=body)
+    assert whole.status_code == 200, whole.text
+    with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as reply:
+        assert reply.status_code == 200
+        events = sse_payloads(reply)
+    chunks = [e for e in events if e.get("choices")]
+    assert all(e["object"] == "chat.completion.chunk" for e in chunks)
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(e["choices"][0]["delta"].get("content") or "" for e in chunks)
+    assert text == whole.json()["choices"][0]["message"]["content"]
+
+
+def test_short_prompts_pass_through_byte_for_byte(relay, http):
+    raw = b'{"prompt":   "Hello there,\\u00e9 how are you?" , "n_predict": 3,"temperature":0, "x_extra": {"a": [1, 2.50]}}'
+    reply = http.post("/completion", content=raw, headers={"content-type": "application/json"})
+    assert reply.status_code == 200
+    assert reply.headers["x-ilre-action"] == "passthrough"
+    assert relay.last("/completion").body == raw
+
+
+def test_other_paths_reach_the_engine_unchanged(llama, relay, http):
+    for path in ("/health", "/v1/models", "/props"):
+        via, direct = http.get(path), httpx.get(llama.url + path)
+        assert via.status_code == direct.status_code == 200
+        assert via.json() == direct.json()
+        assert relay.last(path).method == "GET"
+    raw = b'{"content": "Hello   world", "add_special": false}'
+    via = http.post("/tokenize", content=raw, headers={"content-type": "application/json"})
+    assert via.json() == httpx.post(llama.url + "/tokenize", content=raw).json()
+    assert relay.last("/tokenize").body == raw
+    missing = http.get("/no/such/path")
+    assert missing.status_code == httpx.get(llama.url + "/no/such/path").status_code == 404
+
+
+# -- failures ------------------------------------------------------------------------------------
+@pytest.mark.parametrize("body,headers,field", [
+    ({"compression": {"budget": 0}}, {}, "compression.budget"),
+    ({"compression": {"ratio": 1.5}}, {}, "compression.ratio"),
+    ({"compression": {"budget": 8, "ratio": 0.5}}, {}, "compression.budget"),
+    ({"compression": {"bogus": 1}}, {}, "compression.bogus"),
+    ({"compression": {"strategy": "no-such"}}, {}, "compression.strategy"),
+    ({"compression": {"query_tokens": 0}}, {}, "compression.query_tokens"),
+    ({"compression": "fast"}, {}, "compression"),
+    ({}, {"x-ilre-budget": "many"}, "x-ilre-budget"),
+    ({}, {"x-ilre-ratio": "0"}, "x-ilre-ratio"),
+    ({}, {"x-ilre-compress": "maybe"}, "x-ilre-compress"),
+    ({}, {"x-request-timeout": "-1"}, "x-request-timeout"),
+])
+def test_bad_options_are_400_naming_the_field(relay, http, body, headers, field):
+    relay.clear()
+    reply = http.post("/completion", json={"prompt": "short", "n_predict": 1, **body}, headers=headers)
+    assert reply.status_code == 400
+    error = reply.json()["error"]
+    assert error["param"] == field and error["message"].startswith(f"{field}:")
+    assert not [r for r in relay.requests() if r.path == "/completion"]  # nothing reached the engine
+
+
+def test_engine_down_is_502_naming_the_engine(engine):
+    url = f"http://127.0.0.1:{free_port()}"
+    with sidecar_service(engine, url) as svc, httpx.Client(base_url=f"http://127.0.0.1:{svc.http_port}") as client:
+        for reply in (client.post("/completion", json={"prompt": "hi", "n_predict": 1}), client.get("/health")):
+            assert reply.status_code == 502
+            assert url in reply.json()["error"]["message"]
+
+
+def test_engine_slower_than_the_deadline_is_504(llama, http):
+    start = time.monotonic()
+    reply = http.post("/completion", json={"prompt": "Count to a thousand:", "n_predict": 300, "ignore_eos": True},
+                      headers={"x-request-timeout": "1"})
+    assert reply.status_code == 504 and "deadline" in reply.json()["error"]["message"]
+    assert time.monotonic() - start < 10
+    wait_idle(llama)
+
+
+def predicted_tokens(llama: LlamaServer) -> float:
+    metrics = httpx.get(llama.url + "/metrics").text
+    return float(next(line.split()[-1] for line in metrics.splitlines() if line.startswith("llamacpp:tokens_predicted_total")))
+
+
+def test_a_client_that_goes_away_mid_stream_cancels_the_engine_request(llama, sidecar):
+    wait_idle(llama)
+    before = predicted_tokens(llama)
+    with httpx.Client(base_url=f"http://127.0.0.1:{sidecar.http_port}", timeout=60) as client:
+        with client.stream("POST", "/completion", json={"prompt": "Count to a thousand:", "n_predict": 3000,
+                                                        "ignore_eos": True, "stream": True}) as reply:
+            lines = reply.iter_lines()
+            got = [line for line, _ in zip((x for x in lines if x.startswith("data:")), range(5))]
+            assert len(got) == 5
+    wait_idle(llama, timeout=120)
+    assert predicted_tokens(llama) - before < 3000  # stopped early, not run to n_predict
+
+
+def test_a_client_that_goes_away_while_waiting_closes_the_engine_request(llama, relay, sidecar):
+    """llama-server keeps generating a non-streamed answer whose client has gone (it does so when
+    called directly too); SGLang and vLLM abort it. What the sidecar owes: closing the request."""
+    wait_idle(llama)
+    marker = "Count to five hundred, slowly:"
+    with pytest.raises(httpx.ReadTimeout):
+        httpx.post(f"http://127.0.0.1:{sidecar.http_port}/completion", timeout=1.0,
+                   json={"prompt": marker, "n_predict": 400, "ignore_eos": True})
+    connection = wait_for(lambda: relay.connection_of(marker.encode()) + 1, 10, "the request at the engine") - 1
+    wait_for(lambda: relay.closed[connection], 10, "the sidecar to close the engine request")
+    assert llama.busy()  # closed by the sidecar while the engine was still generating
+    wait_idle(llama, timeout=120)
