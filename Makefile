@@ -48,9 +48,10 @@ test: setup engine  ## everything: the real-model needle test, the sidecar in fr
 test-fast: setup engine   ## skip the tests marked slow
 	$(PY) -m pytest -q -m "not slow"
 
-bench: setup        ## latency and peak memory table, then service load (in-process and Redis)
+bench: setup engine ## latency and peak memory; service load (in-process, Redis); the sidecar vs straight to llama-server
 	$(PY) bench/compress_bench.py
 	$(PY) bench/service_bench.py
+	$(PY) bench/sidecar_bench.py
 
 eval: setup lingua  ## RULER-style retention + end-to-end table -> docs/results.md (hours on a 2-core CPU; resumable)
 	$(VENV)/bin/ilre eval

@@ -43,7 +43,7 @@ def smollm2_gguf() -> Path:
 class LlamaServer:
     """`llama-server` on a free loopback port: one slot, a 4096-token window, greedy-capable."""
 
-    def __init__(self, ctx_size: int = 4096, threads: int = 2):
+    def __init__(self, ctx_size: int = 4096, threads: int = 2, *extra: str):
         binary = llama_server_binary()
         if not binary.is_file():
             pytest.fail(f"llama-server not found at {binary}: run `make engine` (make test does)")
@@ -52,7 +52,7 @@ class LlamaServer:
         self.proc = subprocess.Popen(
             [str(binary), "-m", str(smollm2_gguf()), "--host", "127.0.0.1", "--port", str(self.port),
              "--ctx-size", str(ctx_size), "--parallel", "1", "--threads", str(threads), "--slots", "--metrics",
-             "--no-webui"], stdout=self.log, stderr=subprocess.STDOUT)
+             "--no-webui", *extra], stdout=self.log, stderr=subprocess.STDOUT)
         wait_for(self._healthy, 120, "llama-server to load the model", interval=0.2)
 
     @property

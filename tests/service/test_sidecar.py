@@ -267,3 +267,53 @@ def test_a_client_that_goes_away_while_waiting_closes_the_engine_request(llama, 
     wait_for(lambda: relay.closed[connection], 10, "the sidecar to close the engine request")
     assert llama.busy()  # closed by the sidecar while the engine was still generating
     wait_idle(llama, timeout=120)
+
+
+# -- text forwarding, Redis workers, API keys ----------------------------------------------------
+def test_text_forwarding_sends_the_compressed_text(engine, relay, medium_prompt):
+    with sidecar_service(engine, relay.url, forward="text") as svc, \
+            httpx.Client(base_url=f"http://127.0.0.1:{svc.http_port}", timeout=300) as client:
+        reply = client.post("/completion", json={"prompt": medium_prompt, "n_predict": 12, **GREEDY,
+                                                 "compression": {"budget": 256}})
+        assert reply.status_code == 200 and reply.headers["x-ilre-action"] == "compressed"
+        ids = engine.tokenizer(medium_prompt).input_ids
+        expected = engine.tokenizer.decode(reference_ids(engine, ids, 64, budget=256))
+        assert relay.last("/completion").json()["prompt"] == expected
+        assert "7302946" in reply.json()["content"]
+
+        messages = [{"role": "system", "content": haystack(engine.tokenizer, 1500)},
+                    {"role": "user", "content": CHAT_QUESTION}]
+        reply = client.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 8, "temperature": 0,
+                                                           "compression": {"budget": 256}})
+        assert reply.status_code == 200 and reply.json()["object"] == "chat.completion"
+        sent = relay.last("/v1/chat/completions").json()["messages"]
+        assert sent[1] == messages[1] and len(sent[0]["content"]) < len(messages[0]["content"]) / 3
+        assert FACT.strip() in sent[0]["content"]
+
+
+def test_compression_through_redis_workers_forwards_the_same_ids(engine, relay, redis_server, medium_prompt):
+    from .conftest import WorkerThread
+
+    body = {"prompt": medium_prompt, "n_predict": 4, "temperature": 0, "compression": {"budget": 256}}
+    config = service_config(redis_url=redis_server.url, redis_prefix="sidecar")
+    sidecar = SidecarConfig(engine_url=relay.url, engine_api="llamacpp")
+    with WorkerThread(engine, config), ServiceThread(config, sidecar=sidecar, tokenizer=engine.tokenizer) as svc:
+        reply = httpx.post(f"http://127.0.0.1:{svc.http_port}/completion", json=body, timeout=300)
+    assert reply.status_code == 200 and reply.headers["x-ilre-action"] == "compressed"
+    ids = engine.tokenizer(medium_prompt).input_ids
+    assert relay.last("/completion").json()["prompt"] == reference_ids(engine, ids, 64, budget=256)
+
+
+def test_api_keys_guard_every_route_but_the_probes(engine, relay):
+    config = service_config({"ILRE_API_KEYS": "k1"})
+    sidecar = SidecarConfig(engine_url=relay.url, engine_api="llamacpp")
+    with ServiceThread(config, engine, sidecar=sidecar, tokenizer=engine.tokenizer) as svc, \
+            httpx.Client(base_url=f"http://127.0.0.1:{svc.http_port}", timeout=60) as client:
+        refused = client.post("/completion", json={"prompt": "hi", "n_predict": 1})
+        assert refused.status_code == 401 and refused.json()["error"]["param"] == "authorization"
+        assert client.get("/v1/models").status_code == 401
+        assert client.get("/health").status_code == 200 and client.get("/ilre/readyz").status_code == 200
+        relay.clear()
+        ok = client.post("/completion", json={"prompt": "hi", "n_predict": 1}, headers={"authorization": "Bearer k1"})
+        assert ok.status_code == 200
+        assert relay.last("/completion").headers["authorization"] == "Bearer k1"  # the engine sees it too

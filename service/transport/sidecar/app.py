@@ -33,7 +33,7 @@ from ...config import SidecarConfig
 from ..frontend import Frontend
 from ..http_app import build_app
 from ..http_common import decode_json, parse_timeout, read_body, unless_disconnected
-from .formats import FORMATS, OpenAIChat, Prompt, RouteFormat, chat_chunk_from_completion, chat_from_completion, map_sse
+from .formats import FORMATS, Prompt, RouteFormat, chat_chunk_from_completion, chat_from_completion, map_sse
 from .options import BODY_FIELD, CompressionOptions
 from .prompt import ChatTemplateError, PromptSplitter, Split, rebuild_messages
 from .upstream import PROBE_TEXT, EngineError, Upstream, response_headers
@@ -77,10 +77,8 @@ class Sidecar:
             ours = self.splitter.tokenizer(PROBE_TEXT, add_special_tokens=False).input_ids
             try:
                 theirs = await self.upstream.tokenize(PROBE_TEXT)
-            except EngineError as exc:
-                if "answered" not in exc.message:
-                    return "ids"  # unreachable: the request fails at the engine anyway; decide later
-                theirs = None
+            except EngineError:
+                return "ids"  # unreachable: the request fails at the engine anyway; decide next time
             self._forward = "ids" if theirs == list(ours) else "text"
             log.info("engine %s: tokenizer %s ours: forwarding %s", self.config.engine_url,
                      "matches" if self._forward == "ids" else "differs from", self._forward)
@@ -131,14 +129,13 @@ class Sidecar:
         mode = await self.forward_mode()
         if prompt.ids is not None and mode == "text":
             return Forwarded(fmt.path, untouched, "passthrough", reason="token IDs of another tokenizer")
-        chat = isinstance(fmt, OpenAIChat)
-        if chat and fmt.needs_chat_route(body):
+        if fmt.needs_chat_route(body):
             mode = "text"
         try:
             split = await asyncio.to_thread(self._split, prompt, options, body)
         except ChatTemplateError as exc:
             return Forwarded(fmt.path, untouched, "passthrough", reason=str(exc))
-        if chat and mode == "text" and not split.spans:
+        if fmt.chat and mode == "text" and not split.spans:
             return Forwarded(fmt.path, untouched, "passthrough", reason="the chat template rewrites message contents")
         if not split.query or not split.context:
             return Forwarded(fmt.path, untouched, "passthrough", split.total, split.total, _ms(start),
@@ -151,12 +148,12 @@ class Sidecar:
         ids = split.prefix + result.token_ids
         if mode == "ids":
             path, out = fmt.with_ids(body, ids)
-        elif chat:
+        elif fmt.chat:
             path, out = fmt.with_messages(body, rebuild_messages(prompt.messages, split, result.kept_indices))
         else:
             path, out = fmt.with_text(body, self.splitter.decode(result.token_ids))
         return Forwarded(path, json.dumps(out, ensure_ascii=False).encode(), "compressed", split.total, len(ids),
-                         _ms(start), to_chat=chat and path != fmt.path)
+                         _ms(start), to_chat=fmt.chat and path != fmt.path)
 
     def _request(self, options: CompressionOptions, context: list[int], query: list[int]) -> CompressRequest:
         """The compression request for a split; InputError names the option as the client wrote it."""
@@ -229,8 +226,8 @@ def _report(plan: Forwarded) -> dict[str, str]:
         headers.update({"x-ilre-original-tokens": str(plan.original_tokens),
                         "x-ilre-compressed-tokens": str(plan.forwarded_tokens),
                         "x-ilre-compress-ms": f"{plan.compress_ms:.1f}"})
-    if plan.reason:
-        headers["x-ilre-reason"] = plan.reason
+    if plan.reason:  # a header value: one line of printable ASCII
+        headers["x-ilre-reason"] = " ".join(plan.reason.split()).encode("ascii", "replace").decode()[:300]
     return headers if plan.action != "other" else {}
 
 

@@ -29,6 +29,7 @@ class RouteFormat:
     name: str = ""
     prompt_field: str = "prompt"
     ids_field: str = "prompt"
+    chat = False  # prompts are messages: split at the last user turn, answers may need reshaping
 
     def prompt(self, body: dict[str, Any]) -> Prompt | None:
         value = body.get(self.prompt_field)
@@ -48,6 +49,10 @@ class RouteFormat:
         out = {k: v for k, v in body.items() if k != self.ids_field}
         out[self.prompt_field] = text
         return self.path, out
+
+    def needs_chat_route(self, body: dict[str, Any]) -> bool:
+        """Requests that must stay on the engine's chat route even when IDs could be forwarded."""
+        return False
 
 
 class SGLangGenerate(RouteFormat):
@@ -71,7 +76,7 @@ class LlamaCppCompletion(RouteFormat):
 class OpenAIChat(RouteFormat):
     """`POST /v1/chat/completions`: `messages` rendered with the model's chat template."""
 
-    path, name = "/v1/chat/completions", "openai.chat"
+    path, name, chat = "/v1/chat/completions", "openai.chat", True
     # request fields that only exist on the chat route; tools need the engine's own chat handling
     CHAT_ONLY = ("messages", "tools", "tool_choice", "parallel_tool_calls", "functions", "function_call",
                  "chat_template", "chat_template_kwargs", "add_generation_prompt", "continue_final_message",
@@ -92,7 +97,7 @@ class OpenAIChat(RouteFormat):
         return Prompt(messages=plain)
 
     def needs_chat_route(self, body: dict[str, Any]) -> bool:
-        """Requests whose features only the chat route has (tools, templates of the engine's own)."""
+        """Requests whose features only the chat route has: tools, the engine's own template."""
         return any(body.get(k) for k in ("tools", "functions", "chat_template", "continue_final_message"))
 
     def with_ids(self, body: dict[str, Any], ids: list[int]) -> tuple[str, dict[str, Any]]:

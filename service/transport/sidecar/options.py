@@ -39,7 +39,7 @@ class CompressionOptions:
 
     def resolve(self, headers: Mapping[str, str], body_options: Any) -> "CompressionOptions":
         """These defaults overridden by the request's headers, then by its `compression` object."""
-        changes = _from_headers(headers)
+        changes = _one_size(_from_headers(headers))
         if body_options is not None:
             if not isinstance(body_options, dict):
                 raise InputError(BODY_FIELD, "must be an object of compression options")
@@ -47,17 +47,24 @@ class CompressionOptions:
             unknown = sorted(set(body_options) - known)
             if unknown:
                 raise InputError(f"{BODY_FIELD}.{unknown[0]}", f"unknown option (known: {', '.join(sorted(known))})")
-            for name, value in body_options.items():
-                if value is not None:
-                    changes[name] = (f"{BODY_FIELD}.{name}", value)
-        if "budget" in changes and "ratio" in changes:
-            raise InputError(changes["budget"][0], "give either budget or ratio, not both")
+            body = _one_size({name: (f"{BODY_FIELD}.{name}", v) for name, v in body_options.items() if v is not None})
+            if "budget" in body or "ratio" in body:  # the body's size replaces the headers'
+                changes.pop("budget", None)
+                changes.pop("ratio", None)
+            changes.update(body)
         values = {name: _check(name, where, value) for name, (where, value) in changes.items()}
         if "budget" in values:
             values.setdefault("ratio", None)
         if "ratio" in values:
             values.setdefault("budget", None)
         return dataclasses.replace(self, **values)
+
+
+def _one_size(changes: dict[str, tuple[str, Any]]) -> dict[str, tuple[str, Any]]:
+    """`changes` unless they give both a budget and a ratio (one level may not give both)."""
+    if "budget" in changes and "ratio" in changes:
+        raise InputError(changes["budget"][0], "give either budget or ratio, not both")
+    return changes
 
 
 def _from_headers(headers: Mapping[str, str]) -> dict[str, tuple[str, Any]]:

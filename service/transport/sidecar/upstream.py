@@ -75,8 +75,9 @@ class Upstream:
         finally:
             await response.aclose()
 
-    async def tokenize(self, text: str, timeout_s: float = 10.0) -> list[int]:
-        """The engine's token IDs for `text`, no special tokens added (its /tokenize endpoint)."""
+    async def tokenize(self, text: str, timeout_s: float = 10.0) -> list[int] | None:
+        """The engine's token IDs for `text`, no special tokens added (its /tokenize endpoint);
+        None when it answers without them; EngineError when it cannot be reached."""
         payload = ({"content": text, "add_special": False} if self.api == "llamacpp"
                    else {"prompt": text, "add_special_tokens": False})
         response = await self.open("POST", "/tokenize", "", {"content-type": "application/json"},
@@ -85,12 +86,13 @@ class Upstream:
             await response.aread()
         finally:
             await response.aclose()
-        if response.status_code != 200:
-            raise EngineError(502, f"engine: {self.base_url}/tokenize answered {response.status_code}")
-        tokens = response.json().get("tokens")
+        try:
+            tokens = response.json().get("tokens") if response.status_code == 200 else None
+        except (ValueError, AttributeError):
+            tokens = None
         if not isinstance(tokens, list):
-            raise EngineError(502, f"engine: {self.base_url}/tokenize answered without a token list")
-        return [t["id"] if isinstance(t, dict) else t for t in tokens]
+            return None
+        return [t.get("id") if isinstance(t, dict) else t for t in tokens]
 
     async def close(self) -> None:
         await self.client.aclose()
