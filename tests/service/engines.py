@@ -128,22 +128,27 @@ class RecordingRelay:
             threading.Thread(target=self._pipe, args=(upstream, client, None, None), daemon=True).start()
 
     def _pipe(self, source: socket.socket, sink: socket.socket, record: bytearray | None, index: int | None) -> None:
+        """Copy source -> sink until source closes, then half-close sink (the other direction goes on).
+        The client side is recorded to its end even if the engine stopped reading (e.g. a 404)."""
+        sink_open = True
         try:
             while data := source.recv(65536):
                 if record is not None:
                     record.extend(data)
-                sink.sendall(data)
-            if index is not None:
-                self.closed[index] = True
+                if sink_open:
+                    try:
+                        sink.sendall(data)
+                    except OSError:
+                        sink_open = False
         except OSError:
+            pass
+        finally:
             if index is not None:
                 self.closed[index] = True
-        finally:
-            for s in (source, sink):
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                except OSError:
-                    pass
+            try:
+                sink.shutdown(socket.SHUT_WR)
+            except OSError:
+                pass
 
     def connection_of(self, marker: bytes) -> int:
         """The index of the connection whose bytes contain `marker`."""
