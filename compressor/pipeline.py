@@ -1,4 +1,9 @@
-"""One compression: token ids in, kept context indices out (the data path of the design)."""
+"""One compression: token ids in, kept context indices out (the data path of the design).
+
+`select_context` runs one request; `select_contexts` runs many, sending those whose context is a
+single prefill chunk through one batched prefill (compressor/batched_prefill.py) and the rest one
+by one. Scores and allocations stay on the model's device; only the kept indices come back.
+"""
 
 from __future__ import annotations
 
@@ -9,18 +14,29 @@ import torch
 
 from ..kernels.query_scores import query_key_scores
 from ..models.llama import TruncatedLM
-from .prefill import PrefillConfig, streaming_prefill
+from .batched_prefill import batched_prefill, fits_one_chunk
+from .prefill import PrefillConfig, RetrievalState, streaming_prefill
 from .strategies import ScoreInputs, Strategy
 
 
 @dataclass
 class Selection:
-    """kept: (B,) int64 ascending indices into the context; timings_ms: per stage;
+    """kept: (B,) int64 ascending indices into the context, on the CPU; timings_ms: per stage;
     passthrough: True when the context already fit the budget and nothing ran."""
 
     kept: torch.Tensor
     timings_ms: dict[str, float] = field(default_factory=dict)
     passthrough: bool = False
+
+
+@dataclass(frozen=True)
+class SelectionJob:
+    """One request of `select_contexts`: context_ids (L,), query_ids (Lq,) int64, its budget and strategy."""
+
+    context_ids: torch.Tensor
+    query_ids: torch.Tensor
+    budget: int
+    strategy: Strategy
 
 
 def select_context(
@@ -40,22 +56,57 @@ def select_context(
     length = context_ids.numel()
     if length <= budget:
         return Selection(torch.arange(length), passthrough=True)
-    timings: dict[str, float] = {}
     clock = time.perf_counter()
-    attention, state = None, None
+    state = None
     with torch.inference_mode():
         if strategy.needs_attention:
             if model is None:
                 raise ValueError(f"strategy: {strategy.name} needs a model")
             state = streaming_prefill(model, context_ids, query_ids, config)
-            timings["prefill"] = _lap(clock)
-            clock = time.perf_counter()
+    timings = {"prefill": _lap(clock)} if state is not None else {}
+    return _choose(model, state, length, budget, strategy, config.sink, timings)
+
+
+def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config: PrefillConfig,
+                    max_batch_tokens: int = 16384) -> list[Selection]:
+    """`select_context` for every job, equal to running them one by one. Jobs that need attention
+    and whose context is one chunk are prefilled together, shortest first, in groups of at most
+    `max_batch_tokens` padded context tokens; their "prefill" timing is their group's."""
+    out: list[Selection | None] = [None] * len(jobs)
+    short = [i for i, job in enumerate(jobs) if model is not None and job.strategy.needs_attention
+             and job.budget < job.context_ids.numel() and fits_one_chunk(job.context_ids.numel(), config)]
+    short.sort(key=lambda i: jobs[i].context_ids.numel())
+    while short:
+        longest = jobs[short[-1]].context_ids.numel()
+        group = short[-max(1, max_batch_tokens // longest):]  # the longest ones, as many as fit
+        del short[-len(group):]
+        clock = time.perf_counter()
+        with torch.inference_mode():
+            states = batched_prefill(model, [jobs[i].context_ids for i in group], [jobs[i].query_ids for i in group], config)
+        prefill_ms = _lap(clock)
+        for i, state in zip(group, states):
+            job = jobs[i]
+            out[i] = _choose(model, state, job.context_ids.numel(), job.budget, job.strategy, config.sink,
+                             {"prefill": prefill_ms})
+    for i, job in enumerate(jobs):
+        if out[i] is None:
+            out[i] = select_context(model, job.context_ids, job.query_ids, job.budget, job.strategy, config)
+    return out  # type: ignore[return-value]
+
+
+def _choose(model: TruncatedLM | None, state: RetrievalState | None, length: int, budget: int, strategy: Strategy,
+            sink: int, timings: dict[str, float]) -> Selection:
+    """Score (A^C at l_R when there is a prefill state) and allocate: the sink + budget - S tokens."""
+    clock = time.perf_counter()
+    with torch.inference_mode():
+        attention = None
+        if state is not None and model is not None:
             layer = model.n_layers
             attention = query_key_scores(state.queries[layer], state.keys[layer])
         scores = strategy.score(ScoreInputs(length=length, attention=attention, state=state))
         timings["score"] = _lap(clock)
         clock = time.perf_counter()
-        sink = min(config.sink, budget)
+        sink = min(sink, budget)
         picked = strategy.allocate(scores[sink:], budget - sink) + sink
         kept = torch.cat((torch.arange(sink), picked.cpu()))
         timings["allocate"] = _lap(clock)

@@ -59,29 +59,65 @@ def chunk_bounds(length: int, config: PrefillConfig) -> list[tuple[int, int]]:
     return bounds
 
 
-class _LayerCache:
-    """Sink and sliding-window K/V of one layer below l_R."""
+class WindowCache:
+    """Sink and sliding-window K/V of one layer below l_R, in one preallocated buffer per tensor.
 
-    def __init__(self) -> None:
-        self.sink_k = self.sink_v = self.win_k = self.win_v = None
+    k, v: (kv_heads, S + W + slot, d) laid out as [sink | window ring | current chunk]. Attention
+    does not depend on the order of the keys it sees, so the window is a ring: a chunk overwrites
+    the oldest entries in place and nothing is re-concatenated. The chunk (or the query) is
+    written behind the ring, so attention reads one contiguous view. With W = None the ring holds
+    the whole context. `sink_raw` keeps the sink keys at their own positions (DCA moves a copy).
+    """
 
-    def prefix(self, sink_shift: int, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        if self.sink_k is None:
-            return None
-        sink_k = rerotate(self.sink_k, inv_freq, sink_shift)
-        return torch.cat((sink_k, self.win_k), dim=1), torch.cat((self.sink_v, self.win_v), dim=1)
+    def __init__(self, config: PrefillConfig, length: int, slot: int, model: TruncatedLM):
+        spec = model.spec
+        self.sink, self.window = config.sink, max(1, config.window or length)
+        shape = (spec.num_kv_heads, self.sink + self.window + slot, spec.head_dim)
+        self.k = torch.zeros(shape, dtype=model.dtype, device=model.device)  # zeros: masked holes
+        self.v = torch.zeros(shape, dtype=model.dtype, device=model.device)  # must not carry NaNs
+        self.sink_raw: torch.Tensor | None = None
+        self.n_sink = self.n_window = self.ring_at = 0
+        self.sink_shift: int | None = None
 
-    def update(self, k: torch.Tensor, v: torch.Tensor, first: bool, config: PrefillConfig) -> None:
-        """Append a chunk's K/V (kv_heads, C, d): the first S context tokens stay as the sink,
-        later tokens enter the window, which keeps its last W entries."""
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink_shift: int,
+               inv_freq: torch.Tensor) -> torch.Tensor:
+        """q: (H, C, d), k/v: (KV, C, d) of a chunk -> (H, C, d): attention over sink, window and
+        the chunk itself (causally)."""
+        if self.sink_raw is None:  # the first chunk sees only itself
+            return chunk_attention(q, k, v, 0)
+        if sink_shift != self.sink_shift:
+            self.k[:, : self.n_sink] = rerotate(self.sink_raw, inv_freq, sink_shift)
+            self.sink_shift = sink_shift
+        prefix, n = self.sink + self.window, k.shape[1]
+        self.k[:, prefix : prefix + n] = k
+        self.v[:, prefix : prefix + n] = v
+        visible = None
+        if self.n_sink < self.sink or self.n_window < self.window:  # short inputs: holes in the prefix
+            visible = torch.zeros(prefix, dtype=torch.bool, device=q.device)
+            visible[: self.n_sink] = True
+            visible[self.sink : self.sink + self.n_window] = True
+        return chunk_attention(q, self.k[:, : prefix + n], self.v[:, : prefix + n], prefix, visible)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor, first: bool) -> None:
+        """Keep a context chunk's K/V (KV, C, d): the first S context tokens become the sink, later
+        tokens enter the ring, which keeps the last W."""
         if first:
-            self.sink_k, self.sink_v = k[:, : config.sink], v[:, : config.sink]
-            win_k, win_v = k[:, config.sink :], v[:, config.sink :]
-        else:
-            win_k, win_v = torch.cat((self.win_k, k), dim=1), torch.cat((self.win_v, v), dim=1)
-        if config.window is not None:
-            win_k, win_v = win_k[:, -config.window :], win_v[:, -config.window :]
-        self.win_k, self.win_v = win_k, win_v
+            self.sink_raw = k[:, : self.sink].clone()
+            self.n_sink = self.sink_raw.shape[1]
+            self.k[:, : self.n_sink] = self.sink_raw
+            self.v[:, : self.n_sink] = v[:, : self.sink]
+            self.sink_shift = 0
+            k, v = k[:, self.sink :], v[:, self.sink :]
+        k, v = k[:, -self.window :], v[:, -self.window :]
+        n, at = k.shape[1], self.ring_at
+        head = min(n, self.window - at)  # entries before the ring wraps
+        ring = slice(self.sink, self.sink + self.window)
+        self.k[:, ring][:, at : at + head] = k[:, :head]
+        self.v[:, ring][:, at : at + head] = v[:, :head]
+        self.k[:, ring][:, : n - head] = k[:, head:]
+        self.v[:, ring][:, : n - head] = v[:, head:]
+        self.ring_at = (at + n) % self.window
+        self.n_window = min(self.window, self.n_window + n)
 
 
 def streaming_prefill(
@@ -107,14 +143,14 @@ def streaming_prefill(
         raise ValueError(f"layer: score layers must be within 1..{l_r} (got {score_layers})")
     length = context_ids.numel()
     spec = model.spec
-    device = model.embed_tokens.weight.device
-    dtype = model.embed_tokens.weight.dtype
+    device, dtype = model.device, model.dtype
     keys = {l: torch.empty(spec.num_kv_heads, length, spec.head_dim, dtype=dtype, device=device) for l in score_layers}
     queries: dict[int, torch.Tensor] = {}
-    caches = [_LayerCache() for _ in range(l_r - 1)]
     bounds = chunk_bounds(length, config)
+    slot = max(config.chunk, query_ids.numel())
     base = bounds[-2][0] if len(bounds) >= 2 else 0  # start of chunk N_C - 1 (eq. 7 anchor)
     top = score_layers[-1]  # layers above the highest score layer are never needed
+    caches = [WindowCache(config, length, slot, model) for _ in range(top - 1)]
     segments = [(a, b, i) for i, (a, b) in enumerate(bounds)] + [(length, length + query_ids.numel(), len(bounds))]
     for start, end, index in segments:
         is_query = index == len(bounds)
@@ -140,12 +176,8 @@ def streaming_prefill(
             if l == top:
                 break
             cache = caches[l - 1]
-            prefix = cache.prefix(sink_shift, model.inv_freq)
-            if prefix is None:
-                out = chunk_attention(q, k, v, 0)
-            else:
-                out = chunk_attention(q, torch.cat((prefix[0], k), 1), torch.cat((prefix[1], v), 1), prefix[0].shape[1])
+            out = cache.attend(q, k, v, sink_shift, model.inv_freq)
             if not is_query:
-                cache.update(k, v, first=index == 0, config=config)
+                cache.append(k, v, first=index == 0)
             h = layer.finish(h, out)
     return RetrievalState(keys=keys, queries=queries)

@@ -19,6 +19,7 @@ from tqdm import tqdm
 from ..compressor.calibration import pick_layer, recall_by_layer
 from ..compressor.prefill import PrefillConfig, streaming_prefill
 from ..compressor.strategies import make_strategy
+from ..models.device import Placement
 from ..models.loader import load_spec, load_tokenizer, load_truncated, resolve_checkpoint
 from ..models.profiles import PROFILE_DIR, Profile, save_profile
 from .passkey import make_passkey_sample
@@ -40,8 +41,10 @@ QUICK_PLAN = CalibrationPlan(lengths=(2048,), digits=(8, 32), depths=4)
 
 
 def run_calibration(model: str | None, plan: CalibrationPlan, profile_dir: Path = PROFILE_DIR,
-                    plot_dir: Path | None = None, prefill: PrefillConfig | None = None) -> Profile:
-    """Measure recall per layer, save the profile (and heatmaps), return the profile."""
+                    plot_dir: Path | None = None, prefill: PrefillConfig | None = None,
+                    placement: Placement | None = None) -> Profile:
+    """Measure recall per layer, save the profile (and heatmaps), return the profile.
+    placement: device and dtype of the pass (default: float32 on the CPU, as the profiles were made)."""
     checkpoint = resolve_checkpoint(model)
     spec = load_spec(checkpoint.path)
     too_long = [n for n in plan.lengths if n + 64 > spec.native_context]
@@ -50,7 +53,8 @@ def run_calibration(model: str | None, plan: CalibrationPlan, profile_dir: Path 
     if min(plan.lengths) <= plan.budget:
         raise ValueError(f"lengths: every context must be longer than the budget of {plan.budget} tokens")
     tokenizer = load_tokenizer(checkpoint.path)
-    truncated = load_truncated(checkpoint.path, spec.num_layers)
+    placement = placement or Placement(torch.device("cpu"), torch.float32)
+    truncated = load_truncated(checkpoint.path, spec.num_layers, placement.dtype, placement.device)
     config = prefill or PrefillConfig()
     strategies = {"single": make_strategy("snapkv"), "multi": make_strategy("ilre")}
     layers = tuple(range(1, spec.num_layers + 1))
@@ -71,7 +75,7 @@ def run_calibration(model: str | None, plan: CalibrationPlan, profile_dir: Path 
         "method": "appendix A.1 passkey retrieval, whole-phrase recall, smallest layer with the highest multi-kernel recall",
         "date": datetime.date.today().isoformat(),
         "plan": {"lengths": plan.lengths, "digits": plan.digits, "depths": plan.depths, "budget": plan.budget,
-                 "seed": plan.seed, "sink": config.sink, "window": config.window, "chunk": config.chunk},
+                 "seed": plan.seed, "placement": placement.describe(), "sink": config.sink, "window": config.window, "chunk": config.chunk},
         "samples": len(grid),
         "recall_multi": {l: round(float(recall["multi"][l - 1]), 4) for l in layers},
         "recall_single": {l: round(float(recall["single"][l - 1]), 4) for l in layers},

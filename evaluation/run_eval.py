@@ -40,6 +40,7 @@ import torch
 from ..compressor.prefill import PrefillConfig, streaming_prefill
 from ..compressor.strategies import ScoreInputs, make_strategy
 from ..kernels.query_scores import query_key_scores
+from ..models.device import Placement
 from .baselines import rag_select
 from .lingua import METHODS as LINGUA_METHODS
 from .metrics import retention, score
@@ -77,6 +78,8 @@ class EvalPlan:
     long_tasks: tuple[str, ...] = ()  # when set, lengths > long_from run only these tasks
     long_from: int = 0
     long_samples: int = 0  # samples at lengths > long_from (0 = samples)
+    device: str = "auto"  # where the compressor and the generator run (models/device.py)
+    dtype: str = "auto"  # the compressor's dtype; generation stays float32 on the CPU
 
     def __post_init__(self) -> None:
         unknown = [t for t in self.tasks + self.e2e_tasks + self.long_tasks if t not in TASKS]
@@ -131,6 +134,7 @@ class Record:
     generate_s: float | None = None
     note: str | None = None
     new_tokens: int | None = None  # the generation budget used
+    dtype: str | None = None  # the compressor's dtype (None: float32, records from before dtypes)
 
     def key(self) -> tuple:
         return (self.task, self.length, self.index, self.seed, self.strategy, self.budget)
@@ -149,10 +153,12 @@ def new_token_budget(sample: RulerSample, cap: int, tokenizer) -> int:
 class Generator:
     """The whole embedded model (all layers, transformers) for the end-to-end metric."""
 
-    def __init__(self, checkpoint: Path, tokenizer, chat: bool):
+    def __init__(self, checkpoint: Path, tokenizer, chat: bool, placement: Placement):
         from transformers import AutoModelForCausalLM
 
-        self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=torch.float32).eval()
+        dtype = torch.float32 if placement.device.type == "cpu" else placement.dtype
+        self.device = placement.device
+        self.model = AutoModelForCausalLM.from_pretrained(str(checkpoint), dtype=dtype).to(self.device).eval()
         self.tokenizer = tokenizer
         self.head: list[int] = []
         self.tail: list[int] = []
@@ -175,7 +181,8 @@ class Generator:
 
     def generate(self, ids: list[int], max_new_tokens: int) -> str:
         with torch.inference_mode():
-            out = self.model.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+            out = self.model.generate(torch.tensor([ids], device=self.device),
+                                      attention_mask=torch.ones(1, len(ids), dtype=torch.long, device=self.device),
                                       max_new_tokens=max_new_tokens, do_sample=False, eos_token_id=self.stops,
                                       pad_token_id=self.stops[0])
         return self.tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)
@@ -211,7 +218,7 @@ class Evaluator:
 
         self.plan = plan
         self.notes = notes
-        self.engine = Engine(EngineConfig(model=plan.model))
+        self.engine = Engine(EngineConfig(model=plan.model, device=plan.device, dtype=plan.dtype))
         self.tokenizer = self.engine.tokenizer
         self.native = self.engine.spec.native_context
         self._generator: Generator | None = None
@@ -221,7 +228,7 @@ class Evaluator:
     @property
     def generator(self) -> Generator:
         if self._generator is None:
-            self._generator = Generator(self.engine.checkpoint.path, self.tokenizer, self.plan.chat)
+            self._generator = Generator(self.engine.checkpoint.path, self.tokenizer, self.plan.chat, self.engine.placement)
         return self._generator
 
     def lingua(self):
@@ -296,7 +303,8 @@ class Evaluator:
                 text = tok.decode(kept_ids)
             record = Record(sample.task, sample.length, sample.index, sample.seed, name, budget,
                             len(sample.context_ids), len(kept_ids), retention(text, sample.answers),
-                            round(seconds, 4), answers=sample.answers, layer=self.engine.layer, dca=dca)
+                            round(seconds, 4), answers=sample.answers, layer=self.engine.layer, dca=dca,
+                            dtype=self.engine.placement.dtype_name if name in ATTENTION else None)
             if self._generates(name, sample) and record.retention == 0.0 and TASKS[sample.task].kind in ("niah", "vt"):
                 # no gold text survived: a random 7-digit number, UUID or 5-letter name cannot be
                 # produced from the prompt, so the RULER score is 0 without spending a generation
@@ -396,10 +404,12 @@ def run_eval(plan: EvalPlan, results_dir: Path, fresh: bool = False, progress=pr
     caps = widest_caps(earlier.get("caps", {}), plan_caps(plan))  # the page covers every stage's records
     notes = {**earlier.get("notes", {}), **caps_notes(plan, caps)}
     evaluator = Evaluator(plan, notes)
-    layer = evaluator.engine.layer  # records of attention strategies at another l_R are redone
+    layer = evaluator.engine.layer  # records of attention strategies at another l_R or dtype are redone
+    dtype = evaluator.engine.placement.dtype_name
     done = {(r["task"], r["length"], r["index"], r["seed"], r["strategy"], r["budget"]) for r in load_records(raw)
-            if r["strategy"] not in ATTENTION or r.get("layer") == layer}
+            if r["strategy"] not in ATTENTION or (r.get("layer") == layer and (r.get("dtype") or "float32") == dtype)}
     meta = {"plan": asdict(plan), "model": evaluator.engine.model_name, "layer": evaluator.engine.layer,
+            "placement": evaluator.engine.placement.describe(),
             "calibrated": evaluator.engine.profile.calibrated, "native_context": evaluator.native, "caps": caps, "notes": notes}
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     cells = plan.cells()

@@ -16,12 +16,12 @@ def rope_cos_sin(
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Cos/sin tables for integer positions.
 
-    inv_freq: (d/2,) float32; positions: (T,) int64 (may be negative: re-rotation backwards).
-    Returns cos, sin: (T, d) float32, multiplied by `scaling` (YaRN-style attention scaling).
+    inv_freq: (d/2,) float32; positions: (..., T) int64 (may be negative: re-rotation backwards).
+    Returns cos, sin: (..., T, d) float32, multiplied by `scaling` (YaRN-style attention scaling).
     Computed in float32 exactly as transformers does, so keys match it bit for bit in spirit.
     """
-    freqs = positions.to(torch.float32)[:, None] * inv_freq.to(torch.float32)[None, :]  # (T, d/2)
-    emb = torch.cat((freqs, freqs), dim=-1)  # (T, d)
+    freqs = positions.to(torch.float32)[..., None] * inv_freq.to(torch.float32)  # (..., T, d/2)
+    emb = torch.cat((freqs, freqs), dim=-1)  # (..., T, d)
     return emb.cos() * scaling, emb.sin() * scaling
 
 

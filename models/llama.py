@@ -24,18 +24,20 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        dtype = x.dtype
-        x32 = x.float()
-        x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
-        return self.weight * x32.to(dtype)
+        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
 
 
 class Attention(nn.Module):
-    """q/k/v/o projections; `full=False` builds only q and k (the retrieval layer)."""
+    """q/k/v/o projections; `full=False` builds only q and k (the retrieval layer).
+
+    The checkpoint's q_proj/k_proj/v_proj load by name; `fuse()` (called once after loading) stacks
+    them into one (H*d + 2*KV*d, D) matrix, so a chunk takes one matmul instead of three.
+    """
 
     def __init__(self, spec: ModelSpec, full: bool):
         super().__init__()
         self.spec = spec
+        self.full = full
         d, hd = spec.hidden_size, spec.head_dim
         self.q_proj = nn.Linear(d, spec.num_heads * hd, bias=spec.qkv_bias)
         self.k_proj = nn.Linear(d, spec.num_kv_heads * hd, bias=spec.qkv_bias)
@@ -46,30 +48,63 @@ class Attention(nn.Module):
             self.q_norm = RMSNorm(hd, spec.rms_norm_eps)
             self.k_norm = RMSNorm(hd, spec.rms_norm_eps)
 
+    def fuse(self) -> None:
+        """Replace q_proj, k_proj (and v_proj) by one stacked projection `qkv_proj`."""
+        names = ("q_proj", "k_proj", "v_proj") if self.full else ("q_proj", "k_proj")
+        self.qkv_proj = _stack([getattr(self, name) for name in names])
+        for name in names:
+            delattr(self, name)
+
+    def _project(self, x: torch.Tensor, part: str) -> torch.Tensor:
+        """x: (T, D) -> (T, rows) for part "q", "k" or "qkv" (q|k|v side by side)."""
+        q_rows = self.spec.num_heads * self.spec.head_dim
+        rows = {"q": slice(0, q_rows), "k": slice(q_rows, q_rows + self.spec.num_kv_heads * self.spec.head_dim),
+                "qkv": slice(None)}[part]
+        bias = self.qkv_proj.bias
+        return F.linear(x, self.qkv_proj.weight[rows], None if bias is None else bias[rows])
+
     def _heads(self, x: torch.Tensor, n_heads: int) -> torch.Tensor:
-        return x.view(x.shape[0], n_heads, self.spec.head_dim).transpose(0, 1)  # (heads, T, d)
+        """(..., T, heads*d) -> (..., heads, T, d); the leading dims are a batch, if any."""
+        return x.view(*x.shape[:-1], n_heads, self.spec.head_dim).transpose(-3, -2)
+
+    def _rotate_q(self, q: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return apply_rope(self.q_norm(q) if self.spec.qk_norm else q, cos, sin)
+
+    def _rotate_k(self, k: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return apply_rope(self.k_norm(k) if self.spec.qk_norm else k, cos, sin)
 
     def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x: (T, D) normed hidden states -> (heads, T, d) rotated queries."""
-        q = self._heads(self.q_proj(x), self.spec.num_heads)
-        if self.spec.qk_norm:
-            q = self.q_norm(q)
-        return apply_rope(q, cos, sin)
+        return self._rotate_q(self._heads(self._project(x, "q"), self.spec.num_heads), cos, sin)
 
     def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x: (T, D) normed hidden states -> (kv_heads, T, d) rotated keys."""
-        k = self._heads(self.k_proj(x), self.spec.num_kv_heads)
-        if self.spec.qk_norm:
-            k = self.k_norm(k)
-        return apply_rope(k, cos, sin)
+        return self._rotate_k(self._heads(self._project(x, "k"), self.spec.num_kv_heads), cos, sin)
 
-    def values(self, x: torch.Tensor) -> torch.Tensor:
-        """x: (T, D) normed hidden states -> (kv_heads, T, d)."""
-        return self._heads(self.v_proj(x), self.spec.num_kv_heads)
+    def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """x: (T, D) normed hidden states -> q (heads, T, d), k and v (kv_heads, T, d); q and k rotated."""
+        n_q, n_kv = self.spec.num_heads, self.spec.num_kv_heads
+        heads = self._heads(self._project(x, "qkv"), n_q + 2 * n_kv)  # (H + 2 KV, T, d)
+        if self.spec.qk_norm:
+            q, k, v = heads.split((n_q, n_kv, n_kv), dim=-3)
+            return self._rotate_q(q, cos, sin), self._rotate_k(k, cos, sin), v
+        q, k = apply_rope(heads[..., : n_q + n_kv, :, :], cos, sin).split((n_q, n_kv), dim=-3)  # one rotation
+        return q, k, heads[..., n_q + n_kv :, :, :]
+
+
+def _stack(linears: list[nn.Linear]) -> nn.Linear:
+    """One Linear whose output rows are those of `linears`, in order."""
+    weight = torch.cat([lin.weight for lin in linears], dim=0)
+    fused = nn.Linear(weight.shape[1], weight.shape[0], bias=linears[0].bias is not None,
+                      device=weight.device, dtype=weight.dtype)
+    fused.weight = nn.Parameter(weight, requires_grad=False)
+    if fused.bias is not None:
+        fused.bias = nn.Parameter(torch.cat([lin.bias for lin in linears]), requires_grad=False)
+    return fused
 
 
 class MLP(nn.Module):
-    """SwiGLU feed-forward."""
+    """SwiGLU feed-forward; `fuse()` stacks gate_proj and up_proj into one matmul."""
 
     def __init__(self, spec: ModelSpec):
         super().__init__()
@@ -78,8 +113,14 @@ class MLP(nn.Module):
         self.up_proj = nn.Linear(d, f, bias=spec.mlp_bias)
         self.down_proj = nn.Linear(f, d, bias=spec.mlp_bias)
 
+    def fuse(self) -> None:
+        """Replace gate_proj and up_proj by one stacked projection `gate_up_proj`."""
+        self.gate_up_proj = _stack([self.gate_proj, self.up_proj])
+        del self.gate_proj, self.up_proj
+
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(F.silu(self.gate_proj(x)) * self.up_proj(x))
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
+        return self.down_proj(F.silu(gate) * up)
 
 
 class DecoderLayer(nn.Module):
@@ -97,10 +138,8 @@ class DecoderLayer(nn.Module):
     def qkv(
         self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h: (T, D) -> q (heads, T, d), k and v (kv_heads, T, d); q and k rotated."""
-        x = self.input_layernorm(h)
-        attn = self.self_attn
-        return attn.queries(x, cos, sin), attn.keys(x, cos, sin), attn.values(x)
+        """h: (..., T, D) -> q (..., heads, T, d), k and v (..., kv_heads, T, d); q and k rotated (cos, sin: (..., T, d))."""
+        return self.self_attn.qkv(self.input_layernorm(h), cos, sin)
 
     def keys(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """h: (T, D) -> (kv_heads, T, d) rotated keys only."""
@@ -110,9 +149,15 @@ class DecoderLayer(nn.Module):
         """h: (T, D) -> (heads, T, d) rotated queries only."""
         return self.self_attn.queries(self.input_layernorm(h), cos, sin)
 
+    def fuse(self) -> None:
+        """Stack the projections that read the same input (see Attention.fuse, MLP.fuse)."""
+        self.self_attn.fuse()
+        if self.full:
+            self.mlp.fuse()
+
     def finish(self, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
-        """h: (T, D), attn_out: (heads, T, d) -> next layer's input (T, D)."""
-        merged = attn_out.transpose(0, 1).reshape(h.shape[0], -1)  # (T, heads*d)
+        """h: (..., T, D), attn_out: (..., heads, T, d) -> next layer's input (..., T, D)."""
+        merged = attn_out.transpose(-3, -2).reshape(*h.shape[:-1], -1)  # (..., T, heads*d)
         h = h + self.self_attn.o_proj(merged)
         return h + self.mlp(self.post_attention_layernorm(h))
 
@@ -136,6 +181,20 @@ class TruncatedLM(nn.Module):
         )
         self.register_buffer("inv_freq", inv_freq, persistent=False)
 
+    def fuse(self) -> "TruncatedLM":
+        """Stack q/k/v and gate/up projections in every layer (once, after the weights are loaded)."""
+        for layer in self.layers:
+            layer.fuse()
+        return self
+
+    @property
+    def device(self) -> torch.device:
+        return self.embed_tokens.weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.embed_tokens.weight.dtype
+
     def layer(self, index: int) -> DecoderLayer:
         """The index-th decoder layer, counting from 1."""
         return self.layers[index - 1]
@@ -147,5 +206,4 @@ class TruncatedLM(nn.Module):
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: (T,) int64 -> cos, sin: (T, d) in the model's dtype."""
         cos, sin = rope_cos_sin(self.inv_freq, positions, self.rope_scaling)
-        dtype = self.embed_tokens.weight.dtype
-        return cos.to(dtype), sin.to(dtype)
+        return cos.to(self.dtype), sin.to(self.dtype)

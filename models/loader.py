@@ -76,8 +76,11 @@ def _tensor_files(checkpoint: Path) -> dict[str, Path]:
     return names
 
 
-def read_tensors(checkpoint: Path, wanted: list[str]) -> dict[str, torch.Tensor]:
-    """Read only the named tensors (names without the `model.` prefix) from the checkpoint."""
+def read_tensors(
+    checkpoint: Path, wanted: list[str], device: torch.device | str = "cpu", dtype: torch.dtype | None = None
+) -> dict[str, torch.Tensor]:
+    """Read only the named tensors (names without the `model.` prefix) from the checkpoint, each
+    straight onto `device` and converted to `dtype` (None = as stored) as it is read."""
     from safetensors import safe_open
 
     files = _tensor_files(checkpoint)
@@ -90,9 +93,10 @@ def read_tensors(checkpoint: Path, wanted: list[str]) -> dict[str, torch.Tensor]
         by_file.setdefault(files[full], []).append(name)
     out: dict[str, torch.Tensor] = {}
     for file, names in by_file.items():
-        with safe_open(str(file), framework="pt") as f:
+        with safe_open(str(file), framework="pt", device=str(device)) as f:
             for name in names:
-                out[name] = f.get_tensor(prefix + name)
+                tensor = f.get_tensor(prefix + name)
+                out[name] = tensor if dtype is None else tensor.to(dtype)
     return out
 
 
@@ -101,11 +105,14 @@ def load_spec(checkpoint: Path) -> ModelSpec:
     return spec_from_config(load_hf_config(checkpoint))
 
 
-def load_truncated(checkpoint: Path, n_layers: int, dtype: torch.dtype = torch.float32) -> TruncatedLM:
+def load_truncated(
+    checkpoint: Path, n_layers: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
+) -> TruncatedLM:
     """Build the model up to layer `n_layers` (the retrieval layer, q/k only) from safetensors.
 
-    The module is created on the meta device and its parameters are assigned from the file, so
-    no other tensors are ever read or allocated; every tensor's shape is checked on assignment.
+    The module is created on the meta device and its parameters are assigned from the file, read
+    straight onto `device` in `dtype`, so no other tensors are ever read or allocated; every
+    tensor's shape is checked on assignment. The projections are then fused (TruncatedLM.fuse).
     """
     config = load_hf_config(checkpoint)
     spec = spec_from_config(config)
@@ -113,14 +120,14 @@ def load_truncated(checkpoint: Path, n_layers: int, dtype: torch.dtype = torch.f
     with torch.device("meta"):
         model = TruncatedLM(spec, n_layers, torch.empty(0), scaling)
     names = list(model.state_dict().keys())
-    tensors = read_tensors(checkpoint, names)
+    tensors = read_tensors(checkpoint, names, device, dtype)
     for name, tensor in tensors.items():
         expected = model.get_parameter(name).shape
         if tuple(tensor.shape) != tuple(expected):
             raise ValueError(f"model: {name} has shape {tuple(tensor.shape)}, expected {tuple(expected)}")
-    model.load_state_dict({k: v.to(dtype) for k, v in tensors.items()}, strict=True, assign=True)
-    model.inv_freq = inv_freq
-    return model.eval().requires_grad_(False)
+    model.load_state_dict(tensors, strict=True, assign=True)
+    model.inv_freq = inv_freq.to(device)
+    return model.eval().requires_grad_(False).fuse()
 
 
 def load_tokenizer(checkpoint: Path):

@@ -13,8 +13,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...compressor.pipeline import select_context
+from ...compressor.pipeline import Selection, SelectionJob, select_context, select_contexts
 from ...compressor.prefill import PrefillConfig
+from ...models.device import resolve_placement
 from ...models.llama import TruncatedLM
 from ...models.loader import load_spec, load_tokenizer, load_truncated, resolve_checkpoint
 from ...models.profiles import load_profile
@@ -28,10 +29,13 @@ DEFAULT_BUDGET = 1024
 @dataclass(frozen=True)
 class EngineConfig:
     """model: reference (folder, .gguf, hub id; None = embedded default); layer: l_R override
-    (None = the model's profile); prefill: S/W/chunk; limits on what one request may carry."""
+    (None = the model's profile); device/dtype: see models/device.py ("auto" = the fastest that
+    keeps the selections); prefill: S/W/chunk; limits on what one request may carry."""
 
     model: str | None = None
     layer: int | None = None
+    device: str = "auto"
+    dtype: str = "auto"
     prefill: PrefillConfig = field(default_factory=PrefillConfig)
     max_context_tokens: int = 1 << 20
     max_query_tokens: int = 4096
@@ -43,6 +47,7 @@ class Engine:
 
     def __init__(self, config: EngineConfig | None = None):
         self.config = config = config or EngineConfig()
+        self.placement = resolve_placement(config.device, config.dtype)
         checkpoint = resolve_checkpoint(config.model)
         self.checkpoint = checkpoint
         self.spec = load_spec(checkpoint.path)
@@ -53,7 +58,8 @@ class Engine:
         self.layer = config.layer or self.profile.retrieval_layer
         self._check_layer(self.layer, "layer")
         self.tokenizer = load_tokenizer(checkpoint.path)
-        self._models: dict[int, TruncatedLM] = {self.layer: load_truncated(checkpoint.path, self.layer)}
+        self._models: dict[int, TruncatedLM] = {}
+        self.model_at(self.layer)
 
     @property
     def model_name(self) -> str:
@@ -62,7 +68,7 @@ class Engine:
     def model_at(self, layer: int) -> TruncatedLM:
         """The model truncated at `layer` (loaded on first use; loads are fast, reads are partial)."""
         if layer not in self._models:
-            self._models[layer] = load_truncated(self.checkpoint.path, layer)
+            self._models[layer] = load_truncated(self.checkpoint.path, layer, self.placement.dtype, self.placement.device)
         return self._models[layer]
 
     def _check_layer(self, layer: int, name: str) -> None:
@@ -98,6 +104,33 @@ class Engine:
 
     def compress(self, request: CompressRequest) -> CompressResult:
         """Tokenize, select context tokens, detokenize; raises InputError for bad input."""
+        job = self._prepare(request)
+        selection = select_context(job.model, job.selection.context_ids, job.selection.query_ids,
+                                   job.selection.budget, job.selection.strategy, job.prefill)
+        return self._finish(job, selection)
+
+    def compress_many(self, requests: list[CompressRequest]) -> list[CompressResult | InputError]:
+        """Compress a batch: each request's result, or the InputError that rejected it (in order).
+        Short requests on the same layer and DCA setting share one batched prefill; the results
+        equal those of `compress` one by one."""
+        outcomes: list[CompressResult | InputError | None] = [None] * len(requests)
+        groups: dict[tuple, list[tuple[int, _Job]]] = {}
+        for i, request in enumerate(requests):
+            try:
+                job = self._prepare(request)
+            except InputError as exc:
+                outcomes[i] = exc
+                continue
+            groups.setdefault((job.layer, job.prefill), []).append((i, job))
+        for (layer, prefill), members in groups.items():
+            model = self.model_at(layer)
+            selections = select_contexts(model, [job.selection for _, job in members], prefill)
+            for (i, job), selection in zip(members, selections):
+                outcomes[i] = self._finish(job, selection)
+        return outcomes  # type: ignore[return-value]
+
+    def _prepare(self, request: CompressRequest) -> "_Job":
+        """Check and tokenize a request; InputError naming the field when it cannot run."""
         start = time.perf_counter()
         strategy = request.build_strategy()
         layer = request.layer or self.layer
@@ -106,28 +139,45 @@ class Engine:
                                 self.config.max_context_tokens, "max_context_tokens")
         query_ids = self._ids("query", request.query, request.query_ids,
                               self.config.max_query_tokens, "max_query_tokens")
-        tokenized = time.perf_counter()
         budget = self.budget_for(request, len(context_ids))
         total = len(context_ids) + len(query_ids)
         dca = request.dca == "on" or (request.dca == "auto" and total > self.spec.native_context)
         prefill = PrefillConfig(self.config.prefill.sink, self.config.prefill.window, self.config.prefill.chunk, dca)
         model = self.model_at(layer) if strategy.needs_attention else None
-        selection = select_context(model, context_ids, query_ids, budget, strategy, prefill)
+        return _Job(request, SelectionJob(context_ids, query_ids, budget, strategy), layer, prefill, model, dca,
+                    start, _ms(start, time.perf_counter()))
+
+    def _finish(self, job: "_Job", selection: Selection) -> CompressResult:
+        """Kept indices -> token ids, detokenized text and timings."""
+        request, context_ids, query_ids = job.request, job.selection.context_ids, job.selection.query_ids
         kept = selection.kept.tolist()
         kept_ids = context_ids[selection.kept].tolist()
         query_list = query_ids.tolist()
         selected = time.perf_counter()
         compressed = self.tokenizer.decode(kept_ids)
         query = request.query if request.query is not None else self.tokenizer.decode(query_list)
-        timings = {"tokenize": _ms(start, tokenized), **selection.timings_ms,
-                   "detokenize": _ms(selected, time.perf_counter())}
-        timings["total"] = _ms(start, time.perf_counter())
+        timings = {"tokenize": job.tokenize_ms, **selection.timings_ms, "detokenize": _ms(selected, time.perf_counter())}
+        timings["total"] = _ms(job.started, time.perf_counter())
         return CompressResult(
             id=request.id, token_ids=kept_ids + query_list, kept_indices=kept, compressed_context=compressed,
             query=query, original_tokens=len(context_ids), compressed_tokens=len(kept),
-            ratio=round(len(kept) / len(context_ids), 6), model=self.model_name, layer=layer,
-            strategy=strategy.name, dca=dca, passthrough=selection.passthrough, timings_ms=timings,
+            ratio=round(len(kept) / len(context_ids), 6), model=self.model_name, layer=job.layer,
+            strategy=job.selection.strategy.name, dca=job.dca, passthrough=selection.passthrough, timings_ms=timings,
         )
+
+
+@dataclass(frozen=True)
+class _Job:
+    """A checked, tokenized request on its way through the engine."""
+
+    request: CompressRequest
+    selection: SelectionJob
+    layer: int
+    prefill: PrefillConfig
+    model: TruncatedLM | None
+    dca: bool
+    started: float
+    tokenize_ms: float
 
 
 def _ms(a: float, b: float) -> float:

@@ -26,6 +26,8 @@ class ModelInfo:
     sink: int
     window: int  # 0 = unbounded
     chunk: int
+    device: str = "cpu"
+    dtype: str = "float32"
     queue: str = "local"
     max_message_bytes: int = 0
 
@@ -38,7 +40,7 @@ class ModelInfo:
             calibrated=bool(engine.profile.calibrated), strategies=sorted(STRATEGIES),
             default_budget=cfg.default_budget, max_context_tokens=cfg.max_context_tokens,
             max_query_tokens=cfg.max_query_tokens, sink=cfg.prefill.sink, window=cfg.prefill.window or 0,
-            chunk=cfg.prefill.chunk,
+            chunk=cfg.prefill.chunk, device=str(engine.placement.device), dtype=engine.placement.dtype_name,
         )
 
     @classmethod

@@ -14,6 +14,17 @@ from ..api.messages import DCA_MODES, InputError
 from .output import EXIT_INPUT, CliError, summary
 
 
+def _placement_options(parser: argparse.ArgumentParser) -> None:
+    """--device and --dtype, shared by every command that loads a model (env ILRE_DEVICE, ILRE_DTYPE)."""
+    from ...models.device import DEVICE_HELP, DTYPE_CHOICES
+
+    parser.add_argument("--device", default=os.environ.get("ILRE_DEVICE", "auto"),
+                        help=f"{DEVICE_HELP}: where the model runs (default auto: a GPU or NPU when present; env ILRE_DEVICE)")
+    parser.add_argument("--dtype", default=os.environ.get("ILRE_DTYPE", "auto"),
+                        help=f"{', '.join(DTYPE_CHOICES)} (default auto: bfloat16 on GPUs, NPUs and CPUs with native "
+                        "bfloat16, else float32; env ILRE_DTYPE)")
+
+
 def _engine_options(parser: argparse.ArgumentParser) -> None:
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--budget", type=int, help="context tokens to keep, sink included (default 1024)")
@@ -27,6 +38,7 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--chunk", type=int, default=1024, help="prefill chunk length (default 1024)")
     parser.add_argument("--max-context-tokens", type=int, default=int(os.environ.get("ILRE_MAX_CONTEXT_TOKENS", 1 << 20)),
                         help="reject longer contexts (default 1048576, env ILRE_MAX_CONTEXT_TOKENS)")
+    _placement_options(parser)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -70,6 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--quick", action="store_true", help="a small grid for a smoke run")
     calibrate.add_argument("--profile-dir", default=None, help="where to write the profile (default models/profiles)")
     calibrate.add_argument("--plots", default="docs/calibration", help="folder for the heatmaps ('' = none)")
+    _placement_options(calibrate)
     evaluate = sub.add_parser("eval", help="RULER-style retention and end-to-end table of every strategy -> docs/results.md")
     evaluate.add_argument("--quick", action="store_true", help="2 tasks x 1 sample x 4K, 4 strategies, short generations (minutes)")
     evaluate.add_argument("--tasks", help="comma-separated RULER tasks (default: all 11)")
@@ -87,6 +100,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--output", help="the results page (default docs/results.md; with --quick, RESULTS_DIR/results.md)")
     evaluate.add_argument("--report-only", action="store_true", help="only regenerate the page from the raw results")
     evaluate.add_argument("--fresh", action="store_true", help="discard earlier raw results instead of resuming")
+    _placement_options(evaluate)
     return parser
 
 
@@ -157,7 +171,8 @@ def _engine(args: argparse.Namespace):
         raise CliError(str(exc)) from None
     if args.max_context_tokens < 1:
         raise CliError(f"max-context-tokens: must be >= 1 (got {args.max_context_tokens})")
-    config = EngineConfig(model=args.model, layer=args.layer, prefill=prefill, max_context_tokens=args.max_context_tokens)
+    config = EngineConfig(model=args.model, layer=args.layer, prefill=prefill, max_context_tokens=args.max_context_tokens,
+                          device=args.device, dtype=args.dtype)
     try:
         return Engine(config)
     except (FileNotFoundError, KeyError, ValueError) as exc:
@@ -294,6 +309,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     import dataclasses
 
     from ...evaluation.calibrate import QUICK_PLAN, CalibrationPlan, run_calibration
+    from ...models.device import resolve_placement
     from ...models.profiles import PROFILE_DIR
 
     plan = QUICK_PLAN if args.quick else CalibrationPlan()
@@ -307,8 +323,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if min(plan.lengths + plan.digits) < 1 or plan.depths < 1 or plan.budget < 1:
         raise CliError("lengths, digits, depths, budget: must all be >= 1")
     try:
+        placement = resolve_placement(args.device, args.dtype)
         profile = run_calibration(args.model, plan, Path(args.profile_dir) if args.profile_dir else PROFILE_DIR,
-                                  Path(args.plots) if args.plots else None)
+                                  Path(args.plots) if args.plots else None, placement=placement)
     except (FileNotFoundError, ValueError) as exc:
         raise CliError(str(exc)) from None
     print(json.dumps({"model": profile.model, "retrieval_layer": profile.retrieval_layer}))
@@ -337,7 +354,8 @@ def run_evaluation(args: argparse.Namespace) -> int:
             if args.tasks:
                 changes["long_tasks"] = ()
                 changes["e2e_tasks"] = ()
-            names = ("samples", "budget", "seed", "max_new_tokens", "full_max_length", "lingua_max_length", "model")
+            names = ("samples", "budget", "seed", "max_new_tokens", "full_max_length", "lingua_max_length", "model",
+                     "device", "dtype")
             changes.update({n: getattr(args, n) for n in names if getattr(args, n) is not None})
             if args.samples is not None:
                 changes["long_samples"] = 0

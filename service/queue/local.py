@@ -136,24 +136,30 @@ class LocalQueue:
         return True
 
     def _run_batch(self, batch: list[_Job], loop: asyncio.AbstractEventLoop) -> None:
-        """On the engine thread: run each still-wanted job, hand each outcome back at once."""
-        for job in batch:
-            if self._closing:
+        """On the engine thread: run the still-wanted jobs as one batch (Engine.compress_many:
+        short requests share a batched prefill) and hand every outcome back."""
+        if self._closing:
+            for job in batch:
                 loop.call_soon_threadsafe(_deliver, job.future, ServiceError(Code.UNAVAILABLE, "service: shutting down"))
-                continue
-            if not self._still_wanted(job):
-                continue
-            started = time.monotonic()
-            try:
-                result = self.engine.compress(job.request)
+            return
+        jobs = [job for job in batch if self._still_wanted(job)]
+        if not jobs:
+            return
+        started = time.monotonic()
+        try:
+            results: list = self.engine.compress_many([job.request for job in jobs])
+        except Exception as exc:  # a bug in the engine: the callers get INTERNAL, the loop goes on
+            log.exception("compress failed")
+            results = [ServiceError(Code.INTERNAL, f"internal: {type(exc).__name__}: {exc}")] * len(jobs)
+        for job, result in zip(jobs, results):
+            if isinstance(result, InputError):
+                outcome: CompressResult | BaseException = ServiceError.from_input(result)
+            elif isinstance(result, CompressResult):
                 result.timings_ms["queue"] = round((started - job.accepted) * 1000.0, 3)
                 self.metrics.observe_result(result.timings_ms, result.original_tokens, result.compressed_tokens)
-                outcome: CompressResult | BaseException = result
-            except InputError as exc:
-                outcome = ServiceError.from_input(exc)
-            except Exception as exc:  # a bug in the engine: the caller gets INTERNAL, the loop goes on
-                log.exception("compress failed")
-                outcome = ServiceError(Code.INTERNAL, f"internal: {type(exc).__name__}: {exc}")
+                outcome = result
+            else:
+                outcome = result
             loop.call_soon_threadsafe(_deliver, job.future, outcome)
 
     async def close(self) -> None:

@@ -5,11 +5,11 @@ One loop per worker process:
   every claim_idle/2: XAUTOCLAIM entries idle longer than claim_idle (their worker died) -> entries
       delivered more than max_attempts times go to the dead-letter stream, their callers get INTERNAL
   else: XREADGROUP up to max_batch new entries, waiting at most max_wait for the batch to fill
-  per entry, in order: drop it if its caller is gone or its deadline passed; else compress on the
-      engine thread; then MULTI {LPUSH result, EXPIRE, XACK, XDEL}
+  drop the entries whose caller is gone or whose deadline passed; compress the rest as one batch on
+      the engine thread (Engine.compress_many); then per entry MULTI {LPUSH result, EXPIRE, XACK, XDEL}
 While a batch runs, its entries are re-claimed (XCLAIM JUSTID) every claim_idle/3 so that no other
-worker mistakes a long batch for a dead worker. On SIGTERM the current request finishes and the
-rest of the batch is put back on the stream.
+worker mistakes a long batch for a dead worker. On SIGTERM the running batch finishes; a batch
+read but not yet started is put back on the stream.
 """
 
 from __future__ import annotations
@@ -159,38 +159,56 @@ class Worker:
         self._inflight = {entry_id for entry_id, _ in entries}
         loop = asyncio.get_running_loop()
         try:
+            if stop.is_set():
+                await self._requeue(entries)
+                return
+            live = []
             for i, (entry_id, fields) in enumerate(entries):
-                if stop.is_set():
-                    await self._requeue(entries[i:])
-                    break
                 deadline = _float(fields.get("deadline"))
                 if cancelled[i] or time.time() >= deadline:
                     self.metrics.dropped.inc()
                     await self._finish(entry_id, rids[i], None, deadline)
-                    continue
-                outcome = await loop.run_in_executor(self._executor, self._compress, entry_id, fields.get("payload", ""))
-                await self._finish(entry_id, rids[i], outcome, deadline)
+                else:
+                    live.append(i)
+            if not live:
+                return
+            payloads = [(entries[i][0], entries[i][1].get("payload", "")) for i in live]
+            outcomes = await loop.run_in_executor(self._executor, self._compress, payloads)
+            for i, outcome in zip(live, outcomes):
+                entry_id, fields = entries[i]
+                await self._finish(entry_id, rids[i], outcome, _float(fields.get("deadline")))
                 self._inflight.discard(entry_id)
         finally:  # entries left unfinished (Redis went away) are reclaimed once idle
             self._inflight = set()
 
-    def _compress(self, entry_id: str, payload: str) -> CompressResult | ServiceError:
-        """On the engine thread: one queued request -> its result or its error."""
-        waited_ms = max(0.0, time.time() * 1000.0 - _float(entry_id.split("-")[0]))
+    def _compress(self, payloads: list[tuple[str, str]]) -> list[CompressResult | ServiceError]:
+        """On the engine thread: queued requests (entry id, payload) -> their results or errors, as
+        one Engine.compress_many batch (short requests share a batched prefill)."""
+        now_ms = time.time() * 1000.0
+        outcomes: list[CompressResult | ServiceError | None] = [None] * len(payloads)
+        requests, slots = [], []
+        for i, (_, payload) in enumerate(payloads):
+            try:
+                requests.append(_decode(payload))
+                slots.append(i)
+            except InputError as exc:
+                outcomes[i] = ServiceError.from_input(exc)
         try:
-            result = self.engine.compress(_decode(payload))
-        except InputError as exc:
-            outcome: CompressResult | ServiceError = ServiceError.from_input(exc)
-        except Exception as exc:  # a bug: the caller gets INTERNAL, the worker goes on
+            results: list = self.engine.compress_many(requests)
+        except Exception as exc:  # a bug: the callers get INTERNAL, the worker goes on
             log.exception("compress failed")
-            outcome = ServiceError(Code.INTERNAL, f"internal: {type(exc).__name__}: {exc}")
-        else:
-            result.timings_ms["queue"] = round(waited_ms, 3)
-            self.metrics.observe_result(result.timings_ms, result.original_tokens, result.compressed_tokens)
-            outcome = result
-        if isinstance(outcome, ServiceError):
-            self.metrics.errors.labels(outcome.code.value).inc()
-        return outcome
+            results = [ServiceError(Code.INTERNAL, f"internal: {type(exc).__name__}: {exc}")] * len(requests)
+        for i, result in zip(slots, results):
+            if isinstance(result, InputError):
+                result = ServiceError.from_input(result)
+            elif isinstance(result, CompressResult):
+                result.timings_ms["queue"] = round(max(0.0, now_ms - _float(payloads[i][0].split("-")[0])), 3)
+                self.metrics.observe_result(result.timings_ms, result.original_tokens, result.compressed_tokens)
+            outcomes[i] = result
+        for outcome in outcomes:
+            if isinstance(outcome, ServiceError):
+                self.metrics.errors.labels(outcome.code.value).inc()
+        return outcomes  # type: ignore[return-value]
 
     async def _finish(self, entry_id: str, rid: str, outcome: CompressResult | ServiceError | None,
                       deadline: float) -> None:

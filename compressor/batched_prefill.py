@@ -1,0 +1,62 @@
+"""The streaming prefill of many short requests at once, as batched tensor work.
+
+A context of at most chunk + S tokens is one prefill chunk: below l_R it attends to itself
+causally, and the query then attends to the sink, the last W context tokens and itself. That is
+the same computation for every short request, so B of them run as (B, T, D) tensors, contexts
+and queries right-padded to the longest: every projection and MLP matmul (about 3/4 of the work)
+is one call for all, which is where many small requests lose their time. Attention runs per
+request through the same WindowCache and kernel calls as `streaming_prefill`, so each request
+gets what it would get alone, bit for bit where the matmuls are (tests check the kept indices).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ..models.llama import TruncatedLM
+from .prefill import PrefillConfig, RetrievalState, WindowCache
+
+
+def fits_one_chunk(length: int, config: PrefillConfig) -> bool:
+    """True when a context of `length` tokens is a single prefill chunk (batchable)."""
+    return length <= config.chunk + config.sink
+
+
+def _padded(seqs: list[torch.Tensor], device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+    """[(T_b,)] int64 -> ids (B, T_max) right-padded with 0, lengths (B,) int64."""
+    lengths = torch.tensor([s.numel() for s in seqs], device=device)
+    ids = torch.zeros(len(seqs), int(lengths.max()), dtype=torch.int64, device=device)
+    for b, seq in enumerate(seqs):
+        ids[b, : seq.numel()] = seq.to(device)
+    return ids, lengths
+
+
+def batched_prefill(
+    model: TruncatedLM, contexts: list[torch.Tensor], queries: list[torch.Tensor], config: PrefillConfig
+) -> list[RetrievalState]:
+    """contexts[b]: (L_b,) int64 with L_b <= chunk + S; queries[b]: (Lq_b,) int64 ->
+    one RetrievalState per request (keys (KV, L_b, d) and queries (H, Lq_b, d) at l_R)."""
+    if not all(fits_one_chunk(c.numel(), config) for c in contexts):
+        raise ValueError(f"context: batched prefill takes contexts of at most chunk + sink = {config.chunk + config.sink} tokens")
+    l_r, device = model.n_layers, model.device
+    ctx_ids, ctx_len = _padded(contexts, device)  # (B, T), (B,)
+    qry_ids, qry_len = _padded(queries, device)  # (B, Tq), (B,)
+    spans = list(zip(ctx_len.tolist(), qry_len.tolist()))
+    cos_c, sin_c = model.rope(torch.arange(ctx_ids.shape[1], device=device))  # (T, d)
+    cos_q, sin_q = model.rope(ctx_len[:, None] + torch.arange(qry_ids.shape[1], device=device))  # (B, Tq, d)
+    cos_q, sin_q = cos_q[:, None], sin_q[:, None]  # (B, 1, Tq, d): broadcast over heads
+    h_c, h_q = model.embed(ctx_ids), model.embed(qry_ids)  # (B, T, D), (B, Tq, D)
+    for l in range(1, l_r):
+        layer = model.layer(l)
+        q, k, v = layer.qkv(h_c, cos_c, sin_c)  # (B, H, T, d), (B, KV, T, d) x2: one matmul for all
+        qq, kq, vq = layer.qkv(h_q, cos_q, sin_q)  # (B, H, Tq, d), (B, KV, Tq, d) x2
+        out_c, out_q = torch.zeros_like(q), torch.zeros_like(qq)
+        for b, (n, m) in enumerate(spans):  # attention per request, exactly as streaming_prefill runs it
+            cache = WindowCache(config, n, m, model)
+            out_c[b, :, :n] = cache.attend(q[b, :, :n], k[b, :, :n], v[b, :, :n], 0, model.inv_freq)
+            cache.append(k[b, :, :n], v[b, :, :n], first=True)
+            out_q[b, :, :m] = cache.attend(qq[b, :, :m], kq[b, :, :m], vq[b, :, :m], 0, model.inv_freq)
+        h_c, h_q = layer.finish(h_c, out_c), layer.finish(h_q, out_q)
+    top = model.layer(l_r)
+    keys, queries_r = top.keys(h_c, cos_c, sin_c), top.queries(h_q, cos_q, sin_q)  # (B, KV, T, d), (B, H, Tq, d)
+    return [RetrievalState(keys={l_r: keys[b, :, :n]}, queries={l_r: queries_r[b, :, :m]}) for b, (n, m) in enumerate(spans)]

@@ -1,0 +1,125 @@
+"""Where the compressor runs: `--device auto|cpu|cuda[:N]|npu[:N]` and `--dtype auto|float32|bfloat16|float16`.
+
+`resolve_placement("auto", "auto")` picks, per device, what `make bench` measured fastest while
+keeping the selections: bfloat16 on GPUs and NPUs, and on CPUs with native bfloat16 dot products
+(avx512_bf16 / AMX); float32 on other CPUs, where bfloat16 is emulated. float16 is accepted
+everywhere but is ~100x slower than float32 on CPUs without float16 arithmetic.
+`torch_npu` is imported only when an NPU is asked for (or `auto` finds it installed).
+"""
+
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import logging
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+log = logging.getLogger(__name__)
+
+DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_CHOICES = ("auto", *DTYPES)
+DEVICE_HELP = "auto, cpu, cuda, cuda:N, npu or npu:N"
+_DEVICE = re.compile(r"^(auto|cpu|cuda|npu)(?::(\d+))?$")
+
+
+class PlacementError(ValueError):
+    """A device or dtype that cannot be used here; the message starts with the flag's name."""
+
+
+@dataclass(frozen=True)
+class Placement:
+    """The device the model, key cache and scores live on, and the dtype of weights and activations."""
+
+    device: torch.device
+    dtype: torch.dtype
+
+    @property
+    def dtype_name(self) -> str:
+        return str(self.dtype).removeprefix("torch.")
+
+    def describe(self) -> str:
+        """e.g. "cpu bfloat16", "cuda:0 bfloat16"."""
+        return f"{self.device} {self.dtype_name}"
+
+
+def resolve_placement(device: str | None = "auto", dtype: str | None = "auto") -> Placement:
+    """Parse and check `--device` / `--dtype` (None = auto); PlacementError naming the flag."""
+    resolved = resolve_device(device or "auto")
+    return Placement(resolved, resolve_dtype(dtype or "auto", resolved))
+
+
+def resolve_device(name: str) -> torch.device:
+    """"auto" -> cuda, else npu (when torch_npu is installed), else cpu; "cuda:1" -> checked device."""
+    match = _DEVICE.match(name.strip().lower())
+    if not match:
+        raise PlacementError(f"device: {name!r} is not one of {DEVICE_HELP}")
+    kind, index = match.group(1), match.group(2)
+    if kind == "auto":
+        if index is not None:
+            raise PlacementError(f"device: 'auto' takes no index (got {name!r})")
+        if torch.cuda.is_available():
+            return torch.device("cuda", torch.cuda.current_device())
+        if importlib.util.find_spec("torch_npu") is not None and _npu_count() > 0:
+            return torch.device("npu", 0)
+        return torch.device("cpu")
+    if kind == "cpu":
+        if index not in (None, "0"):
+            raise PlacementError(f"device: there is one CPU device, cpu or cpu:0 (got {name!r})")
+        return torch.device("cpu")
+    number = int(index or 0)
+    count = torch.cuda.device_count() if kind == "cuda" else _npu_count(required=True)
+    if count == 0:
+        why = "torch was built without CUDA" if torch.version.cuda is None else "no CUDA device is visible"
+        raise PlacementError(f"device: {name!r} asked for, but {why} (torch {torch.__version__})" if kind == "cuda"
+                             else f"device: {name!r} asked for, but torch_npu sees no NPU")
+    if number >= count:
+        raise PlacementError(f"device: {name!r} asked for, but only {count} {kind} device(s) exist (0..{count - 1})")
+    return torch.device(kind, number)
+
+
+def _npu_count(required: bool = False) -> int:
+    """NPUs visible through torch_npu (imported here, and only here); 0 when it is absent and not required."""
+    try:
+        importlib.import_module("torch_npu")
+    except ImportError as exc:
+        if not required:
+            return 0
+        raise PlacementError(
+            "device: npu needs the torch_npu package (Ascend's PyTorch adapter, the build matching "
+            f"torch {torch.__version__}), which is not installed ({exc})"
+        ) from None
+    npu = getattr(torch, "npu", None)
+    return int(npu.device_count()) if npu is not None and npu.is_available() else 0
+
+
+def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
+    """"auto" -> the fastest dtype that keeps the selections on `device` (module docstring)."""
+    key = name.strip().lower()
+    if key == "auto":
+        if device.type == "cpu":
+            return torch.bfloat16 if cpu_has_native_bfloat16() else torch.float32
+        if device.type == "cuda" and not torch.cuda.is_bf16_supported():
+            return torch.float16
+        return torch.bfloat16
+    if key not in DTYPES:
+        raise PlacementError(f"dtype: {name!r} is not one of {', '.join(DTYPE_CHOICES)}")
+    if key == "float16" and device.type == "cpu":
+        log.warning("dtype: float16 on the CPU is emulated and ~100x slower than float32; bfloat16 is the fast one")
+    return DTYPES[key]
+
+
+def cpu_has_native_bfloat16(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """True when the CPU multiplies bfloat16 natively (x86 avx512_bf16 / amx_bf16, Arm bf16)."""
+    try:
+        text = cpuinfo.read_text(errors="replace")
+    except OSError:
+        return False
+    flags = set()
+    for line in text.splitlines():
+        if line.startswith(("flags", "Features")):
+            flags.update(line.split(":", 1)[-1].split())
+    return bool(flags & {"avx512_bf16", "amx_bf16", "bf16"})

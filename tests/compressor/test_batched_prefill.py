@@ -1,0 +1,64 @@
+"""Batched prefill of short requests against the one-request streaming prefill."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pytest
+import torch
+
+from ilre.compressor.batched_prefill import batched_prefill, fits_one_chunk
+from ilre.compressor.pipeline import SelectionJob, select_context, select_contexts
+from ilre.compressor.prefill import PrefillConfig, streaming_prefill
+from ilre.compressor.strategies import make_strategy
+from tests.tiny_models import N_LAYERS, random_ids, single_thread, tiny_checkpoint  # noqa: F401
+from ilre.models.loader import load_truncated
+
+CONFIGS = {
+    "window_shorter_than_context": PrefillConfig(sink=2, window=5, chunk=24),
+    "window_longer_than_context": PrefillConfig(sink=3, window=40, chunk=24),
+    "unbounded": PrefillConfig(sink=2, window=None, chunk=24),
+    "no_sink": PrefillConfig(sink=0, window=4, chunk=26),
+}
+# contexts of different lengths, shorter than the sink, exactly one chunk, and queries of different lengths
+LENGTHS = [(1, 3), (2, 1), (7, 4), (15, 2), (26, 5), (20, 3)]
+
+
+@lru_cache(maxsize=None)
+def model(kind: str):
+    return load_truncated(tiny_checkpoint(kind), N_LAYERS)
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "qwen3"])
+@pytest.mark.parametrize("config_name", list(CONFIGS))
+def test_batched_prefill_equals_one_by_one(kind, config_name):
+    config = CONFIGS[config_name]
+    contexts = [random_ids(n, seed=10 + i) for i, (n, _) in enumerate(LENGTHS)]
+    queries = [random_ids(m, seed=50 + i) for i, (_, m) in enumerate(LENGTHS)]
+    assert all(fits_one_chunk(c.numel(), config) for c in contexts)
+    batched = batched_prefill(model(kind), contexts, queries, config)
+    for context, query, got in zip(contexts, queries, batched):
+        alone = streaming_prefill(model(kind), context, query, config)
+        torch.testing.assert_close(got.keys[N_LAYERS], alone.keys[N_LAYERS], atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(got.queries[N_LAYERS], alone.queries[N_LAYERS], atol=2e-5, rtol=1e-5)
+
+
+def test_batched_prefill_rejects_long_contexts():
+    config = PrefillConfig(sink=2, window=4, chunk=8)
+    with pytest.raises(ValueError, match="chunk \\+ sink = 10"):
+        batched_prefill(model("llama"), [random_ids(11, 0)], [random_ids(2, 1)], config)
+
+
+def test_select_contexts_equals_select_context_and_keeps_order():
+    # a mix: short (batched), multi-chunk (streamed), passthrough, attention-free, in no order
+    config = PrefillConfig(sink=2, window=5, chunk=12)
+    specs = [(9, "ilre", 4), (40, "ilre", 10), (14, "snapkv", 6), (5, "ilre", 8), (13, "streaming_llm", 5),
+             (11, "ilre", 3), (3, "ilre", 1), (30, "snapkv", 7)]
+    jobs = [SelectionJob(random_ids(n, seed=i), random_ids(3, seed=100 + i), budget, make_strategy(name))
+            for i, (n, name, budget) in enumerate(specs)]
+    together = select_contexts(model("qwen2"), jobs, config, max_batch_tokens=30)  # forces several groups
+    for job, got in zip(jobs, together):
+        alone = select_context(model("qwen2"), job.context_ids, job.query_ids, job.budget, job.strategy, config)
+        assert got.kept.tolist() == alone.kept.tolist()
+        assert got.passthrough == alone.passthrough
+        assert got.kept.device.type == "cpu"
