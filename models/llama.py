@@ -16,7 +16,8 @@ from .spec import ModelSpec
 
 
 class RMSNorm(nn.Module):
-    """Root-mean-square norm over the last dimension, computed in float32 as the reference does."""
+    """Root-mean-square norm over the last dimension, computed in float32 as the reference does;
+    the output has the weight's dtype (the matmuls' input), whatever the residual stream's."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
@@ -24,7 +25,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(x.dtype)
+        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(self.weight.dtype)
 
 
 class Attention(nn.Module):
@@ -200,8 +201,9 @@ class TruncatedLM(nn.Module):
         return self.layers[index - 1]
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids: (T,) int64 -> (T, D) hidden states."""
-        return self.embed_tokens(ids)
+        """ids: (..., T) int64 -> (..., T, D) hidden states: the residual stream, float32 whatever the
+        weights' dtype (bfloat16 layers add their outputs to it, so rounding does not accumulate)."""
+        return self.embed_tokens(ids).float()
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """positions: (T,) int64 -> cos, sin: (T, d) in the model's dtype."""
