@@ -255,9 +255,20 @@ def _service_config(args: argparse.Namespace, **settings: Any):
         raise CliError(str(exc)) from None
 
 
+def _check_placement(args: argparse.Namespace) -> None:
+    """--device / --dtype checked before a server starts (its model loads in the background)."""
+    from ...models.device import resolve_placement
+
+    try:
+        resolve_placement(args.device, args.dtype)
+    except ValueError as exc:
+        raise CliError(str(exc)) from None
+
+
 def run_serve(args: argparse.Namespace) -> int:
     from ..server import run_serve as serve
 
+    _check_placement(args)
     config = _service_config(args, max_context_tokens=args.max_context_tokens)
     try:
         return serve(config, lambda: _engine(args), request_defaults(args))
@@ -270,6 +281,7 @@ def run_sidecar(args: argparse.Namespace) -> int:
     from ..config import SidecarConfig
     from ..server import run_serve as serve
 
+    _check_placement(args)
     config = _service_config(args, http_port=args.port, max_context_tokens=args.max_context_tokens)
     try:
         sidecar = SidecarConfig.from_env(os.environ, engine_url=args.engine_url, engine_api=args.engine_api,
@@ -323,7 +335,7 @@ def run_calibrate(args: argparse.Namespace) -> int:
     if min(plan.lengths + plan.digits) < 1 or plan.depths < 1 or plan.budget < 1:
         raise CliError("lengths, digits, depths, budget: must all be >= 1")
     try:
-        placement = resolve_placement(args.device, args.dtype)
+        placement = resolve_placement(args.device, args.dtype)  # PlacementError is a ValueError
         profile = run_calibration(args.model, plan, Path(args.profile_dir) if args.profile_dir else PROFILE_DIR,
                                   Path(args.plots) if args.plots else None, placement=placement)
     except (FileNotFoundError, ValueError) as exc:
@@ -339,6 +351,7 @@ def run_evaluation(args: argparse.Namespace) -> int:
     from ...evaluation.ruler import parse_length
     from ...evaluation.run_eval import FULL_PLAN, QUICK_PLAN, run_eval
 
+    _check_placement(args)
     plan = QUICK_PLAN if args.quick else FULL_PLAN
     results_dir = Path(args.results_dir or ("results/eval-quick" if args.quick else "results/eval"))
     output = Path(args.output or (results_dir / "results.md" if args.quick else "docs/results.md"))

@@ -67,6 +67,10 @@ def test_passthrough_when_context_fits():
          "tokens exceed the limit of 10 (max_context_tokens)"),
         (["--context", "abc", "--layer", "99"], None, "layer: must be in 1..30"),
         (["--context", "abc", "--model", "/no/such/dir"], None, "model:"),
+        (["--context", "abc", "--dtype", "int8"], None, "dtype: 'int8' is not one of auto, float32, bfloat16, float16"),
+        (["--context", "abc", "--device", "tpu"], None, "device: 'tpu' is not one of auto, cpu, cuda"),
+        (["--context", "abc", "--device", "npu:0"], None, "device: npu needs the torch_npu package"),
+        (["--context", "abc", "--device", "cuda:0"], None, "device: 'cuda:0' asked for, but"),
     ],
 )
 def test_bad_input_names_field_without_traceback(args, stdin, message):
@@ -75,6 +79,18 @@ def test_bad_input_names_field_without_traceback(args, stdin, message):
     assert proc.returncode == 2, err
     assert message in err
     assert "Traceback" not in err
+
+
+@pytest.mark.parametrize("command", [["serve", "--grpc-port", "0", "--http-port", "0"],
+                                     ["sidecar", "--port", "0"], ["worker", "--redis-url", "redis://127.0.0.1:1"],
+                                     ["calibrate", "--quick"], ["eval", "--quick"]])
+def test_every_model_command_checks_device_and_dtype(command):
+    proc = run(*command, "--device", "npu", env={"ILRE_DTYPE": "float32"})
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "device: npu needs the torch_npu package" in err and "Traceback" not in err
+    proc = run(*command, env={"ILRE_DTYPE": "double"})  # the environment variable is read too
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "dtype: 'double' is not one of" in err, err
 
 
 def test_batch_keeps_going_past_bad_lines(tmp_path: Path):
