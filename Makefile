@@ -48,8 +48,9 @@ test: setup engine  ## everything: the real-model needle test, the sidecar in fr
 test-fast: setup engine   ## skip the tests marked slow
 	$(PY) -m pytest -q -m "not slow"
 
-bench: setup engine ## latency and peak memory; service load (in-process, Redis); the sidecar vs straight to llama-server
+bench: setup engine ## latency and peak memory; per dtype up to 1M tokens vs the roofline; service load; the sidecar
 	$(PY) bench/compress_bench.py
+	$(PY) bench/speed_bench.py
 	$(PY) bench/service_bench.py
 	$(PY) bench/sidecar_bench.py
 

@@ -1,7 +1,8 @@
 """`make bench`: compress latency and peak RSS per context length on the embedded model.
 
-Each measurement runs in its own process so peak RSS belongs to that measurement alone. The dense
-baseline is the full transformers model (all layers, SDPA attention) prefilling the same context.
+Each measurement runs in its own process so peak RSS belongs to that measurement alone. ilre runs
+with the default --device/--dtype auto; the dense baseline is the full transformers model (all
+layers, SDPA attention, float32) prefilling the same context. Per-dtype numbers: speed_bench.py.
 Usage: bench/compress_bench.py [--lengths 8192,32768,131072] [--dense 8192] [--strategy ilre]
 """
 
@@ -42,7 +43,7 @@ def measure_compress(length: int, strategy: str, layer: int | None) -> dict:
             "tokens_per_s": length / wall, "peak_rss_mib": peak_rss_mib(), "rss_before_mib": base_rss,
             "allocate_share": result.timings_ms.get("allocate", 0.0) / result.timings_ms["total"],
             "dca": result.dca, "needle_kept": all(i in kept for i in range(*sample.needle)),
-            "threads": torch.get_num_threads(), "load_seconds": load_seconds}
+            "threads": torch.get_num_threads(), "load_seconds": load_seconds, "placement": engine.placement.describe()}
 
 
 def measure_dense(length: int) -> dict:
@@ -113,7 +114,9 @@ def main() -> None:
         rows.append(child("dense", length, args.strategy, args.layer))
         print(f"  measured dense prefill at {length} tokens", file=sys.stderr, flush=True)
     threads = next((r["threads"] for r in rows if "threads" in r), "?")
-    print(f"budget 1024, S=4 W=512 chunk=1024, float32 on CPU, {threads} threads; needle = passkey at 50% depth kept whole")
+    placement = next((r["placement"] for r in rows if "placement" in r), "?")
+    print(f"budget 1024, S=4 W=512 chunk=1024, ilre on {placement} (--dtype auto), dense baseline float32, "
+          f"{threads} threads; needle = passkey at 50% depth kept whole")
     print(table(rows))
     loads = [r["load_seconds"] for r in rows if "load_seconds" in r]
     if loads:

@@ -45,6 +45,15 @@ def prefill_flops(spec, l_r: int, length: int, n_query: int, config) -> float:
     return float(dense + attention + scoring)
 
 
+def machine_id() -> str:
+    """CPU model and thread count: rows measured on another machine are not resumed."""
+    import os
+
+    model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                  if line.startswith("model name")), platform.machine())
+    return f"{model}, {os.cpu_count()} cpus"
+
+
 def _reset_peak_rss() -> None:
     Path("/proc/self/clear_refs").write_text("5")  # resets VmHWM to the current RSS
 
@@ -104,7 +113,7 @@ def measure_batch(dtype: str, device: str, n_requests: int = 32, tokens: int = 3
     from ilre.service.api.engine import Engine, EngineConfig
     from ilre.service.api.messages import CompressRequest
 
-    engine = Engine(EngineConfig(dtype=dtype, device=device))
+    engine = Engine(EngineConfig(dtype=dtype, device=device, batch_tokens=16384))  # batching on, whatever the device
     samples = [make_passkey_sample(engine.tokenizer, tokens + (i % 5) * 10, (i % 10) / 10, seed=i) for i in range(n_requests)]
     requests = [CompressRequest(context_ids=s.context_ids, query_ids=s.query_ids, budget=64) for s in samples]
     engine.compress_many(requests[:4])
@@ -143,7 +152,8 @@ def report(rows: list[dict], dtypes: list[str], lengths: list[int]) -> str:
     peaks = {r["dtype"]: r["gflops"] for r in rows if r["kind"] == "peak"}
     found = {(r["dtype"], r["tokens"]): r for r in rows if r["kind"] == "compress"}
     f32 = {t: set(r["kept"]) for (dt, t), r in found.items() if dt == "float32"}
-    lines = [f"machine: {platform.processor() or platform.machine()}, {next((r['threads'] for r in rows if 'threads' in r), '?')} threads; "
+    lines = [f"machine: {next((r['machine'] for r in rows if 'machine' in r), '?')}, "
+             f"{next((r['threads'] for r in rows if 'threads' in r), '?')} torch threads; "
              f"matmul peak (4096^2): " + ", ".join(f"{dt} {peaks[dt]:.0f} GFLOP/s" for dt in dtypes if dt in peaks),
              f"budget {BUDGET}, S=4 W=512 chunk=1024, needle = passkey at 50% depth kept whole",
              "", "| dtype | context | seconds | tokens/s | peak RSS beyond model MiB | GFLOP/s | % of bf16 peak | % of own peak | needle | kept = float32's |",
@@ -197,7 +207,9 @@ def main() -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     if args.fresh and path.exists():
         path.unlink()
+    machine = machine_id()
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+    rows = [r for r in rows if r.get("machine") == machine]
     done = {(r["kind"], r["dtype"], r.get("tokens") if r["kind"] == "compress" else None) for r in rows}
     plan = [("peak", dt, None) for dt in dtypes] + [("compress", dt, t) for dt in dtypes for t in lengths]
     plan += [("batch", dt, None) for dt in dtypes]
@@ -208,6 +220,7 @@ def main() -> None:
         if "error" in row:
             print(f"  {kind} {dtype} {tokens or ''}: error: {row['error']}", file=sys.stderr, flush=True)
             continue
+        row["machine"] = machine
         rows.append(row)
         with path.open("a") as f:
             f.write(json.dumps(row) + "\n")

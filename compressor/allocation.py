@@ -63,11 +63,11 @@ class PoolingAllocator:
         shares = iter(combination_budgets(budget, len(self.max_kernels) * len(self.avg_kernels)))
         for m in self.max_kernels:
             k_m = budget // m + 1
-            pooled = same_length_avg_pools(block_max_pool(scores, m), self.avg_kernels)  # (N_A, ceil(L/m))
-            blocks = _ranked(pooled)[:, :k_m]  # (N_A, K_m)
+            maxed = block_max_pool(scores, m)  # (ceil(L/m),)
             offsets = torch.arange(m, device=scores.device)
-            candidates = (blocks.unsqueeze(-1) * m + offsets).flatten(1)  # (N_A, K_m * m) token indices
-            for row in candidates:  # one iteration per combination, vectorised inside
+            for n in self.avg_kernels:  # one combination at a time, vectorised inside: O(L/m) memory
+                blocks = _ranked(same_length_avg_pools(maxed, (n,))[0])[:k_m]  # (K_m,)
+                row = (blocks.unsqueeze(-1) * m + offsets).flatten()  # (K_m * m,) token indices
                 row = row[row < length]
                 fresh = row[~taken[row]]
                 taken[fresh[: next(shares)]] = True

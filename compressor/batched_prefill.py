@@ -37,7 +37,8 @@ def batched_prefill(
     """contexts[b]: (L_b,) int64 with L_b <= chunk + S; queries[b]: (Lq_b,) int64 ->
     one RetrievalState per request (keys (KV, L_b, d) and queries (H, Lq_b, d) at l_R)."""
     if not all(fits_one_chunk(c.numel(), config) for c in contexts):
-        raise ValueError(f"context: batched prefill takes contexts of at most chunk + sink = {config.chunk + config.sink} tokens")
+        limit = config.chunk + config.sink
+        raise ValueError(f"context: batched prefill takes contexts of at most chunk + sink = {limit} tokens")
     l_r, device = model.n_layers, model.device
     ctx_ids, ctx_len = _padded(contexts, device)  # (B, T), (B,)
     qry_ids, qry_len = _padded(queries, device)  # (B, Tq), (B,)
@@ -59,4 +60,5 @@ def batched_prefill(
         h_c, h_q = layer.finish(h_c, out_c), layer.finish(h_q, out_q)
     top = model.layer(l_r)
     keys, queries_r = top.keys(h_c, cos_c, sin_c), top.queries(h_q, cos_q, sin_q)  # (B, KV, T, d), (B, H, Tq, d)
-    return [RetrievalState(keys={l_r: keys[b, :, :n]}, queries={l_r: queries_r[b, :, :m]}) for b, (n, m) in enumerate(spans)]
+    return [RetrievalState(keys={l_r: keys[b, :, :n]}, queries={l_r: queries_r[b, :, :m]})
+            for b, (n, m) in enumerate(spans)]

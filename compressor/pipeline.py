@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -68,17 +69,25 @@ def select_context(
 
 
 def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config: PrefillConfig,
-                    max_batch_tokens: int = 16384) -> list[Selection]:
-    """`select_context` for every job, equal to running them one by one. Jobs that need attention
-    and whose context is one chunk are prefilled together, shortest first, in groups of at most
-    `max_batch_tokens` padded context tokens; their "prefill" timing is their group's."""
+                    batch_tokens: int = 16384,
+                    done: Callable[[int, Selection], None] | None = None) -> list[Selection]:
+    """`select_context` for every job, equal to running them one by one. With batch_tokens > 0,
+    jobs that need attention and whose context is one chunk are prefilled together, longest first,
+    in groups of at most `batch_tokens` padded context tokens (their "prefill" timing is their
+    group's); the other jobs run one by one. `done(i, selection)` is called as each job finishes."""
     out: list[Selection | None] = [None] * len(jobs)
-    short = [i for i, job in enumerate(jobs) if model is not None and job.strategy.needs_attention
+
+    def finished(i: int, selection: Selection) -> None:
+        out[i] = selection
+        if done is not None:
+            done(i, selection)
+
+    short = [i for i, job in enumerate(jobs) if batch_tokens > 0 and model is not None and job.strategy.needs_attention
              and job.budget < job.context_ids.numel() and fits_one_chunk(job.context_ids.numel(), config)]
     short.sort(key=lambda i: jobs[i].context_ids.numel())
     while short:
         longest = jobs[short[-1]].context_ids.numel()
-        group = short[-max(1, max_batch_tokens // longest):]  # the longest ones, as many as fit
+        group = short[-max(1, batch_tokens // longest):]  # the longest ones, as many as fit
         del short[-len(group):]
         clock = time.perf_counter()
         with torch.inference_mode():
@@ -86,11 +95,11 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
         prefill_ms = _lap(clock)
         for i, state in zip(group, states):
             job = jobs[i]
-            out[i] = _choose(model, state, job.context_ids.numel(), job.budget, job.strategy, config.sink,
-                             {"prefill": prefill_ms})
+            finished(i, _choose(model, state, job.context_ids.numel(), job.budget, job.strategy, config.sink,
+                                {"prefill": prefill_ms}))
     for i, job in enumerate(jobs):
         if out[i] is None:
-            out[i] = select_context(model, job.context_ids, job.query_ids, job.budget, job.strategy, config)
+            finished(i, select_context(model, job.context_ids, job.query_ids, job.budget, job.strategy, config))
     return out  # type: ignore[return-value]
 
 

@@ -139,7 +139,8 @@ class DecoderLayer(nn.Module):
     def qkv(
         self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-        """h: (..., T, D) -> q (..., heads, T, d), k and v (..., kv_heads, T, d); q and k rotated (cos, sin: (..., T, d))."""
+        """h: (..., T, D) -> q (..., heads, T, d), k and v (..., kv_heads, T, d); q and k rotated
+        with cos, sin: (..., T, d)."""
         return self.self_attn.qkv(self.input_layernorm(h), cos, sin)
 
     def keys(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -39,6 +39,9 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-context-tokens", type=int, default=int(os.environ.get("ILRE_MAX_CONTEXT_TOKENS", 1 << 20)),
                         help="reject longer contexts (default 1048576, env ILRE_MAX_CONTEXT_TOKENS)")
     _placement_options(parser)
+    parser.add_argument("--batch-tokens", type=int, default=os.environ.get("ILRE_BATCH_TOKENS") or None,
+                        help="short requests of a queue batch share one prefill, up to this many padded context tokens "
+                        "(default: 16384 on GPUs and NPUs, 0 = off on CPUs; env ILRE_BATCH_TOKENS)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -171,8 +174,10 @@ def _engine(args: argparse.Namespace):
         raise CliError(str(exc)) from None
     if args.max_context_tokens < 1:
         raise CliError(f"max-context-tokens: must be >= 1 (got {args.max_context_tokens})")
+    if args.batch_tokens is not None and args.batch_tokens < 0:
+        raise CliError(f"batch-tokens: must be >= 0 (got {args.batch_tokens})")
     config = EngineConfig(model=args.model, layer=args.layer, prefill=prefill, max_context_tokens=args.max_context_tokens,
-                          device=args.device, dtype=args.dtype)
+                          device=args.device, dtype=args.dtype, batch_tokens=args.batch_tokens)
     try:
         return Engine(config)
     except (FileNotFoundError, KeyError, ValueError) as exc:

@@ -136,31 +136,31 @@ class LocalQueue:
         return True
 
     def _run_batch(self, batch: list[_Job], loop: asyncio.AbstractEventLoop) -> None:
-        """On the engine thread: run the still-wanted jobs as one batch (Engine.compress_many:
-        short requests share a batched prefill) and hand every outcome back."""
+        """On the engine thread: run the still-wanted jobs as one Engine.compress_many batch (short
+        requests may share a batched prefill) and hand each outcome back as soon as it is ready."""
         if self._closing:
             for job in batch:
                 loop.call_soon_threadsafe(_deliver, job.future, ServiceError(Code.UNAVAILABLE, "service: shutting down"))
             return
         jobs = [job for job in batch if self._still_wanted(job)]
-        if not jobs:
-            return
         started = time.monotonic()
-        try:
-            results: list = self.engine.compress_many([job.request for job in jobs])
-        except Exception as exc:  # a bug in the engine: the callers get INTERNAL, the loop goes on
-            log.exception("compress failed")
-            results = [ServiceError(Code.INTERNAL, f"internal: {type(exc).__name__}: {exc}")] * len(jobs)
-        for job, result in zip(jobs, results):
+
+        def ready(i: int, result: CompressResult | InputError) -> None:
+            job = jobs[i]
             if isinstance(result, InputError):
                 outcome: CompressResult | BaseException = ServiceError.from_input(result)
-            elif isinstance(result, CompressResult):
+            else:
                 result.timings_ms["queue"] = round((started - job.accepted) * 1000.0, 3)
                 self.metrics.observe_result(result.timings_ms, result.original_tokens, result.compressed_tokens)
                 outcome = result
-            else:
-                outcome = result
             loop.call_soon_threadsafe(_deliver, job.future, outcome)
+
+        try:
+            self.engine.compress_many([job.request for job in jobs], on_result=ready)
+        except Exception as exc:  # a bug in the engine: the callers still waiting get INTERNAL, the loop goes on
+            log.exception("compress failed")
+            for job in jobs:
+                loop.call_soon_threadsafe(_deliver, job.future, ServiceError(Code.INTERNAL, f"internal: {type(exc).__name__}: {exc}"))
 
     async def close(self) -> None:
         """Stop taking work, fail what is still queued with UNAVAILABLE, stop the loop and thread."""

@@ -15,6 +15,7 @@ read but not yet started is put back on the stream.
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import json
 import logging
 import math
@@ -23,7 +24,7 @@ import socket
 import time
 import uuid
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any
+from typing import Any, Callable
 
 from redis.exceptions import RedisError, ResponseError
 
@@ -170,45 +171,56 @@ class Worker:
                     await self._finish(entry_id, rids[i], None, deadline)
                 else:
                     live.append(i)
-            if not live:
-                return
-            payloads = [(entries[i][0], entries[i][1].get("payload", "")) for i in live]
-            outcomes = await loop.run_in_executor(self._executor, self._compress, payloads)
-            for i, outcome in zip(live, outcomes):
+            writes: list[concurrent.futures.Future] = []
+
+            async def write(i: int, outcome: CompressResult | ServiceError) -> None:
                 entry_id, fields = entries[i]
                 await self._finish(entry_id, rids[i], outcome, _float(fields.get("deadline")))
                 self._inflight.discard(entry_id)
+
+            def ready(k: int, outcome: CompressResult | ServiceError) -> None:  # on the engine thread
+                writes.append(asyncio.run_coroutine_threadsafe(write(live[k], outcome), loop))
+
+            if live:
+                payloads = [(entries[i][0], entries[i][1].get("payload", "")) for i in live]
+                await loop.run_in_executor(self._executor, self._compress, payloads, ready)
+            for done in writes:
+                await asyncio.wrap_future(done)
         finally:  # entries left unfinished (Redis went away) are reclaimed once idle
             self._inflight = set()
 
-    def _compress(self, payloads: list[tuple[str, str]]) -> list[CompressResult | ServiceError]:
-        """On the engine thread: queued requests (entry id, payload) -> their results or errors, as
-        one Engine.compress_many batch (short requests share a batched prefill)."""
+    def _compress(self, payloads: list[tuple[str, str]],
+                  ready: Callable[[int, CompressResult | ServiceError], None]) -> None:
+        """On the engine thread: queued requests (entry id, payload) as one Engine.compress_many
+        batch; `ready(k, outcome)` hands each result or error back as soon as it is known."""
         now_ms = time.time() * 1000.0
-        outcomes: list[CompressResult | ServiceError | None] = [None] * len(payloads)
-        requests, slots = [], []
-        for i, (_, payload) in enumerate(payloads):
-            try:
-                requests.append(_decode(payload))
-                slots.append(i)
-            except InputError as exc:
-                outcomes[i] = ServiceError.from_input(exc)
-        try:
-            results: list = self.engine.compress_many(requests)
-        except Exception as exc:  # a bug: the callers get INTERNAL, the worker goes on
-            log.exception("compress failed")
-            results = [ServiceError(Code.INTERNAL, f"internal: {type(exc).__name__}: {exc}")] * len(requests)
-        for i, result in zip(slots, results):
-            if isinstance(result, InputError):
-                result = ServiceError.from_input(result)
-            elif isinstance(result, CompressResult):
-                result.timings_ms["queue"] = round(max(0.0, now_ms - _float(payloads[i][0].split("-")[0])), 3)
-                self.metrics.observe_result(result.timings_ms, result.original_tokens, result.compressed_tokens)
-            outcomes[i] = result
-        for outcome in outcomes:
+        delivered: set[int] = set()
+
+        def hand_back(k: int, outcome: CompressResult | ServiceError | InputError) -> None:
+            if isinstance(outcome, InputError):
+                outcome = ServiceError.from_input(outcome)
             if isinstance(outcome, ServiceError):
                 self.metrics.errors.labels(outcome.code.value).inc()
-        return outcomes  # type: ignore[return-value]
+            else:
+                outcome.timings_ms["queue"] = round(max(0.0, now_ms - _float(payloads[k][0].split("-")[0])), 3)
+                self.metrics.observe_result(outcome.timings_ms, outcome.original_tokens, outcome.compressed_tokens)
+            delivered.add(k)
+            ready(k, outcome)
+
+        requests, slots = [], []
+        for k, (_, payload) in enumerate(payloads):
+            try:
+                requests.append(_decode(payload))
+                slots.append(k)
+            except InputError as exc:
+                hand_back(k, exc)
+        try:
+            self.engine.compress_many(requests, on_result=lambda j, outcome: hand_back(slots[j], outcome))
+        except Exception as exc:  # a bug: the callers still waiting get INTERNAL, the worker goes on
+            log.exception("compress failed")
+            for k in slots:
+                if k not in delivered:
+                    hand_back(k, ServiceError(Code.INTERNAL, f"internal: {type(exc).__name__}: {exc}"))
 
     async def _finish(self, entry_id: str, rid: str, outcome: CompressResult | ServiceError | None,
                       deadline: float) -> None:

@@ -56,7 +56,7 @@ def test_select_contexts_equals_select_context_and_keeps_order():
              (11, "ilre", 3), (3, "ilre", 1), (30, "snapkv", 7)]
     jobs = [SelectionJob(random_ids(n, seed=i), random_ids(3, seed=100 + i), budget, make_strategy(name))
             for i, (n, name, budget) in enumerate(specs)]
-    together = select_contexts(model("qwen2"), jobs, config, max_batch_tokens=30)  # forces several groups
+    together = select_contexts(model("qwen2"), jobs, config, batch_tokens=30)  # forces several groups
     for job, got in zip(jobs, together):
         alone = select_context(model("qwen2"), job.context_ids, job.query_ids, job.budget, job.strategy, config)
         assert got.kept.tolist() == alone.kept.tolist()

@@ -72,6 +72,7 @@ def test_get_model_info(client, engine):
     assert info.vocab_size == engine.spec.vocab_size and "ilre" in info.strategies
     assert info.queue == "local" and info.max_message_bytes == 16 << 20
     assert info.max_context_tokens == engine.config.max_context_tokens
+    assert (info.device, info.dtype) == ("cpu", engine.placement.dtype_name)
 
 
 def test_async_client(local_service, engine):

@@ -8,6 +8,7 @@ import asyncio
 
 import pytest
 
+from ilre.service.api.engine import Engine, EngineConfig
 from ilre.service.client import AsyncClient
 from ilre.service.api.messages import CompressRequest
 from ilre.service.server import ServiceThread
@@ -58,8 +59,20 @@ def test_load_in_process(engine, wanted):
         assert svc.service.metrics.errors.collect()[0].samples == []
 
 
+def test_load_in_process_with_batched_prefill(wanted):
+    # short requests of one queue batch share a prefill (batch_tokens on, the default on GPUs):
+    # every answer is still exactly the one-by-one answer
+    batched = Engine(EngineConfig(batch_tokens=16384))
+    with ServiceThread(service_config(max_queue=64, max_batch=16, max_wait_ms=20.0), batched) as svc:
+        check(run_load(f"127.0.0.1:{svc.grpc_port}"), wanted)
+        sizes = {s.name: s.value for s in svc.service.metrics.batch_size.collect()[0].samples}
+        assert sizes["ilre_batch_size_sum"] > sizes["ilre_batch_size_count"]  # batches of more than one ran
+
+
 def test_load_through_redis(redis_server, wanted):
-    workers = [WorkerProcess(redis_server.url, "load", f"w{n}", "--max-batch", "8") for n in range(2)]
+    # one worker batches its short requests into one prefill, the other runs them one by one
+    workers = [WorkerProcess(redis_server.url, "load", f"w{n}", "--max-batch", "8", "--batch-tokens", str(16384 * n))
+               for n in range(2)]
     try:
         for worker in workers:
             worker.wait_registered(redis_server.client())

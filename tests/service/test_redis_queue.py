@@ -14,6 +14,7 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from ilre.service.client import AsyncClient, Client, ClientError
+from ilre.service.api.engine import Engine, EngineConfig
 from ilre.service.api.messages import CompressRequest
 from ilre.service.server import ServiceThread
 
@@ -244,3 +245,19 @@ def test_a_stopping_worker_puts_its_unstarted_entries_back(redis_server, engine)
                 results = calls.result()
     assert [comparable(result) for result in results] == wanted
     assert r.xlen("graceful:requests") == 0
+
+
+def test_worker_runs_in_the_dtype_it_is_given(redis_server):
+    # --dtype reaches the worker's model: its model info says so and its answers are float32's
+    worker = WorkerProcess(redis_server.url, "f32", "w-f32", "--dtype", "float32")
+    try:
+        worker.wait_registered(redis_server.client())
+        with ServiceThread(redis_config(redis_server, "f32")) as svc:
+            with Client(f"127.0.0.1:{svc.grpc_port}", timeout=120) as client:
+                info = client.model_info()
+                assert (info.device, info.dtype) == ("cpu", "float32")
+                result = client.compress(context(2), QUERY, budget=40)
+        float32 = Engine(EngineConfig(dtype="float32"))
+        assert comparable(result) == comparable(float32.compress(CompressRequest(context=context(2), query=QUERY, budget=40)))
+    finally:
+        worker.stop()
