@@ -1,0 +1,158 @@
+"""The `ilre` argument parser: one subcommand per run_* function of main.py, options grouped by concern."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from ..api.messages import DCA_MODES
+
+
+def _placement_options(parser: argparse.ArgumentParser) -> None:
+    """--device and --dtype, shared by every command that loads a model (env ILRE_DEVICE, ILRE_DTYPE)."""
+    from ...models.device import DEVICE_HELP, DTYPE_CHOICES
+
+    parser.add_argument("--device", default=os.environ.get("ILRE_DEVICE", "auto"),
+                        help=f"{DEVICE_HELP}: where the model runs (default auto: a GPU or NPU when present; env ILRE_DEVICE)")
+    parser.add_argument("--dtype", default=os.environ.get("ILRE_DTYPE", "auto"),
+                        help=f"{', '.join(DTYPE_CHOICES)} (default auto: bfloat16 on GPUs, NPUs and CPUs with native "
+                        "bfloat16, else float32; env ILRE_DTYPE)")
+
+
+def _engine_options(parser: argparse.ArgumentParser) -> None:
+    budget = parser.add_mutually_exclusive_group()
+    budget.add_argument("--budget", type=int, help="context tokens to keep, sink included (default 1024)")
+    budget.add_argument("--ratio", type=float, help="share of the context tokens to keep, in (0, 1]")
+    parser.add_argument("--model", default=None, help="checkpoint folder, .gguf file or hub id (default: embedded SmolLM2-135M-Instruct)")
+    parser.add_argument("--layer", type=int, default=None, help="retrieval layer l_R (default: the model's profile)")
+    parser.add_argument("--strategy", default=None, help="ilre (default), snapkv, streaming_llm")
+    parser.add_argument("--dca", choices=DCA_MODES, default=None, help="dual chunk attention: auto = on beyond the native window")
+    parser.add_argument("--sink", type=int, default=4, help="S sink tokens (default 4)")
+    parser.add_argument("--window", type=int, default=512, help="W sliding-window tokens below l_R; 0 = unbounded (default 512)")
+    parser.add_argument("--chunk", type=int, default=1024, help="prefill chunk length (default 1024)")
+    parser.add_argument("--max-context-tokens", type=int, default=int(os.environ.get("ILRE_MAX_CONTEXT_TOKENS", 1 << 20)),
+                        help="reject longer contexts (default 1048576, env ILRE_MAX_CONTEXT_TOKENS)")
+    _placement_options(parser)
+    parser.add_argument("--batch-tokens", type=int, default=os.environ.get("ILRE_BATCH_TOKENS") or None,
+                        help="short requests of a queue batch share one prefill, up to this many padded context tokens "
+                        "(default: 16384 on GPUs and NPUs, 0 = off on CPUs; env ILRE_BATCH_TOKENS)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="ilre", description="Compress long prompts by intermediate layer retrieval.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    compress = sub.add_parser("compress", help="compress one context for one query")
+    source = compress.add_mutually_exclusive_group(required=True)
+    source.add_argument("--context", help="the context text")
+    source.add_argument("--context-file", help="file holding the context (UTF-8); - for standard input")
+    compress.add_argument("--query", required=True, help="question plus answer prefix")
+    compress.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    _engine_options(compress)
+    _remote_options(compress)
+    batch = sub.add_parser("batch", help="compress every line of a JSONL file with one loaded model")
+    batch.add_argument("--input", required=True, help="JSONL: {id, context, query, optional budget|ratio|strategy}")
+    batch.add_argument("--output", required=True, help="JSONL results, one line per input line, same order")
+    _engine_options(batch)
+    demo = sub.add_parser("demo", help="compress a generated long document with a planted fact and report")
+    demo.add_argument("--tokens", type=int, default=16000, help="length of the generated document")
+    _engine_options(demo)
+    serve = sub.add_parser("serve", help="run the gRPC + HTTP service (in-process queue, or Redis with --redis-url)")
+    _service_options(serve)
+    _engine_options(serve)
+    sidecar = sub.add_parser("sidecar", help="an engine's own HTTP API (SGLang, vLLM/OpenAI, llama.cpp) with long prompts compressed")
+    _sidecar_options(sidecar)
+    _engine_options(sidecar)
+    worker = sub.add_parser("worker", help="serve requests queued on Redis by `ilre serve --redis-url`")
+    _queue_options(worker)
+    worker.add_argument("--claim-idle-ms", type=int, help="reclaim entries of a worker silent this long (default 30000)")
+    worker.add_argument("--max-attempts", type=int, help="deliveries before a request goes to the dead letters (default 3)")
+    worker.add_argument("--name", help="consumer name in the group (default host-pid-random)")
+    worker.add_argument("--metrics-port", type=int, help="serve this worker's Prometheus metrics on this port")
+    worker.add_argument("--host", help="address of --metrics-port (default 127.0.0.1, env ILRE_HOST)")
+    _engine_options(worker)
+    calibrate = sub.add_parser("calibrate", help="find the model's retrieval layer l_R and write its profile")
+    calibrate.add_argument("--model", default=None, help="checkpoint folder, .gguf file or hub id (default: embedded)")
+    calibrate.add_argument("--lengths", default=None, help="context lengths, comma-separated (default 2048,6144)")
+    calibrate.add_argument("--digits", default=None, help="passkey lengths in digits (default 8,32)")
+    calibrate.add_argument("--depths", type=int, default=None, help="needle depths: equal segments (default 20)")
+    calibrate.add_argument("--budget", type=int, default=None, help="tokens kept (default 1024)")
+    calibrate.add_argument("--quick", action="store_true", help="a small grid for a smoke run")
+    calibrate.add_argument("--profile-dir", default=None, help="where to write the profile (default models/profiles)")
+    calibrate.add_argument("--plots", default="docs/calibration", help="folder for the heatmaps ('' = none)")
+    _placement_options(calibrate)
+    evaluate = sub.add_parser("eval", help="RULER-style retention and end-to-end table of every strategy -> docs/results.md")
+    evaluate.add_argument("--quick", action="store_true", help="2 tasks x 1 sample x 4K, 4 strategies, short generations (minutes)")
+    evaluate.add_argument("--tasks", help="comma-separated RULER tasks (default: all 11)")
+    evaluate.add_argument("--lengths", help="comma-separated lengths, e.g. 4K,16K,128K (default 4K..128K)")
+    evaluate.add_argument("--strategies", help="comma-separated: full, ilre, ilre_nodca, snapkv, streaming_llm, rag, llmlingua, longllmlingua")
+    evaluate.add_argument("--samples", type=int, help="samples per task and length")
+    evaluate.add_argument("--budget", type=int, help="context tokens kept by every strategy (default 1024)")
+    evaluate.add_argument("--seed", type=int, help="generator seed (default 0)")
+    evaluate.add_argument("--no-e2e", action="store_true", help="retention only, no generation")
+    evaluate.add_argument("--max-new-tokens", type=int, help="cap on RULER's generation length (0 = RULER's)")
+    evaluate.add_argument("--full-max-length", type=int, help="longest length for full-context generation (0 = no cap)")
+    evaluate.add_argument("--lingua-max-length", type=int, help="longest length for LLMLingua (0 = no cap)")
+    evaluate.add_argument("--model", default=None, help="checkpoint folder, .gguf file or hub id (default: embedded)")
+    evaluate.add_argument("--results-dir", help="raw JSONL + meta (default results/eval, results/eval-quick with --quick)")
+    evaluate.add_argument("--output", help="the results page (default docs/results.md; with --quick, RESULTS_DIR/results.md)")
+    evaluate.add_argument("--report-only", action="store_true", help="only regenerate the page from the raw results")
+    evaluate.add_argument("--fresh", action="store_true", help="discard earlier raw results instead of resuming")
+    _placement_options(evaluate)
+    return parser
+
+
+def _remote_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--server", help="HOST:PORT of a running `ilre serve`: compress there instead of loading a model here")
+    parser.add_argument("--api-key", help="API key for --server (default env ILRE_API_KEY)")
+    parser.add_argument("--tls-ca", help="PEM CA of the server's certificate (turns TLS on)")
+    parser.add_argument("--tls-cert", help="PEM client certificate, for mutual TLS")
+    parser.add_argument("--tls-key", help="PEM client key, for mutual TLS")
+    parser.add_argument("--timeout", type=float, default=300.0, help="deadline of the call in seconds (default 300)")
+
+
+def _queue_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--redis-url", help="redis://HOST:PORT/DB: queue on Redis (env ILRE_REDIS_URL)")
+    parser.add_argument("--redis-prefix", help="key prefix on Redis (default ilre)")
+    parser.add_argument("--max-batch", type=int, help="requests per batch (default 8)")
+    parser.add_argument("--max-wait-ms", type=float, help="how long a batch waits to fill up (default 5)")
+    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
+
+
+def _service_options(parser: argparse.ArgumentParser) -> None:
+    """Service settings; each also reads ILRE_<NAME> (see service/config.py), the flag wins."""
+    parser.add_argument("--host", help="listen address (default 127.0.0.1; 0.0.0.0 in containers)")
+    parser.add_argument("--grpc-port", type=int, help="gRPC port (default 50051; 0 = any free port)")
+    parser.add_argument("--http-port", type=int, help="HTTP port: health, metrics, JSON (default 8080)")
+    _queue_options(parser)
+    parser.add_argument("--max-queue", type=int, help="accepted unfinished requests before RESOURCE_EXHAUSTED (default 256)")
+    parser.add_argument("--request-timeout", type=float, help="deadline of requests that bring none, in s (default 300)")
+    parser.add_argument("--max-message-bytes", type=int, help="largest gRPC message / HTTP body (default 16 MiB)")
+    parser.add_argument("--api-keys-file", help="accepted API keys, one per line (also env ILRE_API_KEYS)")
+    parser.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (with --tls-key)")
+    parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    parser.add_argument("--tls-client-ca", help="PEM CA of client certificates: mutual TLS")
+    parser.add_argument("--shutdown-grace", type=float, help="seconds in-flight calls get on SIGTERM (default 10)")
+
+
+def _sidecar_options(parser: argparse.ArgumentParser) -> None:
+    """Sidecar settings; each also reads ILRE_<NAME> (see SidecarConfig in service/config.py)."""
+    from ..config import ENGINE_APIS, FORWARD_MODES
+
+    parser.add_argument("--engine-url", help="the engine's base URL (env ILRE_ENGINE_URL; default http://127.0.0.1:30000)")
+    parser.add_argument("--engine-api", choices=ENGINE_APIS, help="the engine's API (env ILRE_ENGINE_API; default sglang; "
+                        "openai = vLLM or any OpenAI-compatible server)")
+    parser.add_argument("--forward", choices=FORWARD_MODES, help="send the engine token IDs or text; auto = IDs when its "
+                        "tokenizer is ours (env ILRE_FORWARD; default auto)")
+    parser.add_argument("--engine-timeout", type=float, help="deadline of a request without x-request-timeout: "
+                        "compression plus the engine's answer, in s (default 600)")
+    parser.add_argument("--connect-timeout", type=float, help="connecting to the engine, in s (default 5)")
+    parser.add_argument("--query-tokens", type=int, help="plain prompts: the last N tokens are the query (default 64)")
+    parser.add_argument("--host", help="listen address (default 127.0.0.1; 0.0.0.0 in containers)")
+    parser.add_argument("--port", type=int, help="listen port (env ILRE_HTTP_PORT; default 8080)")
+    _queue_options(parser)
+    parser.add_argument("--max-queue", type=int, help="accepted unfinished compressions before 429 (default 256)")
+    parser.add_argument("--max-message-bytes", type=int, help="largest request body (default 16 MiB)")
+    parser.add_argument("--api-keys-file", help="accepted API keys, one per line (also env ILRE_API_KEYS)")
+    parser.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (with --tls-key)")
+    parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
+    parser.add_argument("--shutdown-grace", type=float, help="seconds in-flight requests get on SIGTERM (default 10)")
