@@ -1,6 +1,8 @@
 """One compression: token ids in, kept context indices out (the data path of the design).
 
-`select_context` runs one request; `select_contexts` runs many, sending those whose context is a
+`select_context` runs one request as two steps: `encode_context` (the query-independent prefill
+of the context) and `select` (the query chunk, scores, allocation), so an encoded context can
+serve several queries. `select_contexts` runs many requests, sending those whose context is a
 single prefill chunk through one batched prefill (compressor/batched_prefill.py) and the rest one
 by one. Scores and allocations stay on the model's device; only the kept indices come back.
 """
@@ -16,7 +18,7 @@ import torch
 from ..kernels.query_scores import query_key_scores
 from ..models.llama import TruncatedLM
 from .batched_prefill import batched_prefill, fits_one_chunk
-from .prefill import PrefillConfig, RetrievalState, streaming_prefill
+from .prefill import ContextState, PrefillConfig, RetrievalState, encode_context, prefill_query
 from .strategies import ScoreInputs, Strategy
 
 
@@ -48,7 +50,7 @@ def select_context(
     strategy: Strategy,
     config: PrefillConfig,
 ) -> Selection:
-    """Choose at most `budget` context tokens for the query.
+    """Choose at most `budget` context tokens for the query: encode_context, then `select`.
 
     context_ids: (L,) int64, query_ids: (Lq,) int64. The first S (sink) tokens are always kept
     and count against the budget; the strategy allocates the other budget - S among the rest.
@@ -57,15 +59,29 @@ def select_context(
     length = context_ids.numel()
     if length <= budget:
         return Selection(torch.arange(length), passthrough=True)
+    if not strategy.needs_attention:
+        return _choose(None, None, length, budget, strategy, config.sink, {})
+    if model is None:
+        raise ValueError(f"strategy: {strategy.name} needs a model")
     clock = time.perf_counter()
-    state = None
     with torch.inference_mode():
-        if strategy.needs_attention:
-            if model is None:
-                raise ValueError(f"strategy: {strategy.name} needs a model")
-            state = streaming_prefill(model, context_ids, query_ids, config)
-    timings = {"prefill": _lap(clock)} if state is not None else {}
-    return _choose(model, state, length, budget, strategy, config.sink, timings)
+        state = encode_context(model, context_ids, config)
+    return select(model, state, query_ids, budget, strategy, {"prefill": _lap(clock)})
+
+
+def select(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor, budget: int, strategy: Strategy,
+           timings: dict[str, float] | None = None) -> Selection:
+    """The query-dependent part: the query chunk against an encoded context, scoring, allocation.
+    Any number of queries may be selected from one ContextState, one after another; `timings`
+    (ms so far, e.g. the context's "prefill") are carried into the Selection."""
+    timings = dict(timings or {})
+    if state.length <= budget:
+        return Selection(torch.arange(state.length), timings, passthrough=True)
+    clock = time.perf_counter()
+    with torch.inference_mode():
+        retrieval = prefill_query(model, state, query_ids)
+    timings["prefill"] = round(timings.get("prefill", 0.0) + _lap(clock), 3)
+    return _choose(model, retrieval, state.length, budget, strategy, state.config.sink, timings)
 
 
 def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config: PrefillConfig,

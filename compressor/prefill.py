@@ -7,7 +7,9 @@ Data flow for one request, all on one device:
   layer l_R:       only K is computed for context chunks, written into a preallocated
                    (kv_heads, L, d) cache per score layer
   query ids (Lq,) -> one more chunk through the same layers; its Q is taken at each score layer
-The prefill knows nothing about strategies: it returns keys and queries, a strategy scores them.
+`encode_context` runs the context chunks into a ContextState (query-independent: the keys and the
+window caches at the end of the context); `prefill_query` runs a query against it, as often as
+wanted. The prefill knows nothing about strategies: it returns keys and queries, a strategy scores them.
 """
 
 from __future__ import annotations
@@ -89,6 +91,9 @@ class WindowCache:
             self.k[:, : self.n_sink] = rerotate(self.sink_raw, inv_freq, sink_shift)
             self.sink_shift = sink_shift
         prefix, n = self.sink + self.window, k.shape[1]
+        if prefix + n > self.k.shape[1]:  # a query longer than the slot: widen it, keeping the prefix
+            self.k = torch.cat((self.k[:, :prefix], torch.zeros_like(self.k[:, :1]).expand(-1, n, -1)), dim=1)
+            self.v = torch.cat((self.v[:, :prefix], torch.zeros_like(self.v[:, :1]).expand(-1, n, -1)), dim=1)
         self.k[:, prefix : prefix + n] = k
         self.v[:, prefix : prefix + n] = v
         visible = None
@@ -120,6 +125,64 @@ class WindowCache:
         self.n_window = min(self.window, self.n_window + n)
 
 
+@dataclass
+class ContextState:
+    """The query-independent part of the prefill, as it stands at the end of the context.
+
+    keys[l]: (kv_heads, L, d) context keys at each score layer l (re-rotated if DCA); caches[l-1]:
+    the sink and window K/V of layer l < top, ready for one more chunk; length: L; n_chunks: N_C.
+    Any number of queries can be run against it one after another (`prefill_query`); a query pass
+    uses the caches' chunk slot as scratch, so two passes must not run on one state at once.
+    """
+
+    length: int
+    n_chunks: int
+    config: PrefillConfig
+    keys: dict[int, torch.Tensor]
+    caches: list[WindowCache]
+
+    @property
+    def nbytes(self) -> int:
+        """Memory held: the key caches and the window buffers."""
+        tensors = list(self.keys.values()) + [t for c in self.caches for t in (c.k, c.v)]
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def encode_context(
+    model: TruncatedLM, context_ids: torch.Tensor, config: PrefillConfig, score_layers: tuple[int, ...] | None = None
+) -> ContextState:
+    """The context chunks of the streaming prefill: context_ids (L,) int64 -> ContextState.
+
+    score_layers: 1-based layers whose context keys are kept (default: l_R, the model's last layer).
+    DCA (eq. 7): at score layers the keys of chunk i < N_C - 1 are moved to chunk N_C - 1's start,
+    so every query-key distance stays under two chunk lengths.
+    """
+    l_r = model.n_layers
+    score_layers = tuple(sorted(set(score_layers or (l_r,))))
+    if score_layers[-1] > l_r or score_layers[0] < 1:
+        raise ValueError(f"layer: score layers must be within 1..{l_r} (got {score_layers})")
+    length, spec = context_ids.numel(), model.spec
+    keys = {l: torch.empty(spec.num_kv_heads, length, spec.head_dim, dtype=model.dtype, device=model.device)
+            for l in score_layers}
+    bounds = chunk_bounds(length, config)
+    caches = [WindowCache(config, length, config.chunk, model) for _ in range(score_layers[-1] - 1)]
+    state = ContextState(length, len(bounds), config, keys, caches)
+    base = bounds[-2][0] if len(bounds) >= 2 else 0  # start of chunk N_C - 1 (eq. 7 anchor)
+    for index, (start, end) in enumerate(bounds):
+        key_shift = base - start if config.dca and index < len(bounds) - 2 else 0
+        _through_layers(model, state, context_ids[start:end], start, index, key_shift, None)
+    return state
+
+
+def prefill_query(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor) -> RetrievalState:
+    """The query as one more chunk after the context: query_ids (Lq,) int64 -> the context keys
+    and the query states (heads, Lq, d) at every score layer. The query keeps its natural positions
+    L, L+1, ... right after the context."""
+    queries: dict[int, torch.Tensor] = {}
+    _through_layers(model, state, query_ids, state.length, state.n_chunks, 0, queries)
+    return RetrievalState(keys=state.keys, queries=queries)
+
+
 def streaming_prefill(
     model: TruncatedLM,
     context_ids: torch.Tensor,
@@ -127,57 +190,43 @@ def streaming_prefill(
     config: PrefillConfig,
     score_layers: tuple[int, ...] | None = None,
 ) -> RetrievalState:
-    """Run the streaming chunked prefill of ILRe over context then query.
+    """Run the streaming chunked prefill of ILRe over context then query (encode_context, then
+    prefill_query). context_ids: (L,) int64; query_ids: (Lq,) int64; score_layers: 1-based layers
+    whose context keys and query states are wanted (default l_R). One pass serves them all, which
+    is how calibration scores every layer at once."""
+    return prefill_query(model, encode_context(model, context_ids, config, score_layers), query_ids)
 
-    context_ids: (L,) int64; query_ids: (Lq,) int64; score_layers: 1-based layers whose context keys
-    and query states are wanted (default: the model's last layer, l_R). One pass serves them all,
-    which is how calibration scores every layer at once.
-    DCA: from the third chunk on, layers < l_R see the sink keys moved forward by (i-2) chunk
-    lengths (eq. 6); at score layers the keys of chunk i < N_C - 1 are moved to chunk N_C - 1's
-    start (eq. 7), so every query-key distance stays under two chunk lengths. The query keeps its
-    natural positions L, L+1, ... right after the context.
-    """
-    l_r = model.n_layers
-    score_layers = tuple(sorted(set(score_layers or (l_r,))))
-    if score_layers[-1] > l_r or score_layers[0] < 1:
-        raise ValueError(f"layer: score layers must be within 1..{l_r} (got {score_layers})")
-    length = context_ids.numel()
-    spec = model.spec
-    device, dtype = model.device, model.dtype
-    keys = {l: torch.empty(spec.num_kv_heads, length, spec.head_dim, dtype=dtype, device=device) for l in score_layers}
-    queries: dict[int, torch.Tensor] = {}
-    bounds = chunk_bounds(length, config)
-    slot = max(config.chunk, query_ids.numel())
-    base = bounds[-2][0] if len(bounds) >= 2 else 0  # start of chunk N_C - 1 (eq. 7 anchor)
-    top = score_layers[-1]  # layers above the highest score layer are never needed
-    caches = [WindowCache(config, length, slot, model) for _ in range(top - 1)]
-    segments = [(a, b, i) for i, (a, b) in enumerate(bounds)] + [(length, length + query_ids.numel(), len(bounds))]
-    for start, end, index in segments:
-        is_query = index == len(bounds)
-        ids = query_ids if is_query else context_ids[start:end]
-        cos, sin = model.rope(torch.arange(start, end, device=device))
-        sink_shift = (index - 1) * config.chunk if config.dca and index >= 2 else 0  # eq. 6
-        key_shift = base - start if config.dca and not is_query and index < len(bounds) - 2 else 0  # eq. 7
-        h = model.embed(ids.to(device))  # (T, D)
-        for l in range(1, top + 1):
-            layer = model.layer(l)
-            if l == l_r:  # retrieval layer: q for the query, k for the context, nothing else
-                if is_query:
-                    queries[l] = layer.queries(h, cos, sin)
-                else:
-                    keys[l][:, start:end] = rerotate(layer.keys(h, cos, sin), model.inv_freq, key_shift)
-                break
-            q, k, v = layer.qkv(h, cos, sin)  # (H, T, d), (KV, T, d), (KV, T, d)
-            if l in keys:
-                if is_query:
-                    queries[l] = q
-                else:
-                    keys[l][:, start:end] = rerotate(k, model.inv_freq, key_shift)
-            if l == top:
-                break
-            cache = caches[l - 1]
-            out = cache.attend(q, k, v, sink_shift, model.inv_freq)
-            if not is_query:
-                cache.append(k, v, first=index == 0)
-            h = layer.finish(h, out)
-    return RetrievalState(keys=keys, queries=queries)
+
+def _through_layers(model: TruncatedLM, state: ContextState, ids: torch.Tensor, start: int, index: int,
+                    key_shift: int, queries: dict[int, torch.Tensor] | None) -> None:
+    """One chunk (ids (T,) at positions start.., chunk number `index`) through layers 1..top.
+    A context chunk (queries None) writes its keys and updates the window caches; the query chunk
+    (index N_C) fills `queries` and leaves the state as it was.
+    DCA (eq. 6): from the third chunk on, layers < l_R see the sink keys moved forward by (i-2)
+    chunk lengths."""
+    config, device, l_r, top = state.config, model.device, model.n_layers, max(state.keys)
+    end = start + ids.numel()
+    cos, sin = model.rope(torch.arange(start, end, device=device))
+    sink_shift = (index - 1) * config.chunk if config.dca and index >= 2 else 0  # eq. 6
+    h = model.embed(ids.to(device))  # (T, D)
+    for l in range(1, top + 1):
+        layer = model.layer(l)
+        if l == l_r:  # retrieval layer: q for the query, k for the context, nothing else
+            if queries is not None:
+                queries[l] = layer.queries(h, cos, sin)
+            else:
+                state.keys[l][:, start:end] = rerotate(layer.keys(h, cos, sin), model.inv_freq, key_shift)
+            return
+        q, k, v = layer.qkv(h, cos, sin)  # (H, T, d), (KV, T, d), (KV, T, d)
+        if l in state.keys:
+            if queries is not None:
+                queries[l] = q
+            else:
+                state.keys[l][:, start:end] = rerotate(k, model.inv_freq, key_shift)
+        if l == top:
+            return
+        cache = state.caches[l - 1]
+        out = cache.attend(q, k, v, sink_shift, model.inv_freq)
+        if queries is None:
+            cache.append(k, v, first=index == 0)
+        h = layer.finish(h, out)

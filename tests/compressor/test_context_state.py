@@ -1,0 +1,60 @@
+"""One encoded context, many queries: encode_context + select against select_context per query."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pytest
+import torch
+
+from ilre.compressor.pipeline import select, select_context
+from ilre.compressor.prefill import PrefillConfig, encode_context, prefill_query, streaming_prefill
+from ilre.compressor.strategies import make_strategy
+from ilre.models.loader import load_truncated
+from tests.tiny_models import N_LAYERS, random_ids, single_thread, tiny_checkpoint  # noqa: F401
+
+CONFIGS = [PrefillConfig(sink=2, window=5, chunk=7), PrefillConfig(sink=2, window=5, chunk=7, dca=True),
+           PrefillConfig(sink=3, window=None, chunk=6)]
+
+
+@lru_cache(maxsize=None)
+def model(kind: str = "qwen3"):
+    return load_truncated(tiny_checkpoint(kind), N_LAYERS)
+
+
+def snapshot(state) -> list[torch.Tensor]:
+    """Everything a later query reads: the keys, each cache's sink (as stored: the buffer's copy is
+    re-rotated for each chunk under DCA) and its window ring."""
+    rings = [slice(c.sink, c.sink + c.window) for c in state.caches]
+    return ([k.clone() for k in state.keys.values()] + [c.sink_raw.clone() for c in state.caches]
+            + [c.v[:, : c.n_sink].clone() for c in state.caches]
+            + [t[:, ring].clone() for c, ring in zip(state.caches, rings) for t in (c.k, c.v)])
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_queries_against_one_encoded_context_equal_fresh_prefills(config):
+    context = random_ids(45, seed=1)
+    queries = [random_ids(n, seed=10 + n) for n in (3, 1, 12, 4)]  # 12 > chunk: the slot grows
+    state = encode_context(model(), context, config, score_layers=(2, N_LAYERS))
+    before = snapshot(state)
+    for query in queries:
+        got = prefill_query(model(), state, query)
+        fresh = streaming_prefill(model(), context, query, config, score_layers=(2, N_LAYERS))
+        for layer in (2, N_LAYERS):
+            torch.testing.assert_close(got.queries[layer], fresh.queries[layer], atol=0, rtol=0)
+            torch.testing.assert_close(got.keys[layer], fresh.keys[layer], atol=0, rtol=0)
+    for kept, now in zip(before, snapshot(state)):
+        assert torch.equal(kept, now)  # a query pass leaves the encoded context as it was
+
+
+@pytest.mark.parametrize("strategy", ["ilre", "snapkv"])
+def test_select_from_one_context_equals_select_context(strategy):
+    config = PrefillConfig(sink=2, window=5, chunk=7, dca=True)
+    context = random_ids(60, seed=2)
+    state = encode_context(model("llama"), context, config)
+    for seed, budget in ((20, 9), (21, 17), (22, 30), (23, 60)):
+        query = random_ids(4, seed=seed)
+        got = select(model("llama"), state, query, budget, make_strategy(strategy))
+        alone = select_context(model("llama"), context, query, budget, make_strategy(strategy), config)
+        assert got.kept.tolist() == alone.kept.tolist() and got.passthrough == alone.passthrough
+    assert state.nbytes > 0
