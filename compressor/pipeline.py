@@ -49,12 +49,14 @@ def select_context(
     budget: int,
     strategy: Strategy,
     config: PrefillConfig,
+    encoded: Callable[[], ContextState] | None = None,
 ) -> Selection:
     """Choose at most `budget` context tokens for the query: encode_context, then `select`.
 
     context_ids: (L,) int64, query_ids: (Lq,) int64. The first S (sink) tokens are always kept
     and count against the budget; the strategy allocates the other budget - S among the rest.
-    `model` may be None for strategies that do not need attention.
+    `model` may be None for strategies that do not need attention. `encoded` supplies the
+    context's ContextState instead of encoding it (a document cache); it runs only when needed.
     """
     length = context_ids.numel()
     if length <= budget:
@@ -65,7 +67,7 @@ def select_context(
         raise ValueError(f"strategy: {strategy.name} needs a model")
     clock = time.perf_counter()
     with torch.inference_mode():
-        state = encode_context(model, context_ids, config)
+        state = encoded() if encoded is not None else encode_context(model, context_ids, config)
     return select(model, state, query_ids, budget, strategy, {"prefill": _lap(clock)})
 
 
@@ -77,6 +79,9 @@ def select(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor, bud
     timings = dict(timings or {})
     if state.length <= budget:
         return Selection(torch.arange(state.length), timings, passthrough=True)
+    if not strategy.needs_query:  # scores from the context alone: computed once, memoised on the state
+        return _choose(model, RetrievalState(state.keys, {}), state.length, budget, strategy, state.config.sink,
+                       timings, memo=state.scores)
     clock = time.perf_counter()
     with torch.inference_mode():
         retrieval = prefill_query(model, state, query_ids)
@@ -120,15 +125,20 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
 
 
 def _choose(model: TruncatedLM | None, state: RetrievalState | None, length: int, budget: int, strategy: Strategy,
-            sink: int, timings: dict[str, float]) -> Selection:
-    """Score (A^C at l_R when there is a prefill state) and allocate: the sink + budget - S tokens."""
+            sink: int, timings: dict[str, float], memo: dict[str, torch.Tensor] | None = None) -> Selection:
+    """Score (A^C at l_R when the state holds the query) and allocate: the sink + budget - S tokens.
+    `memo`: where a query-agnostic strategy's scores for this context are kept between queries."""
     clock = time.perf_counter()
     with torch.inference_mode():
-        attention = None
-        if state is not None and model is not None:
-            layer = model.n_layers
-            attention = query_key_scores(state.queries[layer], state.keys[layer])
-        scores = strategy.score(ScoreInputs(length=length, attention=attention, state=state))
+        scores = memo.get(strategy.memo_key) if memo is not None else None
+        if scores is None:
+            attention = None
+            if state is not None and model is not None and state.queries:
+                layer = model.n_layers
+                attention = query_key_scores(state.queries[layer], state.keys[layer])
+            scores = strategy.score(ScoreInputs(length=length, attention=attention, state=state))
+            if memo is not None:
+                memo[strategy.memo_key] = scores
         timings["score"] = _lap(clock)
         clock = time.perf_counter()
         sink = min(sink, budget)

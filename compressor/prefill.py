@@ -14,7 +14,7 @@ wanted. The prefill knows nothing about strategies: it returns keys and queries,
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -133,6 +133,7 @@ class ContextState:
     the sink and window K/V of layer l < top, ready for one more chunk; length: L; n_chunks: N_C.
     Any number of queries can be run against it one after another (`prefill_query`); a query pass
     uses the caches' chunk slot as scratch, so two passes must not run on one state at once.
+    scores: (L,) scores of query-agnostic strategies, memoised by `Strategy.memo_key`.
     """
 
     length: int
@@ -140,12 +141,49 @@ class ContextState:
     config: PrefillConfig
     keys: dict[int, torch.Tensor]
     caches: list[WindowCache]
+    scores: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
-        """Memory held: the key caches and the window buffers."""
-        tensors = list(self.keys.values()) + [t for c in self.caches for t in (c.k, c.v)]
+        """Memory held: the key caches, the window buffers and the memoised scores."""
+        tensors = (list(self.keys.values()) + [t for c in self.caches for t in (c.k, c.v)]
+                   + list(self.scores.values()))
         return sum(t.numel() * t.element_size() for t in tensors)
+
+    def to_tensors(self) -> dict[str, torch.Tensor]:
+        """What a later query reads, as named contiguous tensors (a document store saves them):
+        "meta" (length, n_chunks); "keys.{l}" (kv_heads, L, d); per cache i below l_R
+        "cache.{i}.k|v" (kv_heads, S + W, d), "cache.{i}.sink_raw" and "cache.{i}.counters"
+        (n_sink, n_window, ring_at, sink_shift). Memoised scores are left out (cheap to redo)."""
+        out = {"meta": torch.tensor([self.length, self.n_chunks], dtype=torch.int64)}
+        out.update({f"keys.{layer}": k.contiguous() for layer, k in self.keys.items()})
+        for i, cache in enumerate(self.caches):
+            prefix = cache.sink + cache.window
+            out[f"cache.{i}.k"] = cache.k[:, :prefix].contiguous()
+            out[f"cache.{i}.v"] = cache.v[:, :prefix].contiguous()
+            out[f"cache.{i}.sink_raw"] = cache.sink_raw.contiguous()
+            shift = -1 if cache.sink_shift is None else cache.sink_shift
+            out[f"cache.{i}.counters"] = torch.tensor([cache.n_sink, cache.n_window, cache.ring_at, shift])
+        return out
+
+    @classmethod
+    def from_tensors(cls, model: TruncatedLM, config: PrefillConfig, tensors: dict[str, torch.Tensor]) -> "ContextState":
+        """The inverse of `to_tensors`, placed on the model's device and dtype. `config` must be the
+        one the state was encoded with (a document store keys states by it)."""
+        length, n_chunks = (int(x) for x in tensors["meta"].tolist())
+        place = {"device": model.device, "dtype": model.dtype}
+        keys = {int(name.split(".")[1]): t.to(**place) for name, t in tensors.items() if name.startswith("keys.")}
+        caches = []
+        while f"cache.{len(caches)}.k" in tensors:
+            i, cache = len(caches), WindowCache(config, length, config.chunk, model)
+            prefix = cache.sink + cache.window
+            cache.k[:, :prefix] = tensors[f"cache.{i}.k"].to(**place)
+            cache.v[:, :prefix] = tensors[f"cache.{i}.v"].to(**place)
+            cache.sink_raw = tensors[f"cache.{i}.sink_raw"].to(**place)
+            cache.n_sink, cache.n_window, cache.ring_at, shift = (int(x) for x in tensors[f"cache.{i}.counters"].tolist())
+            cache.sink_shift = None if shift < 0 else shift
+            caches.append(cache)
+        return cls(length, n_chunks, config, keys, caches)
 
 
 def encode_context(

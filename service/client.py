@@ -3,8 +3,11 @@
     with Client("127.0.0.1:50051") as client:
         result = client.compress(context=long_text, query="Question: ...? Answer:", budget=1024)
         result.token_ids, result.compressed_context
+        again = client.compress(document_id=result.document_id, query="Question: ...", budget=1024)
+        many = client.compress_queries(long_text, ["Question: a?", "Question: b?"], budget=1024)
 
-Results are `messages.CompressResult` (the JSON contract); failures raise `ClientError` with the
+Results are `messages.CompressResult` (the JSON contract), CompressResults for several queries
+(document_id + one result per query); failures raise `ClientError` with the
 gRPC status name, the server's message ("budget: must be a positive integer (got 0)") and the field.
 """
 
@@ -16,9 +19,9 @@ from typing import Any
 
 import grpc
 
-from .transport.convert import dict_to_request, pb, pb_grpc, result_from_proto, stream_parts
+from .transport.convert import dict_to_request, pb, pb_grpc, result_from_proto, results_from_proto, stream_parts
 from .api.info import ModelInfo
-from .api.messages import CompressResult
+from .api.messages import CompressResult, CompressResults
 
 DEFAULT_TIMEOUT_S = 300.0
 STREAM_PIECE = 1 << 20  # characters (or token IDs) per CompressStream message
@@ -75,14 +78,17 @@ def _pem(value: Pem | None) -> bytes | None:
     return Path(value).read_bytes()
 
 
-def _fields(context: str | list[int] | None, query: str | list[int] | None, extra: dict[str, Any]) -> dict[str, Any]:
-    """Contract fields: a list for context/query means token IDs."""
+def _fields(context: str | list[int] | None, query: str | list[int] | None, extra: dict[str, Any],
+            queries: list[str] | list[list[int]] | None = None) -> dict[str, Any]:
+    """Contract fields: a list for context/query means token IDs, and so do lists in `queries`."""
     data = dict(extra)
     for name, value in (("context", context), ("query", query)):
         if isinstance(value, list):
             data[f"{name}_ids"] = value
         elif value is not None:
             data[name] = value
+    if queries is not None:
+        data["queries_ids" if queries and isinstance(queries[0], list) else "queries"] = queries
     return data
 
 
@@ -99,9 +105,16 @@ class Client:
 
     def compress(self, context: str | list[int] | None = None, query: str | list[int] | None = None, *,
                  timeout: float | None = None, **fields: Any) -> CompressResult:
-        """One request; fields: id, budget | ratio, strategy, strategy_options, dca, layer."""
+        """One request; fields: id, document_id (instead of context), budget | ratio, strategy,
+        strategy_options, dca, layer."""
         request = dict_to_request(_fields(context, query, fields))
         return self._call(self._stub.Compress, request, timeout)
+
+    def compress_queries(self, context: str | list[int] | None = None, queries: list[str] | list[list[int]] | None = None,
+                         *, timeout: float | None = None, **fields: Any) -> CompressResults:
+        """Several queries of one context (or document_id=...): one prefill, one result per query."""
+        request = dict_to_request(_fields(context, None, fields, queries))
+        return self._call(self._stub.CompressQueries, request, timeout, results_from_proto)
 
     def compress_stream(self, context: str | list[int] | None = None, query: str | list[int] | None = None, *,
                         timeout: float | None = None, piece: int = STREAM_PIECE, **fields: Any) -> CompressResult:
@@ -109,12 +122,12 @@ class Client:
         parts = stream_parts(_fields(context, query, fields), piece)
         return self._call(self._stub.CompressStream, parts, timeout)
 
-    def _call(self, method: Any, request: Any, timeout: float | None) -> CompressResult:
+    def _call(self, method: Any, request: Any, timeout: float | None, convert: Any = result_from_proto) -> Any:
         try:
             reply = method(request, timeout=timeout or self.timeout, metadata=self.connection.metadata())
         except grpc.RpcError as exc:
             raise ClientError.from_rpc(exc) from None
-        return result_from_proto(reply)
+        return convert(reply)
 
     def model_info(self, timeout: float | None = None) -> ModelInfo:
         try:
@@ -150,18 +163,24 @@ class AsyncClient:
         request = dict_to_request(_fields(context, query, fields))
         return await self._call(self._stub.Compress, request, timeout)
 
+    async def compress_queries(self, context: str | list[int] | None = None,
+                               queries: list[str] | list[list[int]] | None = None, *, timeout: float | None = None,
+                               **fields: Any) -> CompressResults:
+        request = dict_to_request(_fields(context, None, fields, queries))
+        return await self._call(self._stub.CompressQueries, request, timeout, results_from_proto)
+
     async def compress_stream(self, context: str | list[int] | None = None, query: str | list[int] | None = None,
                               *, timeout: float | None = None, piece: int = STREAM_PIECE,
                               **fields: Any) -> CompressResult:
         parts = stream_parts(_fields(context, query, fields), piece)
         return await self._call(self._stub.CompressStream, parts, timeout)
 
-    async def _call(self, method: Any, request: Any, timeout: float | None) -> CompressResult:
+    async def _call(self, method: Any, request: Any, timeout: float | None, convert: Any = result_from_proto) -> Any:
         try:
             reply = await method(request, timeout=timeout or self.timeout, metadata=self.connection.metadata())
         except grpc.RpcError as exc:
             raise ClientError.from_rpc(exc) from None
-        return result_from_proto(reply)
+        return convert(reply)
 
     async def model_info(self, timeout: float | None = None) -> ModelInfo:
         try:

@@ -40,6 +40,8 @@ class ServiceConfig:
     claim_idle_ms: int = 30000            # worker: reclaim entries idle this long (their worker died)
     max_attempts: int = 3                 # worker: deliveries before an entry goes to the dead letters
     heartbeat_s: float = 5.0              # worker: registration refresh period (TTL = 3x)
+    doc_cache_shared_mb: int = 2048       # worker: the document cache shared on Redis; 0 = off
+    doc_cache_ttl_s: int = 3600           # worker: a shared document entry expires this long after its last use
 
     def __post_init__(self) -> None:
         for name in ("grpc_port", "http_port"):
@@ -49,10 +51,10 @@ class ServiceConfig:
                      "max_context_tokens", "max_attempts", "claim_idle_ms"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be >= 1 (got {getattr(self, name)})")
-        for name in ("max_wait_ms", "shutdown_grace_s", "redis_retry_s"):
+        for name in ("max_wait_ms", "shutdown_grace_s", "redis_retry_s", "doc_cache_shared_mb"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must be >= 0 (got {getattr(self, name)})")
-        for name in ("request_timeout_s", "heartbeat_s"):
+        for name in ("request_timeout_s", "heartbeat_s", "doc_cache_ttl_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be > 0 (got {getattr(self, name)})")
         if bool(self.tls_cert) != bool(self.tls_key):

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+from typing import Any, Iterator
+
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160, 320)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -43,6 +46,10 @@ class Metrics:
         self.sidecar_engine_errors = Counter("ilre_sidecar_engine_errors", "Engine failures: unreachable, timeout, "
                                              "status_4xx, status_5xx", ["kind"], registry=registry)
 
+        # the document cache of the engine this process serves (service/api/documents.py), read when scraped
+        self.documents: Any = None
+        registry.register(_DocumentCacheCollector(self))
+
     def observe_result(self, timings_ms: dict[str, float], tokens_in: int, tokens_out: int) -> None:
         """Record one finished compression."""
         if "queue" in timings_ms:
@@ -54,3 +61,33 @@ class Metrics:
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
+
+
+class _DocumentCacheCollector:
+    """Exposes a DocumentCache's counters at scrape time (nothing until an engine is loaded)."""
+
+    def __init__(self, metrics: Metrics):
+        self.metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []  # unchecked: the families appear once an engine's cache exists
+
+    def collect(self) -> Iterator[Metric]:
+        cache = self.metrics.documents
+        if cache is None:
+            return
+        stats = cache.stats
+        for name, counts, what in (("hits", stats.hits, "found"), ("misses", stats.misses, "did not find")):
+            family = CounterMetricFamily(f"ilre_doc_cache_{name}", f"Document cache lookups that {what} the entry, "
+                                         "by kind (ids, state) and tier (local, shared)", labels=["kind", "tier"])
+            for (kind, tier), n in sorted(counts.items()):
+                family.add_metric([kind, tier], n)
+            yield family
+        evictions = CounterMetricFamily("ilre_doc_cache_evictions", "Entries evicted to stay under the byte cap, by tier",
+                                        labels=["tier"])
+        evictions.add_metric(["local"], stats.evictions)
+        if cache.shared is not None:
+            evictions.add_metric(["shared"], getattr(cache.shared, "evictions", 0))
+        yield evictions
+        yield GaugeMetricFamily("ilre_doc_cache_bytes", "Bytes held by the in-process document cache", value=stats.bytes)
+        yield GaugeMetricFamily("ilre_doc_cache_documents", "Documents held by the in-process cache", value=stats.documents)

@@ -26,13 +26,21 @@ class ScoreInputs:
 class Strategy(ABC):
     """A scorer (one score per context token, higher = keep) plus an allocator.
 
-    Subclasses are frozen dataclasses whose fields are their options. `needs_attention` tells the
-    pipeline whether to run the prefill; the pipeline never branches on the concrete type.
+    Subclasses are frozen dataclasses whose fields are their options. Capabilities the pipeline
+    reads (it never branches on the concrete type): `needs_attention`, whether to run the prefill;
+    `needs_query`, whether the scores depend on the query (False: they are computed once per
+    encoded context and memoised on it, so a document's later queries skip the query chunk too).
     Strategies hold no per-request state, so one instance serves concurrent requests.
     """
 
     name: ClassVar[str]
     needs_attention: ClassVar[bool] = True
+    needs_query: ClassVar[bool] = True
+
+    @property
+    def memo_key(self) -> str:
+        """Identifies the strategy and its options (the key of memoised query-agnostic scores)."""
+        return repr(self)
 
     @abstractmethod
     def score(self, inputs: ScoreInputs) -> torch.Tensor:

@@ -15,6 +15,7 @@ class StreamingLLM(Strategy):
 
     name = "streaming_llm"
     needs_attention = False
+    needs_query = False
 
     def score(self, inputs: ScoreInputs) -> torch.Tensor:
         return torch.arange(inputs.length, dtype=torch.float32)

@@ -8,19 +8,24 @@ from __future__ import annotations
 
 import logging
 import math
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
 
+from ...compressor.batched_prefill import fits_one_chunk
 from ...compressor.pipeline import Selection, SelectionJob, select_context, select_contexts
-from ...compressor.prefill import PrefillConfig
+from ...compressor.prefill import ContextState, PrefillConfig, encode_context
+from ...compressor.strategies import Strategy
 from ...models.device import resolve_placement
 from ...models.llama import TruncatedLM
 from ...models.loader import load_spec, load_tokenizer, load_truncated, resolve_checkpoint
 from ...models.profiles import load_profile
-from .messages import CompressRequest, CompressResult, InputError
+from ...models.tokenize import tokenize_text
+from .documents import DocumentCache, SharedDocuments, document_id, state_key
+from .messages import CompressRequest, CompressResult, CompressResults, InputError, NotFoundError, Outcome
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +37,8 @@ AUTO_BATCH_TOKENS = 16384  # batched prefill on accelerators: 32 requests of ~50
 class EngineConfig:
     """model: reference (folder, .gguf, hub id; None = embedded default); layer: l_R override
     (None = the model's profile); device/dtype: see models/device.py ("auto" = the fastest that
-    keeps the selections); prefill: S/W/chunk; limits on what one request may carry; batch_tokens:
+    keeps the selections); prefill: S/W/chunk; limits on what one request may carry; doc_cache_mb:
+    the in-process tier of the document cache (service/api/documents.py); batch_tokens:
     how many padded context tokens short requests may share one batched prefill with (None =
     16384 on GPUs and NPUs, 0 = off on CPUs, where `make bench` measured no gain: the 2 cores are
     as busy with one 300-token request as with 32 of them, and a batch only delays its first ones)."""
@@ -46,12 +52,17 @@ class EngineConfig:
     max_query_tokens: int = 4096
     default_budget: int = DEFAULT_BUDGET
     batch_tokens: int | None = None  # padded context tokens per batched prefill; 0 = off, None = auto
+    doc_cache_mb: int = 1024  # in-process document cache (IDs and encoded contexts); 0 = off
 
 
 class Engine:
-    """Loads the checkpoint truncated at l_R and serves compressions."""
+    """Loads the checkpoint truncated at l_R and serves compressions.
 
-    def __init__(self, config: EngineConfig | None = None):
+    Every context is remembered by its document_id, and its encoded prefill is kept in the
+    document cache, so later queries of the same document (by text, IDs or id) skip the prefill.
+    One engine runs one request at a time (a query pass uses its cached context as scratch)."""
+
+    def __init__(self, config: EngineConfig | None = None, shared_documents: SharedDocuments | None = None):
         self.config = config = config or EngineConfig()
         self.placement = resolve_placement(config.device, config.dtype)
         checkpoint = resolve_checkpoint(config.model)
@@ -64,6 +75,8 @@ class Engine:
         self.layer = config.layer or self.profile.retrieval_layer
         self._check_layer(self.layer, "layer")
         self.tokenizer = load_tokenizer(checkpoint.path)
+        self.documents = DocumentCache(config.doc_cache_mb << 20, shared_documents)
+        self._running = threading.Lock()  # one request at a time: cached contexts are query scratch space
         self._models: dict[int, TruncatedLM] = {}
         self.model_at(self.layer)
 
@@ -84,16 +97,20 @@ class Engine:
     def _ids(self, name: str, text: str | None, ids: list[int] | None, limit: int, limit_name: str) -> torch.Tensor:
         """(T,) int64 token ids of a text or checked ids; InputError when empty, too long, off-vocabulary."""
         if ids is None:
-            ids = self.tokenizer(text, add_special_tokens=False).input_ids
-        if not ids:
-            raise InputError(name, "has no tokens")
-        if len(ids) > limit:
+            try:
+                tensor = tokenize_text(self.tokenizer, text, limit)
+            except ValueError:
+                raise InputError(name, f"more than {limit} tokens exceed the limit of {limit} ({limit_name})") from None
+        elif len(ids) > limit:
             raise InputError(name, f"{len(ids)} tokens exceed the limit of {limit} ({limit_name})")
-        try:
-            tensor = torch.tensor(ids, dtype=torch.int64)
-        except (OverflowError, RuntimeError, ValueError):  # beyond int64: the error path may loop
-            bad = next(i for i in ids if not -(1 << 63) <= i < (1 << 63))
-            raise InputError(f"{name}_ids", f"token id {bad} outside the vocabulary 0..{self.spec.vocab_size - 1}") from None
+        else:
+            try:
+                tensor = torch.tensor(ids, dtype=torch.int64)
+            except (OverflowError, RuntimeError, ValueError):  # beyond int64: the error path may loop
+                bad = next(i for i in ids if not -(1 << 63) <= i < (1 << 63))
+                raise InputError(f"{name}_ids", f"token id {bad} outside the vocabulary 0..{self.spec.vocab_size - 1}") from None
+        if not tensor.numel():
+            raise InputError(name, "has no tokens")
         outside = (tensor < 0) | (tensor >= self.spec.vocab_size)
         if bool(outside.any()):
             bad = int(tensor[outside][0])
@@ -108,12 +125,13 @@ class Engine:
             return max(1, math.ceil(request.ratio * length))
         return self.config.default_budget
 
-    def compress(self, request: CompressRequest) -> CompressResult:
-        """Tokenize, select context tokens, detokenize; raises InputError for bad input."""
-        job = self._prepare(request)
-        selection = select_context(job.model, job.selection.context_ids, job.selection.query_ids,
-                                   job.selection.budget, job.selection.strategy, job.prefill)
-        return self._finish(job, selection)
+    def compress(self, request: CompressRequest) -> Outcome:
+        """Tokenize, select context tokens, detokenize; raises InputError for bad input and
+        NotFoundError for a document_id the cache no longer holds. A request with `queries`
+        gets a CompressResults (one prefill, one result per query)."""
+        with self._running:
+            job = self._prepare(request)
+            return self._finish(job, self._select(job))
 
     @property
     def batch_tokens(self) -> int:
@@ -123,35 +141,66 @@ class Engine:
         return 0 if self.placement.device.type == "cpu" else AUTO_BATCH_TOKENS
 
     def compress_many(self, requests: list[CompressRequest],
-                      on_result: Callable[[int, CompressResult | InputError], None] | None = None,
-                      ) -> list[CompressResult | InputError]:
-        """Compress a batch: each request's result, or the InputError that rejected it (in order).
-        Short requests on the same layer and DCA setting share one batched prefill when
-        `batch_tokens` allows; the results equal those of `compress` one by one.
-        `on_result(i, outcome)` is called as soon as request i is done."""
-        outcomes: list[CompressResult | InputError | None] = [None] * len(requests)
+                      on_result: Callable[[int, Outcome | InputError], None] | None = None,
+                      ) -> list[Outcome | InputError]:
+        """Compress a batch: each request's outcome, or the InputError that rejected it (in order).
+        Short one-query requests on the same layer and DCA setting share one batched prefill when
+        `batch_tokens` allows; the others go through the document cache. The results equal those
+        of `compress` one by one. `on_result(i, outcome)` is called as soon as request i is done."""
+        outcomes: list[Outcome | InputError | None] = [None] * len(requests)
 
-        def deliver(i: int, outcome: CompressResult | InputError) -> None:
+        def deliver(i: int, outcome: Outcome | InputError) -> None:
             outcomes[i] = outcome
             if on_result is not None:
                 on_result(i, outcome)
 
+        with self._running:
+            self._run_many(requests, deliver)
+        return outcomes  # type: ignore[return-value]
+
+    def _run_many(self, requests: list[CompressRequest], deliver: Callable[[int, Outcome | InputError], None]) -> None:
         groups: dict[tuple, list[tuple[int, _Job]]] = {}
+        alone: list[tuple[int, _Job]] = []
         for i, request in enumerate(requests):
             try:
                 job = self._prepare(request)
             except InputError as exc:
                 deliver(i, exc)
                 continue
-            groups.setdefault((job.layer, job.prefill), []).append((i, job))
+            if self._batchable(job):
+                groups.setdefault((job.layer, job.prefill), []).append((i, job))
+            else:
+                alone.append((i, job))
         for (layer, prefill), members in groups.items():
             def selected(k: int, selection: Selection, members: list[tuple[int, _Job]] = members) -> None:
                 index, job = members[k]
-                deliver(index, self._finish(job, selection))
+                deliver(index, self._finish(job, [selection]))
 
-            select_contexts(self.model_at(layer), [job.selection for _, job in members], prefill, self.batch_tokens,
+            select_contexts(self.model_at(layer), [job.selection(0) for _, job in members], prefill, self.batch_tokens,
                             done=selected)
-        return outcomes  # type: ignore[return-value]
+        for i, job in alone:
+            deliver(i, self._finish(job, self._select(job)))
+
+    def _batchable(self, job: "_Job") -> bool:
+        """A one-query request whose context is a single prefill chunk, when batching is on."""
+        return (self.batch_tokens > 0 and len(job.queries) == 1 and job.model is not None
+                and job.budget < job.context_ids.numel() and fits_one_chunk(job.context_ids.numel(), job.prefill))
+
+    def _select(self, job: "_Job") -> list[Selection]:
+        """One selection per query, all against one encoded context from the document cache."""
+        model, prefill = job.model, job.prefill
+        key = state_key(job.layer, prefill, self.placement.dtype_name)
+        encoded: list[ContextState] = []
+
+        def state() -> ContextState:
+            if not encoded:
+                encoded.append(self.documents.state(
+                    job.document_id, key, lambda: encode_context(model, job.context_ids, prefill),
+                    lambda tensors: ContextState.from_tensors(model, prefill, tensors)))
+            return encoded[0]
+
+        return [select_context(model, job.context_ids, query_ids, job.budget, job.strategy, prefill, encoded=state)
+                for query_ids in job.queries]
 
     def _prepare(self, request: CompressRequest) -> "_Job":
         """Check and tokenize a request; InputError naming the field when it cannot run."""
@@ -159,49 +208,75 @@ class Engine:
         strategy = request.build_strategy()
         layer = request.layer or self.layer
         self._check_layer(layer, "layer")
-        context_ids = self._ids("context", request.context, request.context_ids,
-                                self.config.max_context_tokens, "max_context_tokens")
-        query_ids = self._ids("query", request.query, request.query_ids,
-                              self.config.max_query_tokens, "max_query_tokens")
+        if request.document_id is not None:
+            doc = request.document_id
+            context_ids = self.documents.ids(doc)
+            if context_ids is None:
+                raise NotFoundError("document_id", f"no document {doc} in the cache (unknown or evicted): "
+                                    "send the context again")
+        else:
+            context_ids = self._ids("context", request.context, request.context_ids,
+                                    self.config.max_context_tokens, "max_context_tokens")
+            doc = document_id(self.model_name, context_ids)
+            self.documents.remember(doc, context_ids)
+        queries = [self._ids("query" if not request.multi else f"queries[{i}]", text, ids,
+                             self.config.max_query_tokens, "max_query_tokens")
+                   for i, (text, ids) in enumerate(request.query_inputs())]
         budget = self.budget_for(request, len(context_ids))
-        total = len(context_ids) + len(query_ids)
+        total = len(context_ids) + max(len(q) for q in queries)
         dca = request.dca == "on" or (request.dca == "auto" and total > self.spec.native_context)
         prefill = PrefillConfig(self.config.prefill.sink, self.config.prefill.window, self.config.prefill.chunk, dca)
         model = self.model_at(layer) if strategy.needs_attention else None
-        return _Job(request, SelectionJob(context_ids, query_ids, budget, strategy), layer, prefill, model, dca,
+        return _Job(request, doc, context_ids, queries, budget, strategy, layer, prefill, model, dca,
                     start, _ms(start, time.perf_counter()))
 
-    def _finish(self, job: "_Job", selection: Selection) -> CompressResult:
-        """Kept indices -> token ids, detokenized text and timings."""
-        request, context_ids, query_ids = job.request, job.selection.context_ids, job.selection.query_ids
+    def _finish(self, job: "_Job", selections: list[Selection]) -> Outcome:
+        """Kept indices -> token ids, detokenized text and timings: one result per query."""
+        results = [self._result(job, i, selection) for i, selection in enumerate(selections)]
+        if job.request.multi:
+            return CompressResults(job.request.id, job.document_id, results)
+        return results[0]
+
+    def _result(self, job: "_Job", index: int, selection: Selection) -> CompressResult:
+        request, context_ids, query_ids = job.request, job.context_ids, job.queries[index]
         kept = selection.kept.tolist()
         kept_ids = context_ids[selection.kept].tolist()
         query_list = query_ids.tolist()
         selected = time.perf_counter()
         compressed = self.tokenizer.decode(kept_ids)
-        query = request.query if request.query is not None else self.tokenizer.decode(query_list)
+        text = request.query_inputs()[index][0]
+        query = text if text is not None else self.tokenizer.decode(query_list)
         timings = {"tokenize": job.tokenize_ms, **selection.timings_ms, "detokenize": _ms(selected, time.perf_counter())}
         timings["total"] = _ms(job.started, time.perf_counter())
         return CompressResult(
             id=request.id, token_ids=kept_ids + query_list, kept_indices=kept, compressed_context=compressed,
             query=query, original_tokens=len(context_ids), compressed_tokens=len(kept),
             ratio=round(len(kept) / len(context_ids), 6), model=self.model_name, layer=job.layer,
-            strategy=job.selection.strategy.name, dca=job.dca, passthrough=selection.passthrough, timings_ms=timings,
+            strategy=job.strategy.name, dca=job.dca, passthrough=selection.passthrough, timings_ms=timings,
+            document_id=job.document_id,
         )
 
 
 @dataclass(frozen=True)
 class _Job:
-    """A checked, tokenized request on its way through the engine."""
+    """A checked, tokenized request on its way through the engine: its context (L,) and
+    queries [(Lq,)] as int64 IDs, the document they belong to, and how to select."""
 
     request: CompressRequest
-    selection: SelectionJob
+    document_id: str
+    context_ids: torch.Tensor
+    queries: list[torch.Tensor]
+    budget: int
+    strategy: Strategy
     layer: int
     prefill: PrefillConfig
     model: TruncatedLM | None
     dca: bool
     started: float
     tokenize_ms: float
+
+    def selection(self, index: int) -> SelectionJob:
+        return SelectionJob(self.context_ids, self.queries[index], self.budget, self.strategy)
 
 
 def _ms(a: float, b: float) -> float:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 from enum import Enum
 
-from .messages import InputError
+from .messages import InputError, NotFoundError
 
 
 class Code(str, Enum):
     """Failure classes, named after the gRPC status codes they map to."""
 
     INVALID_ARGUMENT = "INVALID_ARGUMENT"      # bad input: the message names the field and the limit
+    NOT_FOUND = "NOT_FOUND"                    # an unknown or evicted document_id: send the context again
     UNAUTHENTICATED = "UNAUTHENTICATED"        # missing or wrong API key
     RESOURCE_EXHAUSTED = "RESOURCE_EXHAUSTED"  # the queue is full, or a message is too large
     DEADLINE_EXCEEDED = "DEADLINE_EXCEEDED"    # no result within the caller's deadline
@@ -21,7 +22,7 @@ class Code(str, Enum):
 
 
 HTTP_STATUS: dict[Code, int] = {
-    Code.INVALID_ARGUMENT: 400, Code.UNAUTHENTICATED: 401, Code.RESOURCE_EXHAUSTED: 429,
+    Code.INVALID_ARGUMENT: 400, Code.NOT_FOUND: 404, Code.UNAUTHENTICATED: 401, Code.RESOURCE_EXHAUSTED: 429,
     Code.DEADLINE_EXCEEDED: 504, Code.UNAVAILABLE: 503, Code.CANCELLED: 499, Code.INTERNAL: 500,
 }
 
@@ -42,7 +43,7 @@ class ServiceError(Exception):
 
     @classmethod
     def from_input(cls, exc: InputError) -> "ServiceError":
-        return cls(Code.INVALID_ARGUMENT, str(exc), exc.field)
+        return cls(Code.NOT_FOUND if isinstance(exc, NotFoundError) else Code.INVALID_ARGUMENT, str(exc), exc.field)
 
     def to_dict(self) -> dict[str, str | None]:
         """The JSON form (HTTP body, Redis result envelope): code, message and field."""

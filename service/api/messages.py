@@ -11,8 +11,12 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ...compressor.strategies import Strategy, make_strategy
+from .documents import DOCUMENT_ID_CHARS, is_document_id
 
 DCA_MODES = ("auto", "on", "off")
+
+
+MAX_QUERIES = 64  # queries in one request
 
 
 class InputError(ValueError):
@@ -23,16 +27,25 @@ class InputError(ValueError):
         self.field = field_name
 
 
+class NotFoundError(InputError):
+    """A request names something the service does not hold (an unknown or evicted document_id)."""
+
+
 @dataclass(frozen=True)
 class CompressRequest:
-    """One compression job. Exactly one of context / context_ids, one of query / query_ids;
-    at most one of budget (context tokens kept, sink included) / ratio (kept share of the context)."""
+    """One compression job. Exactly one of context / context_ids / document_id (a context sent
+    earlier, by the id its result carried); exactly one of query / query_ids or of queries /
+    queries_ids (several queries against one prefill of the context, one result each); at most
+    one of budget (context tokens kept, sink included) / ratio (kept share of the context)."""
 
     id: str | None = None
     context: str | None = None
     context_ids: list[int] | None = None
     query: str | None = None
     query_ids: list[int] | None = None
+    document_id: str | None = None
+    queries: list[str] | None = None
+    queries_ids: list[list[int]] | None = None
     budget: int | None = None
     ratio: float | None = None
     strategy: str = "ilre"
@@ -41,8 +54,8 @@ class CompressRequest:
     layer: int | None = None
 
     def __post_init__(self) -> None:
-        _check_text_or_ids("context", self.context, self.context_ids)
-        _check_text_or_ids("query", self.query, self.query_ids)
+        self._check_context()
+        self._check_queries()
         if self.budget is not None and self.ratio is not None:
             raise InputError("budget", "give either budget or ratio, not both")
         if self.budget is not None and (not _is_int(self.budget) or self.budget <= 0):
@@ -63,6 +76,47 @@ class CompressRequest:
             raise InputError("layer", f"must be a positive integer (got {self.layer!r})")
         if self.id is not None and not isinstance(self.id, (str, int)):
             raise InputError("id", "must be a string or an integer")
+
+    def _check_context(self) -> None:
+        if self.document_id is None:
+            _check_text_or_ids("context", self.context, self.context_ids)
+            return
+        if self.context is not None or self.context_ids is not None:
+            raise InputError("document_id", "give either a context or a document_id, not both")
+        if not isinstance(self.document_id, str) or not is_document_id(self.document_id):
+            raise InputError("document_id", f"must be the {DOCUMENT_ID_CHARS} hex digits a result's document_id carries"
+                             f" (got {self.document_id!r})")
+
+    def _check_queries(self) -> None:
+        if self.queries is None and self.queries_ids is None:
+            _check_text_or_ids("query", self.query, self.query_ids)
+            return
+        given = [name for name in ("query", "query_ids", "queries", "queries_ids") if getattr(self, name) is not None]
+        if len(given) > 1:
+            raise InputError(given[1], f"give one of query, query_ids, queries, queries_ids (got {', '.join(given)})")
+        name, values = ("queries", self.queries) if self.queries is not None else ("queries_ids", self.queries_ids)
+        if not isinstance(values, list) or not values:
+            raise InputError(name, "must be a non-empty list")
+        if len(values) > MAX_QUERIES:
+            raise InputError(name, f"{len(values)} queries exceed the limit of {MAX_QUERIES} per request")
+        for i, value in enumerate(values):
+            if name == "queries" and (not isinstance(value, str) or not value):
+                raise InputError(f"queries[{i}]", "must be a non-empty string")
+            if name == "queries_ids" and (not isinstance(value, list) or not value or not all(_is_int(x) for x in value)):
+                raise InputError(f"queries_ids[{i}]", "must be a non-empty list of integer token ids")
+
+    @property
+    def multi(self) -> bool:
+        """True when the request carries a list of queries (and gets a list of results)."""
+        return self.queries is not None or self.queries_ids is not None
+
+    def query_inputs(self) -> list[tuple[str | None, list[int] | None]]:
+        """(text, ids) of every query, in order; exactly one of the two is set."""
+        if self.queries is not None:
+            return [(text, None) for text in self.queries]
+        if self.queries_ids is not None:
+            return [(None, ids) for ids in self.queries_ids]
+        return [(self.query, self.query_ids)]
 
     def build_strategy(self) -> Strategy:
         """The strategy this request names, built with its options (InputError if unknown/bad)."""
@@ -107,9 +161,40 @@ class CompressResult:
     dca: bool
     passthrough: bool
     timings_ms: dict[str, float]
+    document_id: str | None = None  # send it instead of the context to ask the same document again
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+@dataclass
+class CompressResults:
+    """The answer to a request with `queries`: one CompressResult per query, in order, all from
+    one prefill of the document `document_id`."""
+
+    id: str | int | None
+    document_id: str
+    results: list[CompressResult]
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "document_id": self.document_id, "results": [r.to_dict() for r in self.results]}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "CompressResults":
+        return cls(data.get("id"), data["document_id"], [CompressResult(**r) for r in data["results"]])
+
+
+Outcome = CompressResult | CompressResults  # what a request gets back
+
+
+def results_of(outcome: Outcome) -> list[CompressResult]:
+    """The per-query results of an outcome (one for a one-query request)."""
+    return outcome.results if isinstance(outcome, CompressResults) else [outcome]
+
+
+def outcome_from_dict(data: dict[str, Any]) -> Outcome:
+    """The inverse of `to_dict` for either kind of outcome."""
+    return CompressResults.from_dict(data) if "results" in data else CompressResult(**data)
 
 
 def _is_int(value: Any) -> bool:

@@ -27,8 +27,11 @@ def _engine(args: argparse.Namespace):
         raise CliError(f"max-context-tokens: must be >= 1 (got {args.max_context_tokens})")
     if args.batch_tokens is not None and args.batch_tokens < 0:
         raise CliError(f"batch-tokens: must be >= 0 (got {args.batch_tokens})")
+    if args.doc_cache_mb < 0:
+        raise CliError(f"doc-cache-mb: must be >= 0 (got {args.doc_cache_mb})")
     config = EngineConfig(model=args.model, layer=args.layer, prefill=prefill, max_context_tokens=args.max_context_tokens,
-                          device=args.device, dtype=args.dtype, batch_tokens=args.batch_tokens)
+                          device=args.device, dtype=args.dtype, batch_tokens=args.batch_tokens,
+                          doc_cache_mb=args.doc_cache_mb)
     try:
         return Engine(config)
     except (FileNotFoundError, KeyError, ValueError) as exc:
@@ -62,11 +65,19 @@ def read_context(args: argparse.Namespace) -> str:
 def run_compress(args: argparse.Namespace) -> int:
     from ..api.messages import CompressRequest
 
-    request = CompressRequest.from_json({"context": read_context(args), "query": args.query}, request_defaults(args))
-    result = _compress_remote(args, request) if args.server else _engine(args).compress(request)
+    from ..api.messages import results_of
+
+    if args.document_id is not None and not args.server:
+        raise CliError("document-id: names a document cached by a running service: give --server too")
+    data: dict[str, Any] = ({"document_id": args.document_id} if args.document_id is not None
+                            else {"context": read_context(args)})
+    data.update({"query": args.query[0]} if len(args.query) == 1 else {"queries": args.query})
+    request = CompressRequest.from_json(data, request_defaults(args))
+    outcome = _compress_remote(args, request) if args.server else _engine(args).compress(request)
     if args.json:
-        print(json.dumps(result.to_dict(), ensure_ascii=False))
-    else:
+        print(json.dumps(outcome.to_dict(), ensure_ascii=False))
+        return 0
+    for result in results_of(outcome):
         print(result.compressed_context)
         print(summary(result.to_dict()), file=sys.stderr)
     return 0
@@ -85,6 +96,8 @@ def _compress_remote(args: argparse.Namespace, request):
     try:
         with Client(args.server, api_key=args.api_key or os.environ.get("ILRE_API_KEY") or None,
                     **{k: v for k, v in tls.items() if v}) as client:
+            if request.multi:
+                return client.compress_queries(timeout=args.timeout, **fields)
             return client.compress(timeout=args.timeout, **fields)
     except ClientError as exc:
         raise CliError(exc.message if exc.code == "INVALID_ARGUMENT" else f"server {args.server}: {exc}") from None
@@ -101,8 +114,10 @@ def _service_config(args: argparse.Namespace, **settings: Any):
 
         torch.set_num_threads(args.threads)
     names = ("host", "grpc_port", "http_port", "redis_url", "redis_prefix", "max_batch", "max_wait_ms", "max_queue",
-             "max_message_bytes", "tls_cert", "tls_key", "tls_client_ca", "claim_idle_ms", "max_attempts")
+             "max_message_bytes", "tls_cert", "tls_key", "tls_client_ca", "claim_idle_ms", "max_attempts",
+             "doc_cache_shared_mb")
     flags = {name: getattr(args, name) for name in names if hasattr(args, name)}
+    flags["doc_cache_ttl_s"] = getattr(args, "doc_cache_ttl", None)
     flags.update(request_timeout_s=getattr(args, "request_timeout", None), shutdown_grace_s=getattr(args, "shutdown_grace", None),
                  api_keys_file=getattr(args, "api_keys_file", None))
     try:

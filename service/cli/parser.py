@@ -33,6 +33,9 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-context-tokens", type=int, default=int(os.environ.get("ILRE_MAX_CONTEXT_TOKENS", 1 << 20)),
                         help="reject longer contexts (default 1048576, env ILRE_MAX_CONTEXT_TOKENS)")
     _placement_options(parser)
+    parser.add_argument("--doc-cache-mb", type=int, default=int(os.environ.get("ILRE_DOC_CACHE_MB", 1024)),
+                        help="in-process document cache: token IDs and encoded contexts reused by later queries of the "
+                        "same document, in MiB (default 1024, 0 = off; env ILRE_DOC_CACHE_MB)")
     parser.add_argument("--batch-tokens", type=int, default=os.environ.get("ILRE_BATCH_TOKENS") or None,
                         help="short requests of a queue batch share one prefill, up to this many padded context tokens "
                         "(default: 16384 on GPUs and NPUs, 0 = off on CPUs; env ILRE_BATCH_TOKENS)")
@@ -45,7 +48,11 @@ def build_parser() -> argparse.ArgumentParser:
     source = compress.add_mutually_exclusive_group(required=True)
     source.add_argument("--context", help="the context text")
     source.add_argument("--context-file", help="file holding the context (UTF-8); - for standard input")
-    compress.add_argument("--query", required=True, help="question plus answer prefix")
+    source.add_argument("--document-id", help="with --server: a context the service holds, by the document_id a "
+                        "result carried")
+    compress.add_argument("--query", required=True, action="append",
+                          help="question plus answer prefix; give it several times to ask several questions of one "
+                          "prefill of the context (--json then prints {id, document_id, results})")
     compress.add_argument("--json", action="store_true", help="print the result as one JSON object")
     _engine_options(compress)
     _remote_options(compress)
@@ -66,6 +73,10 @@ def build_parser() -> argparse.ArgumentParser:
     _queue_options(worker)
     worker.add_argument("--claim-idle-ms", type=int, help="reclaim entries of a worker silent this long (default 30000)")
     worker.add_argument("--max-attempts", type=int, help="deliveries before a request goes to the dead letters (default 3)")
+    worker.add_argument("--doc-cache-shared-mb", type=int, help="document cache shared by all workers on Redis, in MiB "
+                        "(default 2048, 0 = off; env ILRE_DOC_CACHE_SHARED_MB)")
+    worker.add_argument("--doc-cache-ttl", type=int, help="a shared document entry expires this many seconds after its "
+                        "last use (default 3600; env ILRE_DOC_CACHE_TTL_S)")
     worker.add_argument("--name", help="consumer name in the group (default host-pid-random)")
     worker.add_argument("--metrics-port", type=int, help="serve this worker's Prometheus metrics on this port")
     worker.add_argument("--host", help="address of --metrics-port (default 127.0.0.1, env ILRE_HOST)")

@@ -19,7 +19,7 @@ from typing import Callable
 from ..api.engine import Engine
 from ..api.errors import Code, ServiceError
 from ..api.info import ModelInfo
-from ..api.messages import CompressRequest, CompressResult, InputError
+from ..api.messages import CompressRequest, InputError, Outcome, results_of
 from ..metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -43,6 +43,8 @@ class LocalQueue:
         self._engine_source = engine
         self.engine: Engine | None = engine if isinstance(engine, Engine) else None
         self.metrics = metrics
+        if self.engine is not None:
+            metrics.documents = self.engine.documents
         self.max_batch, self.max_wait_s, self.max_depth = max_batch, max_wait_s, max_depth
         self._jobs: collections.deque[_Job] = collections.deque()
         self._running: list[_Job] = []
@@ -63,6 +65,7 @@ class LocalQueue:
     async def _load(self) -> None:
         try:
             self.engine = await asyncio.get_running_loop().run_in_executor(self._executor, self._engine_source)
+            self.metrics.documents = self.engine.documents
             log.info("model loaded: %s", self.engine.model_name)
         except Exception as exc:  # reported by readyz/model_info; the process keeps serving health
             self.load_error = f"{type(exc).__name__}: {exc}"
@@ -87,7 +90,7 @@ class LocalQueue:
     def _not_loaded(self) -> str:
         return f"model: failed to load ({self.load_error})" if self.load_error else "model: still loading"
 
-    async def submit(self, request: CompressRequest, timeout_s: float) -> CompressResult:
+    async def submit(self, request: CompressRequest, timeout_s: float) -> Outcome:
         """Queue one request and await its result within `timeout_s`."""
         if self._closing:
             raise ServiceError(Code.UNAVAILABLE, "service: shutting down")
@@ -145,13 +148,14 @@ class LocalQueue:
         jobs = [job for job in batch if self._still_wanted(job)]
         started = time.monotonic()
 
-        def ready(i: int, result: CompressResult | InputError) -> None:
+        def ready(i: int, result: Outcome | InputError) -> None:
             job = jobs[i]
             if isinstance(result, InputError):
-                outcome: CompressResult | BaseException = ServiceError.from_input(result)
+                outcome: Outcome | BaseException = ServiceError.from_input(result)
             else:
-                result.timings_ms["queue"] = round((started - job.accepted) * 1000.0, 3)
-                self.metrics.observe_result(result.timings_ms, result.original_tokens, result.compressed_tokens)
+                for one in results_of(result):
+                    one.timings_ms["queue"] = round((started - job.accepted) * 1000.0, 3)
+                    self.metrics.observe_result(one.timings_ms, one.original_tokens, one.compressed_tokens)
                 outcome = result
             loop.call_soon_threadsafe(_deliver, job.future, outcome)
 
@@ -173,7 +177,7 @@ class LocalQueue:
         await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
 
 
-def _deliver(future: asyncio.Future, outcome: CompressResult | BaseException) -> None:
+def _deliver(future: asyncio.Future, outcome: Outcome | BaseException) -> None:
     if future.done():
         return
     if isinstance(outcome, BaseException):

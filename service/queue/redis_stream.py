@@ -30,7 +30,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from ..api.errors import Code, ServiceError
 from ..api.info import ModelInfo
-from ..api.messages import CompressRequest, CompressResult
+from ..api.messages import CompressRequest, Outcome, outcome_from_dict
 from ..metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -96,17 +96,17 @@ def encode_request(request: CompressRequest) -> str:
     return json.dumps({k: v for k, v in dataclasses.asdict(request).items() if v is not None})
 
 
-def encode_outcome(outcome: CompressResult | ServiceError) -> str:
+def encode_outcome(outcome: Outcome | ServiceError) -> str:
     if isinstance(outcome, ServiceError):
         return json.dumps({"error": outcome.to_dict()})
     return json.dumps({"ok": outcome.to_dict()})
 
 
-def decode_outcome(raw: str) -> CompressResult:
-    """The result in an envelope, or raise the ServiceError it carries."""
+def decode_outcome(raw: str) -> Outcome:
+    """The result(s) in an envelope, or raise the ServiceError it carries."""
     envelope = json.loads(raw)
     if "ok" in envelope:
-        return CompressResult(**envelope["ok"])
+        return outcome_from_dict(envelope["ok"])
     raise ServiceError.from_dict(envelope.get("error", {}))
 
 
@@ -168,7 +168,7 @@ class RedisQueue:
             raise ServiceError(Code.UNAVAILABLE, "queue: no worker is registered (start `ilre worker`)")
         return ModelInfo.from_dict(json.loads(raw[0]))
 
-    async def submit(self, request: CompressRequest, timeout_s: float) -> CompressResult:
+    async def submit(self, request: CompressRequest, timeout_s: float) -> Outcome:
         """Enqueue (RESOURCE_EXHAUSTED when full, UNAVAILABLE when Redis is down), await the result."""
         rid = uuid.uuid4().hex
         deadline = time.time() + timeout_s

@@ -32,8 +32,9 @@ from ..config import ServiceConfig
 from ..api.engine import Engine
 from ..api.errors import Code, ServiceError
 from ..api.info import ModelInfo
-from ..api.messages import CompressRequest, CompressResult, InputError
+from ..api.messages import CompressRequest, InputError, Outcome, results_of
 from ..metrics import Metrics
+from .shared_documents import RedisDocuments
 from .redis_stream import RESULT_GRACE_S, RedisKeys, connect, encode_outcome, ensure_group
 
 log = logging.getLogger(__name__)
@@ -53,6 +54,12 @@ class Worker:
         self.keys = RedisKeys(config.redis_prefix)
         self.name = name or f"{socket.gethostname()}-{os.getpid()}-{uuid.uuid4().hex[:6]}"
         self.metrics = metrics or Metrics()
+        self._shared: RedisDocuments | None = None
+        if engine.documents.shared is None and config.doc_cache_shared_mb > 0:  # the cache every worker reads
+            self._shared = RedisDocuments(config.redis_url, config.redis_prefix,
+                                          config.doc_cache_shared_mb << 20, config.doc_cache_ttl_s)
+            engine.documents.shared = self._shared
+        self.metrics.documents = engine.documents
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ilre-engine")
         self._inflight: set[str] = set()
         self._claim_cursor = "0-0"
@@ -102,6 +109,9 @@ class Worker:
                 pass
             await self.client.aclose()
             self._executor.shutdown(wait=False)
+            if self._shared is not None and self.engine.documents.shared is self._shared:
+                self.engine.documents.shared = None  # the engine may outlive this worker (tests share one)
+                self._shared.close()
 
     async def _next_batch(self) -> list[Entry]:
         now = time.monotonic()
@@ -173,12 +183,12 @@ class Worker:
                     live.append(i)
             writes: list[concurrent.futures.Future] = []
 
-            async def write(i: int, outcome: CompressResult | ServiceError) -> None:
+            async def write(i: int, outcome: Outcome | ServiceError) -> None:
                 entry_id, fields = entries[i]
                 await self._finish(entry_id, rids[i], outcome, _float(fields.get("deadline")))
                 self._inflight.discard(entry_id)
 
-            def ready(k: int, outcome: CompressResult | ServiceError) -> None:  # on the engine thread
+            def ready(k: int, outcome: Outcome | ServiceError) -> None:  # on the engine thread
                 writes.append(asyncio.run_coroutine_threadsafe(write(live[k], outcome), loop))
 
             if live:
@@ -190,20 +200,21 @@ class Worker:
             self._inflight = set()
 
     def _compress(self, payloads: list[tuple[str, str]],
-                  ready: Callable[[int, CompressResult | ServiceError], None]) -> None:
+                  ready: Callable[[int, Outcome | ServiceError], None]) -> None:
         """On the engine thread: queued requests (entry id, payload) as one Engine.compress_many
         batch; `ready(k, outcome)` hands each result or error back as soon as it is known."""
         now_ms = time.time() * 1000.0
         delivered: set[int] = set()
 
-        def hand_back(k: int, outcome: CompressResult | ServiceError | InputError) -> None:
+        def hand_back(k: int, outcome: Outcome | ServiceError | InputError) -> None:
             if isinstance(outcome, InputError):
                 outcome = ServiceError.from_input(outcome)
             if isinstance(outcome, ServiceError):
                 self.metrics.errors.labels(outcome.code.value).inc()
             else:
-                outcome.timings_ms["queue"] = round(max(0.0, now_ms - _float(payloads[k][0].split("-")[0])), 3)
-                self.metrics.observe_result(outcome.timings_ms, outcome.original_tokens, outcome.compressed_tokens)
+                for result in results_of(outcome):
+                    result.timings_ms["queue"] = round(max(0.0, now_ms - _float(payloads[k][0].split("-")[0])), 3)
+                    self.metrics.observe_result(result.timings_ms, result.original_tokens, result.compressed_tokens)
             delivered.add(k)
             ready(k, outcome)
 
@@ -222,7 +233,7 @@ class Worker:
                 if k not in delivered:
                     hand_back(k, ServiceError(Code.INTERNAL, f"internal: {type(exc).__name__}: {exc}"))
 
-    async def _finish(self, entry_id: str, rid: str, outcome: CompressResult | ServiceError | None,
+    async def _finish(self, entry_id: str, rid: str, outcome: Outcome | ServiceError | None,
                       deadline: float) -> None:
         """Write the outcome (if any) and acknowledge, atomically; retried while Redis is down,
         until the caller's deadline (after it, a later reclaim drops the entry)."""

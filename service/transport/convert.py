@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 from google.protobuf import json_format, struct_pb2
 
-from ..api.messages import CompressResult, InputError
+from ..api.messages import CompressResult, CompressResults, InputError
 
 try:
     from ...v1 import compressor_pb2 as pb
@@ -19,7 +19,7 @@ except ImportError as exc:  # the stubs are generated, not committed
     raise ImportError("gRPC stubs missing: run `make proto` (part of `make setup`)") from exc
 
 __all__ = ["pb", "pb_grpc", "request_to_dict", "dict_to_request", "result_to_proto", "result_from_proto",
-           "StreamAssembler", "stream_parts"]
+           "results_to_proto", "results_from_proto", "StreamAssembler", "stream_parts"]
 
 
 def request_to_dict(msg: "pb.CompressRequest") -> dict[str, Any]:
@@ -29,10 +29,14 @@ def request_to_dict(msg: "pb.CompressRequest") -> dict[str, Any]:
         data["id"] = msg.id
     for name in ("context", "query"):
         which = msg.WhichOneof(f"{name}_input")
-        if which == name:
-            data[name] = getattr(msg, name)
+        if which in (name, "document_id"):
+            data[which] = getattr(msg, which)
         elif which is not None:
             data[which] = list(getattr(msg, which).ids)
+    if msg.queries:
+        data["queries"] = list(msg.queries)
+    if msg.queries_ids:
+        data["queries_ids"] = [list(q.ids) for q in msg.queries_ids]
     size = msg.WhichOneof("size")
     if size is not None:
         data[size] = getattr(msg, size)
@@ -51,7 +55,7 @@ def dict_to_request(data: dict[str, Any]) -> "pb.CompressRequest":
     """A request message from contract fields (the client side); TypeError/ValueError on bad types."""
     msg = pb.CompressRequest()
     unknown = set(data) - {"id", "context", "context_ids", "query", "query_ids", "budget", "ratio",
-                           "strategy", "strategy_options", "dca", "layer"}
+                           "strategy", "strategy_options", "dca", "layer", "document_id", "queries", "queries_ids"}
     if unknown:
         raise InputError(sorted(unknown)[0], "unknown field")
     for name, value in data.items():
@@ -60,6 +64,10 @@ def dict_to_request(data: dict[str, Any]) -> "pb.CompressRequest":
         if name in ("context_ids", "query_ids"):
             getattr(msg, name).SetInParent()  # an empty list is still "given"
             getattr(msg, name).ids.extend(value)
+        elif name == "queries":
+            msg.queries.extend(value)
+        elif name == "queries_ids":
+            msg.queries_ids.extend(pb.TokenIds(ids=ids) for ids in value)
         elif name == "strategy_options":
             struct = struct_pb2.Struct()
             struct.update(value)
@@ -78,6 +86,7 @@ def result_to_proto(result: CompressResult) -> "pb.CompressResponse":
         original_tokens=result.original_tokens, compressed_tokens=result.compressed_tokens,
         ratio=result.ratio, model=result.model, layer=result.layer, strategy=result.strategy,
         dca=result.dca, passthrough=result.passthrough, timings_ms=result.timings_ms,
+        document_id=result.document_id or "",
     )
 
 
@@ -87,7 +96,17 @@ def result_from_proto(msg: "pb.CompressResponse") -> CompressResult:
         compressed_context=msg.compressed_context, query=msg.query, original_tokens=msg.original_tokens,
         compressed_tokens=msg.compressed_tokens, ratio=msg.ratio, model=msg.model, layer=msg.layer,
         strategy=msg.strategy, dca=msg.dca, passthrough=msg.passthrough, timings_ms=dict(msg.timings_ms),
+        document_id=msg.document_id or None,
     )
+
+
+def results_to_proto(results: CompressResults) -> "pb.CompressQueriesResponse":
+    return pb.CompressQueriesResponse(id="" if results.id is None else str(results.id), document_id=results.document_id,
+                                      results=[result_to_proto(r) for r in results.results])
+
+
+def results_from_proto(msg: "pb.CompressQueriesResponse") -> CompressResults:
+    return CompressResults(msg.id or None, msg.document_id, [result_from_proto(r) for r in msg.results])
 
 
 class StreamAssembler:

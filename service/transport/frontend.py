@@ -15,7 +15,7 @@ from typing import Any, Protocol
 from ..config import ServiceConfig
 from ..api.errors import Code, ServiceError
 from ..api.info import ModelInfo
-from ..api.messages import CompressRequest, CompressResult, InputError
+from ..api.messages import CompressRequest, InputError, Outcome, results_of
 from ..metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -27,7 +27,7 @@ class Queue(Protocol):
     kind: str
 
     async def start(self) -> None: ...
-    async def submit(self, request: CompressRequest, timeout_s: float) -> CompressResult: ...
+    async def submit(self, request: CompressRequest, timeout_s: float) -> Outcome: ...
     async def ready(self) -> bool: ...
     async def depth(self) -> int: ...
     async def model_info(self) -> ModelInfo: ...
@@ -50,14 +50,17 @@ class Frontend:
             raise InputError("request", str(exc)) from None
 
     async def compress(self, data: dict[str, Any] | CompressRequest, timeout_s: float | None,
-                       method: str) -> CompressResult:
+                       method: str, many: bool | None = None) -> Outcome:
         """Validate `data` (contract fields) and run it through the queue within `timeout_s`
-        (None = the configured default); ServiceError on every failure, metrics on every path."""
+        (None = the configured default); ServiceError on every failure, metrics on every path.
+        many: True / False when the method takes only requests with / without `queries`."""
         start = time.perf_counter()
         self.metrics.requests.labels(method).inc()
         timeout = timeout_s if timeout_s is not None else self.config.request_timeout_s
         try:
             request = data if isinstance(data, CompressRequest) else self.build_request(data)
+            if many is False and request.multi:
+                raise InputError("queries", f"{method} takes one query: send several to CompressQueries")
             if timeout <= 0:
                 raise ServiceError(Code.DEADLINE_EXCEEDED, "deadline: already passed on arrival")
             result = await self.queue.submit(request, timeout)
@@ -76,7 +79,8 @@ class Frontend:
             raise ServiceError(Code.INTERNAL, f"internal: {type(exc).__name__}: {exc}") from None
         self.metrics.latency.labels(method).observe(time.perf_counter() - start)
         if self.queue.kind == "redis":  # the local queue's engine thread records these itself
-            self.metrics.observe_result(result.timings_ms, result.original_tokens, result.compressed_tokens)
+            for one in results_of(result):
+                self.metrics.observe_result(one.timings_ms, one.original_tokens, one.compressed_tokens)
         return result
 
     def record_error(self, code: Code) -> None:

@@ -14,7 +14,7 @@ from grpc_reflection.v1alpha import reflection
 from .auth import AuthInterceptor
 from ..api.errors import ConfigError
 from ..config import ServiceConfig
-from .convert import StreamAssembler, pb, pb_grpc, request_to_dict, result_to_proto
+from .convert import StreamAssembler, pb, pb_grpc, request_to_dict, result_to_proto, results_to_proto
 from ..api.errors import Code, ServiceError
 from .frontend import Frontend
 from ..api.messages import InputError
@@ -38,7 +38,15 @@ class CompressorServicer(pb_grpc.CompressorServicer):
         self.frontend = frontend
 
     async def Compress(self, request: pb.CompressRequest, context: grpc.aio.ServicerContext) -> pb.CompressResponse:
-        return await self._run(request_to_dict(request), context, "grpc.Compress")
+        return result_to_proto(await self._run(request_to_dict(request), context, "grpc.Compress", False))
+
+    async def CompressQueries(self, request: pb.CompressRequest,
+                              context: grpc.aio.ServicerContext) -> pb.CompressQueriesResponse:
+        data = request_to_dict(request)
+        for one, many in (("query", "queries"), ("query_ids", "queries_ids")):  # one query is a list of one
+            if one in data and many not in data and not ({"queries", "queries_ids"} & set(data)):
+                data[many] = [data.pop(one)]
+        return results_to_proto(await self._run(data, context, "grpc.CompressQueries", True))
 
     async def CompressStream(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.CompressResponse:
         cfg = self.frontend.config
@@ -51,7 +59,7 @@ class CompressorServicer(pb_grpc.CompressorServicer):
             self.frontend.metrics.requests.labels("grpc.CompressStream").inc()
             self.frontend.record_error(Code.INVALID_ARGUMENT)
             await _abort(context, ServiceError.from_input(exc))
-        return await self._run(data, context, "grpc.CompressStream")
+        return result_to_proto(await self._run(data, context, "grpc.CompressStream", False))
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
         self.frontend.metrics.requests.labels("grpc.GetModelInfo").inc()
@@ -62,12 +70,11 @@ class CompressorServicer(pb_grpc.CompressorServicer):
             await _abort(context, exc)
         return pb.ModelInfo(**info.to_dict())
 
-    async def _run(self, data: dict, context: grpc.aio.ServicerContext, method: str) -> pb.CompressResponse:
+    async def _run(self, data: dict, context: grpc.aio.ServicerContext, method: str, many: bool):
         try:
-            result = await self.frontend.compress(data, context.time_remaining(), method)
+            return await self.frontend.compress(data, context.time_remaining(), method, many)
         except ServiceError as exc:
             await _abort(context, exc)
-        return result_to_proto(result)
 
 
 def build_grpc_server(frontend: Frontend, config: ServiceConfig) -> tuple[grpc.aio.Server, HealthServicer, int]:

@@ -1,7 +1,8 @@
 """HTTP transport (starlette): /healthz, /readyz, /metrics, GET /v1/model and POST /v1/compress.
 
 POST /v1/compress takes a batch line's fields as a JSON object and answers with the contract's
-fields, exactly as gRPC Compress does. Errors are {"id", "error", "code", "field"} (the batch
+fields, exactly as gRPC Compress does; with `queries` it answers {"id", "document_id", "results"}
+as CompressQueries does. An unknown or evicted document_id is a 404. Errors are {"id", "error", "code", "field"} (the batch
 line's {"id", "error"} plus the status code name and the field) with the matching HTTP status.
 An optional `X-Request-Timeout: <seconds>` header sets the deadline.
 """

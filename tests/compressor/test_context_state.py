@@ -2,14 +2,15 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
 from functools import lru_cache
 
 import pytest
 import torch
 
 from ilre.compressor.pipeline import select, select_context
-from ilre.compressor.prefill import PrefillConfig, encode_context, prefill_query, streaming_prefill
-from ilre.compressor.strategies import make_strategy
+from ilre.compressor.prefill import ContextState, PrefillConfig, encode_context, prefill_query, streaming_prefill
+from ilre.compressor.strategies import ScoreInputs, Strategy, make_strategy
 from ilre.models.loader import load_truncated
 from tests.tiny_models import N_LAYERS, random_ids, single_thread, tiny_checkpoint  # noqa: F401
 
@@ -58,3 +59,43 @@ def test_select_from_one_context_equals_select_context(strategy):
         alone = select_context(model("llama"), context, query, budget, make_strategy(strategy), config)
         assert got.kept.tolist() == alone.kept.tolist() and got.passthrough == alone.passthrough
     assert state.nbytes > 0
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_state_through_tensors_serves_the_same_queries(config):
+    context = random_ids(45, seed=3)
+    state = encode_context(model(), context, config, score_layers=(2, N_LAYERS))
+    tensors = {name: t.clone() for name, t in state.to_tensors().items()}
+    restored = ContextState.from_tensors(model(), config, tensors)
+    assert restored.length == state.length and restored.n_chunks == state.n_chunks
+    for query in (random_ids(3, seed=30), random_ids(12, seed=31)):
+        got, want = prefill_query(model(), restored, query), prefill_query(model(), state, query)
+        for layer in (2, N_LAYERS):
+            assert torch.equal(got.queries[layer], want.queries[layer])
+            assert torch.equal(got.keys[layer], want.keys[layer])
+
+
+@dataclass(frozen=True)
+class KeyNorm(Strategy):
+    """A query-agnostic strategy that needs the prefill: the norm of each token's l_R key."""
+
+    name = "key_norm"
+    needs_query = False
+    calls: list = field(default_factory=list, compare=False, repr=False)
+
+    def score(self, inputs: ScoreInputs) -> torch.Tensor:
+        assert inputs.attention is None and not inputs.state.queries  # no query was run
+        self.calls.append(inputs.length)
+        return next(iter(inputs.state.keys.values())).float().norm(dim=-1).amax(dim=0)
+
+
+def test_query_agnostic_scores_are_computed_once_per_context():
+    config = PrefillConfig(sink=2, window=5, chunk=7)
+    context = random_ids(60, seed=4)
+    strategy = KeyNorm()
+    state = encode_context(model("llama"), context, config)
+    picks = [select(model("llama"), state, random_ids(4, seed=s), 20, strategy).kept.tolist() for s in (40, 41, 42)]
+    assert len(strategy.calls) == 1 and picks[0] == picks[1] == picks[2]
+    fresh = select_context(model("llama"), context, random_ids(4, seed=43), 20, KeyNorm(), config)
+    assert fresh.kept.tolist() == picks[0]
+    assert strategy.memo_key in state.scores

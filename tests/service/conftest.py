@@ -70,14 +70,20 @@ def comparable(result) -> dict:
     return {k: v for k, v in data.items() if k not in ("timings_ms", "id")}
 
 
+def redis_server_binary() -> str | None:
+    """redis-server on PATH, else the one deploy/test-tools.sh put beside this Python (the venv's bin/)."""
+    beside = Path(sys.executable).parent / "redis-server"
+    return shutil.which("redis-server") or (str(beside) if beside.is_file() else None)
+
+
 class RedisServer:
     """A real redis-server on a free loopback port with its own directory (AOF on, so a restart
     keeps the stream and the consumer group, as a production Redis would)."""
 
     def __init__(self, directory: Path):
-        self.binary = shutil.which("redis-server")
+        self.binary = redis_server_binary()
         if self.binary is None:
-            pytest.fail("redis-server not found: `apt-get install redis-server` (.ci/run installs it)")
+            pytest.fail("redis-server not found: `make tools` installs one (deploy/test-tools.sh)")
         self.dir, self.port = directory, free_port()
         self.proc: subprocess.Popen | None = None
 

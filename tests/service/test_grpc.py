@@ -107,7 +107,7 @@ def test_reflection_lists_and_describes_the_service(local_service):
         file = db.FindFileContainingSymbol("ilre.v1.Compressor")
         assert file.name == "ilre/v1/compressor.proto"
         methods = {m.name for s in file.service for m in s.method}
-        assert methods == {"Compress", "CompressStream", "GetModelInfo"}
+        assert methods == {"Compress", "CompressQueries", "CompressStream", "GetModelInfo"}
         assert "budget" in {f.name for m in file.message_type if m.name == "CompressRequest" for f in m.field}
 
 

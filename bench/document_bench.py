@@ -1,0 +1,148 @@
+"""`make bench`: asking one document many questions, and ingesting a million-token document.
+
+1. Through the service (in-process queue, real gRPC on loopback), per document length: the first
+   query (tokenize + prefill + select), the same query again by document_id, and by resending the
+   text (tokenized and hashed again, then a cache hit); speed-ups over the first.
+2. 20 questions over one 32K document in one CompressQueries request, against one question.
+3. `ilre compress --context-file` of a ~1M-token document in its own process: peak RSS beyond the
+   same command on a 2K-token document (the weights and the runtime), and tokens/s against the
+   128K-token run of the same command.
+Usage: bench/document_bench.py [--lengths 32768,131072] [--questions 20] [--ingest 131072,1048576]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+NEEDLE = " The secret passkey is 83921. "
+QUERY = " What is the secret passkey? The secret passkey is"
+CHARS_PER_TOKEN = 5.4  # Shakespeare with the embedded tokenizer
+
+
+def document(tokens: int) -> str:
+    """About `tokens` tokens of Shakespeare (repeated as needed) with the passkey at 50% depth."""
+    from ilre.evaluation.haystack import shakespeare_text
+
+    base = shakespeare_text()
+    chars = int(tokens * CHARS_PER_TOKEN)
+    text = (base * (chars // len(base) + 1))[:chars]
+    middle = text.rfind(" ", 0, chars // 2)
+    return text[:middle] + NEEDLE + text[middle + 1:]
+
+
+def questions(n: int) -> list[str]:
+    subjects = ["the secret passkey", "the name of the king", "the colour of the sea", "the hour of the feast",
+                "the name of the ship", "the price of the horse", "the name of the fool", "the oldest daughter"]
+    return [f" Question {i + 1}: what is {subjects[i % len(subjects)]}? Answer:" for i in range(n)]
+
+
+def service_rows(lengths: list[int], n_questions: int) -> list[str]:
+    from ilre.service.api.engine import Engine
+    from ilre.service.client import Client
+    from ilre.service.config import ServiceConfig
+    from ilre.service.server import ServiceThread
+
+    engine = Engine()
+    config = ServiceConfig(host="127.0.0.1", grpc_port=0, http_port=0)
+    lines = ["| context tokens | first query s | again by document_id s | speed-up | again by text s | speed-up | needle |",
+             "|---|---|---|---|---|---|---|"]
+    with ServiceThread(config, engine) as svc, Client(f"127.0.0.1:{svc.grpc_port}", timeout=3600) as client:
+        client.compress("warm up " * 300, QUERY, budget=64)
+        for length in lengths:
+            text = document(length)
+            start = time.perf_counter()
+            first = client.compress(text, QUERY, budget=1024)
+            first_s = time.perf_counter() - start
+            start = time.perf_counter()
+            by_id = client.compress(document_id=first.document_id, query=QUERY, budget=1024)
+            by_id_s = time.perf_counter() - start
+            start = time.perf_counter()
+            by_text = client.compress(text, QUERY, budget=1024)
+            by_text_s = time.perf_counter() - start
+            assert by_id.kept_indices == first.kept_indices == by_text.kept_indices
+            lines.append(f"| {first.original_tokens} | {first_s:.2f} | {by_id_s:.3f} | {first_s / by_id_s:.0f}x | "
+                         f"{by_text_s:.3f} | {first_s / by_text_s:.0f}x | {'kept' if '83921' in first.compressed_context else 'lost'} |")
+            print(f"  measured {length}", file=sys.stderr, flush=True)
+        text, asked = document(32768), questions(n_questions)
+        engine.documents.clear()  # nothing cached: both start cold
+        start = time.perf_counter()
+        one = client.compress(text, asked[0], budget=1024)
+        one_s = time.perf_counter() - start
+        engine.documents.clear()
+        start = time.perf_counter()
+        many = client.compress_queries(text, asked, budget=1024)
+        many_s = time.perf_counter() - start
+        assert many.results[0].kept_indices == one.kept_indices
+    lines.append("")
+    lines.append(f"{n_questions} questions over one {one.original_tokens}-token document in one request: {many_s:.2f} s; "
+                 f"one question: {one_s:.2f} s ({many_s / one_s:.2f}x the time of one)")
+    return lines
+
+
+INGEST = """
+import json, resource, sys
+from ilre.service.cli.main import main
+code = main(sys.argv[1:])
+print(json.dumps({"code": code, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}), file=sys.stderr)
+"""
+
+
+def ingest(tokens: int, folder: Path) -> dict:
+    """`ilre compress --context-file` of a document of about `tokens` tokens, in its own process."""
+    path = folder / f"doc-{tokens}.txt"
+    path.write_text(document(tokens), encoding="utf-8")
+    start = time.perf_counter()
+    out = subprocess.run([sys.executable, "-c", INGEST, "compress", "--context-file", str(path), "--query", QUERY,
+                          "--budget", "1024", "--json"], capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    if out.returncode != 0:
+        raise RuntimeError(out.stderr[-2000:])
+    result = json.loads(out.stdout.strip().splitlines()[-1])
+    peak = json.loads(out.stderr.strip().splitlines()[-1])["peak_rss_mib"]
+    path.unlink()
+    return {"tokens": result["original_tokens"], "seconds": result["timings_ms"]["total"] / 1000, "wall": wall,
+            "peak_rss_mib": peak, "needle": "83921" in result["compressed_context"]}
+
+
+def ingest_rows(lengths: list[int]) -> list[str]:
+    with tempfile.TemporaryDirectory() as tmp:
+        base = ingest(2048, Path(tmp))
+        rows = [ingest(n, Path(tmp)) for n in lengths]
+    lines = [f"`ilre compress --context-file`, peak RSS beyond the same command on a {base['tokens']}-token document "
+             f"({base['peak_rss_mib']:.0f} MiB: weights and runtime)",
+             "| context tokens | compress s | tokens/s | process wall s | peak RSS MiB | beyond the 2K run MiB | "
+             "layer-l_R keys MiB | needle |", "|---|---|---|---|---|---|---|---|"]
+    for row in rows:
+        keys = row["tokens"] * 3 * 64 * 2 / 2**20  # kv_heads x head_dim x bfloat16
+        lines.append(f"| {row['tokens']} | {row['seconds']:.1f} | {row['tokens'] / row['seconds']:.0f} | {row['wall']:.1f} | "
+                     f"{row['peak_rss_mib']:.0f} | {row['peak_rss_mib'] - base['peak_rss_mib']:.0f} | {keys:.0f} | "
+                     f"{'kept' if row['needle'] else 'lost'} |")
+    if len(rows) >= 2:
+        rates = [r["tokens"] / r["seconds"] for r in rows]
+        lines.append(f"throughput at {rows[-1]['tokens']} tokens: {100 * rates[-1] / rates[0]:.0f}% of the rate at "
+                     f"{rows[0]['tokens']} tokens")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", default="32768,131072", help="document lengths asked twice through the service")
+    parser.add_argument("--questions", type=int, default=20)
+    parser.add_argument("--ingest", default="131072,1048576", help="document lengths for the ingest run ('' = none)")
+    args = parser.parse_args()
+    lengths = [int(x) for x in args.lengths.split(",") if x]
+    lines = service_rows(lengths, args.questions) if lengths else []
+    ingest_lengths = [int(x) for x in args.ingest.split(",") if x]
+    if ingest_lengths:
+        lines += [""] + ingest_rows(ingest_lengths)
+    print("\n".join(lines))
+
+
+if __name__ == "__main__":
+    main()

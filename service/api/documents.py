@@ -1,0 +1,185 @@
+"""The document cache: a context's token IDs and encoded prefill states, reused across queries.
+
+A document is named by `document_id(model, ids)`; a request may later send that id instead of the
+context. Two tiers, both optional to a request and invisible in its result:
+  in process  an LRU over documents bounded in bytes (`--doc-cache-mb`): each document's IDs and
+              its ContextStates, one per prefill setting (layer, S/W/chunk, DCA; the dtype and
+              device are the process's own), held where the model runs
+  shared      a `SharedDocuments` store (queue/shared_documents.py: Redis with a TTL and a byte
+              cap) that every worker reads, so a second query reaches any worker; states travel
+              as named tensors (ContextState.to_tensors)
+A lookup tries the process first, then the shared store (and keeps what it found); every encode
+is stored in both. The shared tier is best effort: when it fails, the request is computed.
+"""
+
+from __future__ import annotations
+
+import collections
+import hashlib
+import logging
+import threading
+from dataclasses import dataclass, field
+from typing import Callable, Protocol
+
+import torch
+
+from ...compressor.prefill import ContextState, PrefillConfig
+
+log = logging.getLogger(__name__)
+
+DOCUMENT_ID_CHARS = 32  # hex digits of the SHA-256 digest
+
+
+def document_id(model: str, ids: torch.Tensor) -> str:
+    """The id of a tokenized context for one model: hex SHA-256 of the model name and the IDs
+    (as little-endian int64), truncated to 32 digits."""
+    digest = hashlib.sha256(model.encode("utf-8") + b"\0")
+    digest.update(ids.to(torch.int64).cpu().contiguous().numpy().astype("<i8").tobytes())
+    return digest.hexdigest()[:DOCUMENT_ID_CHARS]
+
+
+def is_document_id(value: str) -> bool:
+    """True when `value` has the shape of a document id (32 lowercase hex digits)."""
+    return len(value) == DOCUMENT_ID_CHARS and all(c in "0123456789abcdef" for c in value)
+
+
+def state_key(layer: int, prefill: PrefillConfig, dtype: str) -> str:
+    """The prefill settings a ContextState depends on besides the IDs, as one string."""
+    return f"l{layer}-s{prefill.sink}-w{prefill.window or 0}-c{prefill.chunk}-dca{int(prefill.dca)}-{dtype}"
+
+
+class SharedDocuments(Protocol):
+    """A store every worker reads (None results = not there; failures are the store's to log)."""
+
+    def get_ids(self, doc: str) -> torch.Tensor | None: ...
+    def put_ids(self, doc: str, ids: torch.Tensor) -> None: ...
+    def get_state(self, doc: str, key: str) -> dict[str, torch.Tensor] | None: ...
+    def put_state(self, doc: str, key: str, tensors: dict[str, torch.Tensor]) -> None: ...
+
+
+@dataclass
+class CacheStats:
+    """Counters for /metrics: lookups by kind ("ids", "state") and tier ("local", "shared")."""
+
+    hits: collections.Counter = field(default_factory=collections.Counter)
+    misses: collections.Counter = field(default_factory=collections.Counter)
+    evictions: int = 0
+    bytes: int = 0
+    documents: int = 0
+
+
+@dataclass
+class _Document:
+    ids: torch.Tensor
+    states: dict[str, ContextState] = field(default_factory=dict)
+
+    @property
+    def nbytes(self) -> int:
+        return self.ids.numel() * self.ids.element_size() + sum(s.nbytes for s in self.states.values())
+
+
+class DocumentCache:
+    """The two tiers behind one interface; safe to call from several threads."""
+
+    def __init__(self, max_bytes: int, shared: SharedDocuments | None = None):
+        self.max_bytes = max_bytes
+        self.shared = shared
+        self.stats = CacheStats()
+        self._docs: collections.OrderedDict[str, _Document] = collections.OrderedDict()
+        self._lock = threading.RLock()
+
+    def ids(self, doc: str) -> torch.Tensor | None:
+        """(L,) int64 IDs of a known document, or None (evicted everywhere, or never seen)."""
+        with self._lock:
+            entry = self._docs.get(doc)
+            if entry is not None:
+                self._docs.move_to_end(doc)
+                self.stats.hits["ids", "local"] += 1
+                return entry.ids
+        self.stats.misses["ids", "local"] += 1
+        if self.shared is None:
+            return None
+        ids = self.shared.get_ids(doc)
+        (self.stats.hits if ids is not None else self.stats.misses)["ids", "shared"] += 1
+        if ids is not None:
+            self._insert(doc, _Document(ids))
+        return ids
+
+    def remember(self, doc: str, ids: torch.Tensor) -> None:
+        """Record a document's IDs (in both tiers) so that later requests may name it by id."""
+        with self._lock:
+            if doc in self._docs:
+                self._docs.move_to_end(doc)
+                return
+        self._insert(doc, _Document(ids))
+        if self.shared is not None:
+            self.shared.put_ids(doc, ids)
+
+    def state(self, doc: str, key: str, encode: Callable[[], ContextState],
+              restore: Callable[[dict[str, torch.Tensor]], ContextState]) -> ContextState:
+        """The document's ContextState for prefill settings `key`: from this process, else from the
+        shared store (`restore` places its tensors), else `encode()`d and stored in both."""
+        with self._lock:
+            entry = self._docs.get(doc)
+            found = entry.states.get(key) if entry is not None else None
+            if found is not None:
+                self._docs.move_to_end(doc)
+                self.stats.hits["state", "local"] += 1
+                return found
+        self.stats.misses["state", "local"] += 1
+        tensors = self.shared.get_state(doc, key) if self.shared is not None else None
+        if self.shared is not None:
+            (self.stats.hits if tensors is not None else self.stats.misses)["state", "shared"] += 1
+        if tensors is not None:
+            state = restore(tensors)
+        else:
+            state = encode()
+            if self.shared is not None:
+                self.shared.put_state(doc, key, state.to_tensors())
+        self._add_state(doc, key, state)
+        return state
+
+    def clear(self) -> None:
+        """Forget every document this process holds (the shared tier is left as it is)."""
+        with self._lock:
+            self._docs.clear()
+            self.stats.bytes = self.stats.documents = 0
+
+    def _add_state(self, doc: str, key: str, state: ContextState) -> None:
+        with self._lock:
+            entry = self._docs.get(doc)
+            if entry is None:  # evicted meanwhile (or the IDs never fit): nothing to hang the state on
+                return
+            entry.states[key] = state
+            self._docs.move_to_end(doc)
+            self._fit(keep=doc)
+
+    def _insert(self, doc: str, entry: _Document) -> None:
+        with self._lock:
+            self._docs[doc] = entry
+            self._docs.move_to_end(doc)
+            self._fit(keep=doc)
+
+    def _fit(self, keep: str) -> None:
+        """Evict least recently used documents until the cap holds; `keep` (the one just used)
+        goes last: first its states, then, if its IDs alone do not fit, the document itself."""
+        total = sum(d.nbytes for d in self._docs.values())
+        for doc in list(self._docs):
+            if total <= self.max_bytes:
+                break
+            if doc == keep:
+                continue
+            total -= self._docs.pop(doc).nbytes
+            self.stats.evictions += 1
+        entry = self._docs.get(keep)
+        if total > self.max_bytes and entry is not None:
+            self.stats.evictions += len(entry.states)
+            total -= entry.nbytes
+            entry.states.clear()
+            if entry.nbytes > self.max_bytes:
+                self._docs.pop(keep)
+                self.stats.evictions += 1
+            else:
+                total += entry.nbytes
+        self.stats.bytes = max(0, total)
+        self.stats.documents = len(self._docs)

@@ -1,0 +1,108 @@
+"""The shared tier of the document cache on Redis: every worker reads what any worker encoded.
+
+Keys (prefix "ilre" by default, beside the queue's):
+  {p}:doc:{id}:ids          the document's token IDs (safetensors bytes, one int32 tensor "ids")
+  {p}:doc:{id}:state:{key}  an encoded ContextState for prefill settings `key` (its named tensors)
+  {p}:docs                  sorted set: every entry above, scored by its last use (unix s)
+  {p}:docs:bytes            hash: entry -> its size in bytes
+Every entry expires `ttl` seconds after its last use (SET EX, refreshed by reads). A write first
+drops the expired entries from the index, then evicts the least recently used entries until the
+new one fits under `max_bytes` (one Lua script, so concurrent workers keep the sum right); an entry
+larger than the cap is not stored. The cap is this store's own: Redis's maxmemory policy must not
+be left to evict, it would take the request stream with it.
+Failures never fail a request: they are logged and the entry counts as missing.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import redis
+import torch
+from redis.exceptions import RedisError
+from safetensors.torch import load as load_tensors
+from safetensors.torch import save as save_tensors
+
+log = logging.getLogger(__name__)
+
+# KEYS: index zset, sizes hash, the entry; ARGV: size, now, ttl, cap -> {stored 0|1, evicted}
+ADMIT = """
+local index, sizes, entry = KEYS[1], KEYS[2], KEYS[3]
+local size, now, ttl, cap = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+local function drop(name)
+  redis.call('DEL', name)
+  redis.call('ZREM', index, name)
+  redis.call('HDEL', sizes, name)
+end
+for _, name in ipairs(redis.call('ZRANGEBYSCORE', index, '-inf', now - ttl)) do drop(name) end
+drop(entry)
+if size > cap then return {0, 0} end
+local total = 0
+for _, v in ipairs(redis.call('HVALS', sizes)) do total = total + tonumber(v) end
+local evicted = 0
+while total + size > cap do
+  local oldest = redis.call('ZRANGE', index, 0, 0)
+  if #oldest == 0 then break end
+  total = total - tonumber(redis.call('HGET', sizes, oldest[1]) or '0')
+  drop(oldest[1])
+  evicted = evicted + 1
+end
+redis.call('ZADD', index, now, entry)
+redis.call('HSET', sizes, entry, size)
+return {1, evicted}
+"""
+
+
+class RedisDocuments:
+    """`SharedDocuments` on one Redis (synchronous: it runs on the engine thread)."""
+
+    def __init__(self, url: str, prefix: str = "ilre", max_bytes: int = 2 << 30, ttl_s: int = 3600):
+        self.client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=2)
+        self.prefix, self.max_bytes, self.ttl_s = prefix, max_bytes, ttl_s
+        self.index, self.sizes = f"{prefix}:docs", f"{prefix}:docs:bytes"
+        self._admit = self.client.register_script(ADMIT)
+        self.evictions = 0
+
+    def _ids_key(self, doc: str) -> str:
+        return f"{self.prefix}:doc:{doc}:ids"
+
+    def _state_key(self, doc: str, key: str) -> str:
+        return f"{self.prefix}:doc:{doc}:state:{key}"
+
+    def get_ids(self, doc: str) -> torch.Tensor | None:
+        tensors = self._get(self._ids_key(doc))
+        return None if tensors is None else tensors["ids"].to(torch.int64)
+
+    def put_ids(self, doc: str, ids: torch.Tensor) -> None:
+        self._put(self._ids_key(doc), {"ids": ids.to(torch.int32).cpu().contiguous()})
+
+    def get_state(self, doc: str, key: str) -> dict[str, torch.Tensor] | None:
+        return self._get(self._state_key(doc, key))
+
+    def put_state(self, doc: str, key: str, tensors: dict[str, torch.Tensor]) -> None:
+        self._put(self._state_key(doc, key), {name: t.cpu() for name, t in tensors.items()})
+
+    def _get(self, name: str) -> dict[str, torch.Tensor] | None:
+        try:
+            with self.client.pipeline(transaction=False) as pipe:
+                pipe.get(name).expire(name, self.ttl_s).zadd(self.index, {name: time.time()}, xx=True)
+                raw = pipe.execute()[0]
+            return None if raw is None else load_tensors(raw)
+        except (RedisError, ValueError, RuntimeError) as exc:  # unreachable, or bytes that do not parse
+            log.warning("shared document cache: cannot read %s (%s)", name, exc)
+            return None
+
+    def _put(self, name: str, tensors: dict[str, torch.Tensor]) -> None:
+        blob = save_tensors(tensors)
+        try:
+            stored, evicted = self._admit(keys=[self.index, self.sizes, name],
+                                          args=[len(blob), time.time(), self.ttl_s, self.max_bytes])
+            self.evictions += int(evicted)
+            if stored:
+                self.client.set(name, blob, ex=self.ttl_s)
+        except RedisError as exc:
+            log.warning("shared document cache: cannot store %s (%s)", name, exc)
+
+    def close(self) -> None:
+        self.client.close()

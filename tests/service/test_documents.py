@@ -1,0 +1,226 @@
+"""The document cache: the in-process LRU under its byte cap, the shared tier on a real
+redis-server (cap, TTL, oversize), and the engine answering the same with and without it: a
+repeated context, a document_id, several queries in one request, a state restored from Redis."""
+
+from __future__ import annotations
+
+import time
+from functools import lru_cache
+
+import pytest
+import torch
+
+from ilre.compressor.prefill import PrefillConfig, encode_context
+from ilre.evaluation.haystack import shakespeare_text
+from ilre.models.loader import load_truncated
+from ilre.service.api.documents import DocumentCache, document_id, state_key
+from ilre.service.api.messages import CompressRequest, CompressResults, InputError, NotFoundError
+from ilre.service.queue.shared_documents import RedisDocuments
+from tests.tiny_models import N_LAYERS, random_ids, tiny_checkpoint
+
+from .conftest import comparable
+
+CONFIG = PrefillConfig(sink=2, window=5, chunk=7)
+QUESTIONS = [" Question: who holds the key to the vault? Answer:", " Question: what is the vault code? Answer:",
+             " Question: when does the ship leave? Answer:"]
+
+
+@lru_cache(maxsize=None)
+def tiny():
+    return load_truncated(tiny_checkpoint("llama"), N_LAYERS)
+
+
+def tiny_state(seed: int):
+    return encode_context(tiny(), random_ids(40, seed=seed), CONFIG)
+
+
+def document(seed: int) -> tuple[str, torch.Tensor]:
+    ids = random_ids(40, seed=seed)
+    return document_id("tiny", ids), ids
+
+
+def test_document_ids_name_model_and_tokens():
+    ids = random_ids(40, seed=1)
+    assert document_id("a", ids) == document_id("a", ids.clone()) and len(document_id("a", ids)) == 32
+    assert document_id("a", ids) != document_id("b", ids)
+    assert document_id("a", ids) != document_id("a", torch.cat((ids, ids[:1])))
+
+
+def test_lru_evicts_least_recently_used_documents_under_the_byte_cap():
+    docs = [document(seed) for seed in range(3)]
+    per_doc = docs[0][1].numel() * 8 + tiny_state(0).nbytes
+    cache = DocumentCache(max_bytes=2 * per_doc + 100)
+    for seed, (doc, ids) in enumerate(docs[:2]):
+        cache.remember(doc, ids)
+        cache.state(doc, "k", lambda seed=seed: tiny_state(seed), None)
+    assert cache.stats.bytes == 2 * per_doc and cache.stats.evictions == 0
+    assert cache.ids(docs[0][0]) is not None  # document 0 is now the most recently used
+    cache.remember(*docs[2])
+    cache.state(docs[2][0], "k", lambda: tiny_state(2), None)
+    assert cache.ids(docs[1][0]) is None and cache.ids(docs[0][0]) is not None  # 1 went, not 0
+    assert cache.stats.evictions == 1 and cache.stats.bytes <= cache.max_bytes
+    encoded = []
+    cache.state(docs[0][0], "k", lambda: encoded.append(1), None)  # still cached: no encode
+    assert not encoded and cache.stats.hits["state", "local"] == 1
+
+
+def test_a_document_larger_than_the_cap_keeps_its_ids_not_its_states():
+    doc, ids = document(5)
+    cache = DocumentCache(max_bytes=ids.numel() * 8 + 10)
+    cache.remember(doc, ids)
+    state = cache.state(doc, "k", lambda: tiny_state(5), None)
+    assert state.length == 40  # still served, just not kept
+    assert torch.equal(cache.ids(doc), ids) and cache.stats.bytes == ids.numel() * 8
+    off = DocumentCache(max_bytes=0)
+    off.remember(doc, ids)
+    assert off.ids(doc) is None and off.stats.bytes == 0
+
+
+@pytest.fixture()
+def shared(redis_server, request):
+    store = RedisDocuments(redis_server.url, prefix=f"docs-{request.node.name}", max_bytes=1 << 20, ttl_s=60)
+    yield store
+    store.close()
+
+
+def test_shared_store_round_trip(shared):
+    doc, ids = document(7)
+    state = tiny_state(7)
+    shared.put_ids(doc, ids)
+    shared.put_state(doc, "k", state.to_tensors())
+    assert torch.equal(shared.get_ids(doc), ids)
+    tensors = shared.get_state(doc, "k")
+    assert set(tensors) == set(state.to_tensors()) and all(torch.equal(tensors[n], t) for n, t in state.to_tensors().items())
+    assert shared.get_ids("0" * 32) is None and shared.get_state(doc, "other") is None
+
+
+def test_shared_store_evicts_oldest_under_its_cap_and_skips_oversize(shared, redis_server):
+    blob = {"x": torch.zeros(60_000, dtype=torch.uint8)}  # ~60 KB each
+    shared.max_bytes = 150_000
+    for i in range(3):
+        shared.put_state(f"{i:032x}", "k", blob)
+        time.sleep(0.01)
+    assert shared.get_state(f"{0:032x}", "k") is None  # the oldest went to make room
+    assert shared.get_state(f"{1:032x}", "k") is not None and shared.get_state(f"{2:032x}", "k") is not None
+    assert shared.evictions == 1
+    sizes = redis_server.client().hvals(shared.sizes)
+    assert sum(int(s) for s in sizes) <= shared.max_bytes
+    shared.put_state(f"{9:032x}", "k", {"x": torch.zeros(200_000, dtype=torch.uint8)})
+    assert shared.get_state(f"{9:032x}", "k") is None  # larger than the cap: not stored
+
+
+def test_shared_store_entries_expire(shared):
+    shared.ttl_s = 1
+    doc, ids = document(8)
+    shared.put_ids(doc, ids)
+    assert shared.get_ids(doc) is not None
+    time.sleep(2.2)
+    assert shared.get_ids(doc) is None
+
+
+# --- the engine, on the embedded model ---------------------------------------------------------
+
+@lru_cache(maxsize=None)
+def long_text() -> str:
+    return shakespeare_text()[:9000] + " The vault code is 7719. " + shakespeare_text()[9000:14000]
+
+
+@pytest.fixture()
+def uncached(engine):
+    """The session engine with its document cache switched off for the duration of a test."""
+    kept = engine.documents
+    engine.documents = DocumentCache(0)
+    yield engine
+    engine.documents = kept
+
+
+def fresh(engine) -> DocumentCache:
+    engine.documents = DocumentCache(1 << 30)
+    return engine.documents
+
+
+@pytest.mark.parametrize("strategy", ["ilre", "snapkv", "streaming_llm"])
+def test_cached_results_equal_uncached(engine, strategy):
+    request = CompressRequest(context=long_text(), query=QUESTIONS[1], budget=200, strategy=strategy, dca="on")
+    kept = engine.documents
+    try:
+        engine.documents = DocumentCache(0)
+        baseline = comparable(engine.compress(request))
+        cache = fresh(engine)
+        first, second = comparable(engine.compress(request)), comparable(engine.compress(request))
+        by_id = comparable(engine.compress(CompressRequest(document_id=first["document_id"], query=QUESTIONS[1],
+                                                           budget=200, strategy=strategy, dca="on")))
+    finally:
+        engine.documents = kept
+    assert first == second == by_id == baseline
+    assert baseline["original_tokens"] > 3 * 1024  # several prefill chunks, DCA on
+    if strategy != "streaming_llm":
+        assert cache.stats.hits["state", "local"] == 2 and cache.stats.misses["state", "local"] == 1
+
+
+def test_several_queries_in_one_request_equal_separate_requests(engine, uncached):
+    separate = [comparable(uncached.compress(CompressRequest(context=long_text(), query=q, budget=150)))
+                for q in QUESTIONS]
+    together = uncached.compress(CompressRequest(context=long_text(), queries=QUESTIONS, budget=150, id="m"))
+    assert isinstance(together, CompressResults) and together.id == "m"
+    assert [comparable(r) for r in together.results] == separate
+    assert together.document_id == separate[0]["document_id"]
+    ids = [uncached.tokenizer(q, add_special_tokens=False).input_ids for q in QUESTIONS]
+    by_ids = uncached.compress(CompressRequest(context=long_text(), queries_ids=ids, budget=150))
+    assert [r.kept_indices for r in by_ids.results] == [r["kept_indices"] for r in separate]
+
+
+def test_unknown_document_id_is_not_found_naming_the_field(engine):
+    with pytest.raises(NotFoundError) as err:
+        engine.compress(CompressRequest(document_id="0" * 32, query=QUESTIONS[0]))
+    assert err.value.field == "document_id" and "send the context again" in str(err.value)
+    with pytest.raises(InputError, match="document_id: must be the 32 hex digits"):
+        CompressRequest(document_id="nope", query=QUESTIONS[0])
+    with pytest.raises(InputError, match="document_id: give either a context or a document_id"):
+        CompressRequest(document_id="0" * 32, context="x", query=QUESTIONS[0])
+    with pytest.raises(InputError, match="queries: 65 queries exceed the limit of 64"):
+        CompressRequest(context="x", queries=["q"] * 65)
+    with pytest.raises(InputError, match=r"queries\[1\]: must be a non-empty string"):
+        CompressRequest(context="x", queries=["q", ""])
+    with pytest.raises(InputError, match="queries: give one of query, query_ids, queries, queries_ids"):
+        CompressRequest(context="x", query="q", queries=["q"])
+
+
+def test_state_restored_from_the_shared_tier_gives_the_same_result(engine, redis_server):
+    store = RedisDocuments(redis_server.url, prefix="docs-restore", max_bytes=1 << 30, ttl_s=60)
+    kept = engine.documents
+    try:
+        engine.documents = DocumentCache(1 << 30, store)
+        first = engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], budget=200))
+        engine.documents = DocumentCache(1 << 30, store)  # another process: nothing local
+        again = engine.compress(CompressRequest(document_id=first.document_id, query=QUESTIONS[1], budget=200))
+        stats = engine.documents.stats
+    finally:
+        engine.documents = kept
+        store.close()
+    assert comparable(again) == comparable(first)
+    assert stats.hits["ids", "shared"] == 1 and stats.hits["state", "shared"] == 1
+    key = state_key(first.layer, PrefillConfig(dca=first.dca), engine.placement.dtype_name)
+    assert key.startswith(f"l{first.layer}-s4-w512-c1024-dca{int(first.dca)}-")
+
+
+def test_batch_lines_repeating_a_context_reuse_its_prefill(engine, tmp_path):
+    import json
+
+    from ilre.service.cli.batch import run_batch_file
+
+    lines = [{"id": i, "context": long_text(), "query": q, "budget": 150} for i, q in enumerate(QUESTIONS)]
+    lines.append({"id": "again", "document_id": "0" * 32, "query": QUESTIONS[0]})
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    kept = engine.documents
+    try:
+        cache = fresh(engine)
+        assert run_batch_file(engine, source, target, {}) == 0
+    finally:
+        engine.documents = kept
+    out = [json.loads(line) for line in target.read_text().splitlines()]
+    assert len({r["document_id"] for r in out[:3]}) == 1
+    assert cache.stats.misses["state", "local"] == 1 and cache.stats.hits["state", "local"] == 2
+    assert out[3] == {"id": "again", "error": f"document_id: no document {'0' * 32} in the cache (unknown or evicted): "
+                      "send the context again"}

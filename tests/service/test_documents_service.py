@@ -1,0 +1,90 @@
+"""Asking a document again over the wire: CompressQueries and document_id over real gRPC and HTTP,
+NOT_FOUND / 404 naming the field, the cache's counters in /metrics, and the shared tier: a second
+query served by another real `ilre worker` process through a real redis-server."""
+
+from __future__ import annotations
+
+import grpc
+import httpx
+import pytest
+
+from ilre.service.api.messages import CompressRequest
+from ilre.service.client import ClientError
+from ilre.service.server import ServiceThread
+
+from .conftest import QUERY, WorkerProcess, comparable, context, free_port, grpc_client, http_client, service_config, wait_for
+
+QUESTIONS = [QUERY, " Who counts the sacks of flour? The one who counts them is"]
+
+
+def test_queries_and_document_ids_over_grpc(local_service, engine):
+    with grpc_client(local_service) as client:
+        many = client.compress_queries(context(3), QUESTIONS, budget=48, id="q")
+        assert many.id == "q" and len(many.results) == 2 and len(many.document_id) == 32
+        for question, result in zip(QUESTIONS, many.results):
+            alone = engine.compress(CompressRequest(context=context(3), query=question, budget=48))
+            assert comparable(result) == comparable(alone) and result.document_id == many.document_id
+        again = client.compress(document_id=many.document_id, query=QUESTIONS[1], budget=48)
+        assert comparable(again) == comparable(many.results[1])
+        single = client.compress_queries(document_id=many.document_id, queries=[QUESTIONS[0]], budget=48)
+        assert comparable(single.results[0]) == comparable(many.results[0])
+        with pytest.raises(ClientError) as err:
+            client.compress(document_id="f" * 32, query=QUERY)
+        assert err.value.code == "NOT_FOUND" and err.value.field == "document_id"
+        with pytest.raises(ClientError) as err:  # several queries need CompressQueries
+            client._call(client._stub.Compress, _request(context=context(3), queries=QUESTIONS), 30)
+        assert err.value.code == "INVALID_ARGUMENT" and err.value.field == "queries"
+
+
+def _request(**fields):
+    from ilre.service.transport.convert import dict_to_request
+
+    return dict_to_request(fields)
+
+
+def test_queries_and_document_ids_over_http(local_service):
+    with http_client(local_service) as http:
+        reply = http.post("/v1/compress", json={"id": 7, "context": context(4), "queries": QUESTIONS, "budget": 40})
+        assert reply.status_code == 200
+        body = reply.json()
+        assert body["id"] == 7 and len(body["results"]) == 2
+        doc = body["document_id"]
+        again = http.post("/v1/compress", json={"document_id": doc, "query": QUESTIONS[0], "budget": 40}).json()
+        assert again["kept_indices"] == body["results"][0]["kept_indices"] and again["document_id"] == doc
+        missing = http.post("/v1/compress", json={"id": "m", "document_id": "e" * 32, "query": QUERY})
+        assert missing.status_code == 404
+        assert missing.json()["code"] == "NOT_FOUND" and missing.json()["field"] == "document_id"
+        metrics = http.get("/metrics").text
+    hits = [line for line in metrics.splitlines() if line.startswith('ilre_doc_cache_hits_total{kind="state",tier="local"}')]
+    assert hits and float(hits[0].split()[-1]) >= 1
+    assert "ilre_doc_cache_bytes" in metrics and 'ilre_doc_cache_evictions_total{tier="local"}' in metrics
+
+
+def _metric(port: int, prefix: str) -> float:
+    lines = [l for l in httpx.get(f"http://127.0.0.1:{port}/metrics").text.splitlines() if l.startswith(prefix)]
+    return float(lines[0].split()[-1]) if lines else 0.0
+
+
+def test_a_second_worker_process_serves_a_document_the_first_encoded(redis_server):
+    """Worker A encodes the document and stops; worker B, a new process with nothing cached, answers
+    a query by document_id from the shared tier (IDs and encoded context) without a prefill."""
+    config = service_config(redis_url=redis_server.url, redis_prefix="shared-docs", redis_retry_s=1.0)
+    client = redis_server.client()
+    ports = [free_port(), free_port()]
+    with ServiceThread(config) as front, grpc_client(front) as grpc_api:
+        first = WorkerProcess(redis_server.url, "shared-docs", "w-a", "--metrics-port", str(ports[0]))
+        first.wait_registered(client)
+        result = grpc_api.compress(context(5, repeats=30), QUERY, budget=64)
+        assert result.original_tokens > 2048 and result.timings_ms["prefill"] > 0
+        first.stop()
+        second = WorkerProcess(redis_server.url, "shared-docs", "w-b", "--metrics-port", str(ports[1]))
+        try:
+            second.wait_registered(client)
+            wait_for(lambda: not client.exists("shared-docs:worker:w-a"), 30, "w-a to deregister")
+            again = grpc_api.compress(document_id=result.document_id, query=QUERY, budget=64)
+            assert comparable(again) == comparable(result)
+            assert _metric(ports[1], 'ilre_doc_cache_hits_total{kind="ids",tier="shared"}') == 1
+            assert _metric(ports[1], 'ilre_doc_cache_hits_total{kind="state",tier="shared"}') == 1
+            assert _metric(ports[1], 'ilre_doc_cache_misses_total{kind="state",tier="shared"}') == 0
+        finally:
+            second.stop()
