@@ -5,14 +5,14 @@
    text (tokenized and hashed again, then a cache hit); speed-ups over the first.
 2. 20 questions over one 32K document in one CompressQueries request, against one question.
 3. `ilre compress --context-file` of a ~1M-token document in its own process: peak RSS beyond the
-   same command on a 2K-token document (the weights and the runtime), and tokens/s against the
-   128K-token run of the same command.
-Usage: bench/document_bench.py [--lengths 32768,131072] [--questions 20] [--ingest 131072,1048576]
+   loaded engine (bench/rss_probe.py), and tokens/s against the 128K-token run of the same command.
+Usage: bench/document_bench.py [--lengths 32768,131072] [--questions 20] [--ingest 131072,1040000]
 """
 
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import subprocess
 import sys
@@ -22,17 +22,22 @@ from pathlib import Path
 
 NEEDLE = " The secret passkey is 83921. "
 QUERY = " What is the secret passkey? The secret passkey is"
-CHARS_PER_TOKEN = 5.4  # Shakespeare with the embedded tokenizer
+
+
+@functools.lru_cache(maxsize=1)
+def _haystack_ids() -> tuple[object, list[int]]:
+    from ilre.evaluation.haystack import shakespeare_text
+    from ilre.models.loader import load_tokenizer, resolve_checkpoint
+
+    tokenizer = load_tokenizer(resolve_checkpoint(None).path)
+    return tokenizer, tokenizer(shakespeare_text(), add_special_tokens=False).input_ids
 
 
 def document(tokens: int) -> str:
     """About `tokens` tokens of Shakespeare (repeated as needed) with the passkey at 50% depth."""
-    from ilre.evaluation.haystack import shakespeare_text
-
-    base = shakespeare_text()
-    chars = int(tokens * CHARS_PER_TOKEN)
-    text = (base * (chars // len(base) + 1))[:chars]
-    middle = text.rfind(" ", 0, chars // 2)
+    tokenizer, ids = _haystack_ids()
+    text = tokenizer.decode((ids * (tokens // len(ids) + 1))[:tokens])
+    middle = text.rfind(" ", 0, len(text) // 2)
     return text[:middle] + NEEDLE + text[middle + 1:]
 
 
@@ -85,12 +90,7 @@ def service_rows(lengths: list[int], n_questions: int) -> list[str]:
     return lines
 
 
-INGEST = """
-import json, resource, sys
-from ilre.service.cli.main import main
-code = main(sys.argv[1:])
-print(json.dumps({"code": code, "peak_rss_mib": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}), file=sys.stderr)
-"""
+PROBE = Path(__file__).with_name("rss_probe.py")  # peak RSS beyond the loaded engine
 
 
 def ingest(tokens: int, folder: Path) -> dict:
@@ -98,31 +98,34 @@ def ingest(tokens: int, folder: Path) -> dict:
     path = folder / f"doc-{tokens}.txt"
     path.write_text(document(tokens), encoding="utf-8")
     start = time.perf_counter()
-    out = subprocess.run([sys.executable, "-c", INGEST, "compress", "--context-file", str(path), "--query", QUERY,
+    out = subprocess.run([sys.executable, str(PROBE), "compress", "--context-file", str(path), "--query", QUERY,
                           "--budget", "1024", "--json"], capture_output=True, text=True)
     wall = time.perf_counter() - start
     if out.returncode != 0:
         raise RuntimeError(out.stderr[-2000:])
     result = json.loads(out.stdout.strip().splitlines()[-1])
-    peak = json.loads(out.stderr.strip().splitlines()[-1])["peak_rss_mib"]
+    memory = json.loads(out.stderr.strip().splitlines()[-1])
     path.unlink()
     return {"tokens": result["original_tokens"], "seconds": result["timings_ms"]["total"] / 1000, "wall": wall,
-            "peak_rss_mib": peak, "needle": "83921" in result["compressed_context"]}
+            "beyond_mib": memory["peak_mib"] - memory["loaded_mib"], "loaded_mib": memory["loaded_mib"],
+            "needle": "83921" in result["compressed_context"]}
 
 
 def ingest_rows(lengths: list[int]) -> list[str]:
-    with tempfile.TemporaryDirectory() as tmp:
-        base = ingest(2048, Path(tmp))
-        rows = [ingest(n, Path(tmp)) for n in lengths]
-    lines = [f"`ilre compress --context-file`, peak RSS beyond the same command on a {base['tokens']}-token document "
-             f"({base['peak_rss_mib']:.0f} MiB: weights and runtime)",
-             "| context tokens | compress s | tokens/s | process wall s | peak RSS MiB | beyond the 2K run MiB | "
+    lines = ["`ilre compress --context-file`, each in its own process; memory beyond the loaded engine (peak RSS "
+             "after loading minus RSS once loaded)",
+             "| context tokens | compress s | tokens/s | process wall s | engine loaded MiB | beyond it MiB | "
              "layer-l_R keys MiB | needle |", "|---|---|---|---|---|---|---|---|"]
-    for row in rows:
-        keys = row["tokens"] * 3 * 64 * 2 / 2**20  # kv_heads x head_dim x bfloat16
-        lines.append(f"| {row['tokens']} | {row['seconds']:.1f} | {row['tokens'] / row['seconds']:.0f} | {row['wall']:.1f} | "
-                     f"{row['peak_rss_mib']:.0f} | {row['peak_rss_mib'] - base['peak_rss_mib']:.0f} | {keys:.0f} | "
-                     f"{'kept' if row['needle'] else 'lost'} |")
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in lengths:
+            row = ingest(n, Path(tmp))
+            rows.append(row)
+            keys = row["tokens"] * 3 * 64 * 2 / 2**20  # kv_heads x head_dim x bfloat16
+            lines.append(f"| {row['tokens']} | {row['seconds']:.1f} | {row['tokens'] / row['seconds']:.0f} | "
+                         f"{row['wall']:.1f} | {row['loaded_mib']:.0f} | {row['beyond_mib']:.0f} | {keys:.0f} | "
+                         f"{'kept' if row['needle'] else 'lost'} |")
+            print(lines[-1], file=sys.stderr, flush=True)
     if len(rows) >= 2:
         rates = [r["tokens"] / r["seconds"] for r in rows]
         lines.append(f"throughput at {rows[-1]['tokens']} tokens: {100 * rates[-1] / rates[0]:.0f}% of the rate at "
@@ -134,14 +137,14 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="32768,131072", help="document lengths asked twice through the service")
     parser.add_argument("--questions", type=int, default=20)
-    parser.add_argument("--ingest", default="131072,1048576", help="document lengths for the ingest run ('' = none)")
+    parser.add_argument("--ingest", default="131072,1040000", help="document lengths for the ingest run ('' = none)")
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",") if x]
-    lines = service_rows(lengths, args.questions) if lengths else []
     ingest_lengths = [int(x) for x in args.ingest.split(",") if x]
-    if ingest_lengths:
-        lines += [""] + ingest_rows(ingest_lengths)
-    print("\n".join(lines))
+    if ingest_lengths:  # first, while this process holds no model and no threads
+        print("\n".join(ingest_rows(ingest_lengths)) + "\n", flush=True)
+    if lengths:
+        print("\n".join(service_rows(lengths, args.questions)), flush=True)
 
 
 if __name__ == "__main__":

@@ -88,9 +88,9 @@ def free_port() -> int:
 
 
 def run_redis(args, requests, wanted) -> str:
-    binary = shutil.which("redis-server")
+    binary = shutil.which("redis-server")  # `make bench` puts the venv's bin/ (deploy/test-tools.sh) on PATH
     if binary is None:
-        return f"{'redis':<22}skipped: redis-server is not installed (apt-get install redis-server)"
+        return f"{'redis':<22}skipped: redis-server is not installed (`make tools` installs one)"
     port = free_port()
     url = f"redis://127.0.0.1:{port}/0"
     with tempfile.TemporaryDirectory() as tmp:

@@ -54,6 +54,11 @@ class PoolingAllocator:
                 raise ValueError(f"{name}: need at least one kernel, each an integer >= 1 (got {sizes!r})")
             object.__setattr__(self, name, tuple(sizes))
 
+    def split(self, budget: int) -> list[tuple[str, int]]:
+        """Each combination's share of `budget`, as ("max m / avg n", tokens), in Algorithm 1's order."""
+        names = [f"max {m} / avg {n}" for m in self.max_kernels for n in self.avg_kernels]
+        return list(zip(names, combination_budgets(budget, len(names))))
+
     def allocate(self, scores: torch.Tensor, budget: int) -> torch.Tensor:
         """scores: (L,) per-token scores (sink excluded) -> (min(budget, L),) int64 indices, ascending."""
         length = scores.numel()

@@ -25,11 +25,13 @@ from .strategies import ScoreInputs, Strategy
 @dataclass
 class Selection:
     """kept: (B,) int64 ascending indices into the context, on the CPU; timings_ms: per stage;
-    passthrough: True when the context already fit the budget and nothing ran."""
+    passthrough: True when the context already fit the budget and nothing ran; scores: the
+    strategy's (L,) scores, left where they were computed (the explanation view reads them)."""
 
     kept: torch.Tensor
     timings_ms: dict[str, float] = field(default_factory=dict)
     passthrough: bool = False
+    scores: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -145,7 +147,7 @@ def _choose(model: TruncatedLM | None, state: RetrievalState | None, length: int
         picked = strategy.allocate(scores[sink:], budget - sink) + sink
         kept = torch.cat((torch.arange(sink), picked.cpu()))
         timings["allocate"] = _lap(clock)
-    return Selection(kept, timings)
+    return Selection(kept, timings, scores=scores)
 
 
 def _lap(start: float) -> float:

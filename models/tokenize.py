@@ -28,10 +28,19 @@ def safe_cut(text: str, before: int) -> int | None:
     return None
 
 
+class TooManyTokens(ValueError):
+    """The text has `count` tokens, more than `limit`."""
+
+    def __init__(self, count: int, limit: int):
+        super().__init__(f"{count} tokens exceed the limit of {limit}")
+        self.count, self.limit = count, limit
+
+
 class IncrementalTokenizer:
     """Feed text in any pieces; `finish()` -> (T,) int64 IDs equal to tokenizing the whole text.
 
-    limit: raise ValueError("... exceed the limit ...") as soon as more IDs than this are seen.
+    limit: past this many IDs nothing more is kept (only counted), and `finish()` raises
+    TooManyTokens with the whole text's count.
     """
 
     def __init__(self, tokenizer: Any, piece_chars: int = PIECE_CHARS, limit: int | None = None):
@@ -61,6 +70,8 @@ class IncrementalTokenizer:
         """All IDs so far, the rest of the text included."""
         self._encode("".join(self._pending))
         self._pending, self._pending_chars = [], 0
+        if self.limit is not None and self.count > self.limit:
+            raise TooManyTokens(self.count, self.limit)
         if not self._blocks:
             return torch.empty(0, dtype=torch.int64)
         ids = torch.cat(self._blocks) if len(self._blocks) > 1 else self._blocks[0]
@@ -73,7 +84,8 @@ class IncrementalTokenizer:
         ids = torch.tensor(self.tokenizer(text, add_special_tokens=False).input_ids, dtype=torch.int64)
         self.count += ids.numel()
         if self.limit is not None and self.count > self.limit:
-            raise ValueError(f"more than {self.limit} tokens exceed the limit")
+            self._blocks = []  # over the limit: only the count goes on
+            return
         self._blocks.append(ids)
 
 

@@ -49,3 +49,7 @@ class Strategy(ABC):
     def allocate(self, scores: torch.Tensor, budget: int) -> torch.Tensor:
         """scores: (L',) sink excluded -> (min(budget, L'),) kept indices, ascending. Default: top-k."""
         return top_k_indices(scores, budget)
+
+    def budget_split(self, budget: int) -> list[tuple[str, int]]:
+        """How `allocate` shares out `budget`, for people: (what, tokens) pairs. Default: one top-k."""
+        return [("top-k of the scores", budget)]

@@ -28,3 +28,6 @@ class ILRe(Strategy):
 
     def allocate(self, scores: torch.Tensor, budget: int) -> torch.Tensor:
         return self.allocator.allocate(scores, budget)
+
+    def budget_split(self, budget: int) -> list[tuple[str, int]]:
+        return self.allocator.split(budget)

@@ -30,3 +30,6 @@ class SnapKV(Strategy):
 
     def allocate(self, scores: torch.Tensor, budget: int) -> torch.Tensor:
         return self.allocator.allocate(scores, budget)
+
+    def budget_split(self, budget: int) -> list[tuple[str, int]]:
+        return self.allocator.split(budget)

@@ -23,8 +23,9 @@ from ...models.device import resolve_placement
 from ...models.llama import TruncatedLM
 from ...models.loader import load_spec, load_tokenizer, load_truncated, resolve_checkpoint
 from ...models.profiles import load_profile
-from ...models.tokenize import tokenize_text
+from ...models.tokenize import TooManyTokens, tokenize_text
 from .documents import DocumentCache, SharedDocuments, document_id, state_key
+from .explain import MAX_EXPLAIN_TOKENS, ExplanationFacts, render_explanation
 from .messages import CompressRequest, CompressResult, CompressResults, InputError, NotFoundError, Outcome
 
 log = logging.getLogger(__name__)
@@ -94,13 +95,16 @@ class Engine:
         if not 1 <= layer <= self.spec.num_layers:
             raise InputError(name, f"must be in 1..{self.spec.num_layers} (got {layer})")
 
-    def _ids(self, name: str, text: str | None, ids: list[int] | None, limit: int, limit_name: str) -> torch.Tensor:
-        """(T,) int64 token ids of a text or checked ids; InputError when empty, too long, off-vocabulary."""
+    def _ids(self, name: str, text: str | None, ids: list[int] | None, limit: int, limit_name: str,
+             ids_field: str | None = None) -> torch.Tensor:
+        """(T,) int64 token ids of a text or checked ids; InputError when empty, too long, off-vocabulary
+        (naming `ids_field`, default "<name>_ids", for an id outside the vocabulary)."""
+        ids_field = ids_field or f"{name}_ids"
         if ids is None:
             try:
                 tensor = tokenize_text(self.tokenizer, text, limit)
-            except ValueError:
-                raise InputError(name, f"more than {limit} tokens exceed the limit of {limit} ({limit_name})") from None
+            except TooManyTokens as exc:
+                raise InputError(name, f"{exc.count} tokens exceed the limit of {limit} ({limit_name})") from None
         elif len(ids) > limit:
             raise InputError(name, f"{len(ids)} tokens exceed the limit of {limit} ({limit_name})")
         else:
@@ -108,13 +112,13 @@ class Engine:
                 tensor = torch.tensor(ids, dtype=torch.int64)
             except (OverflowError, RuntimeError, ValueError):  # beyond int64: the error path may loop
                 bad = next(i for i in ids if not -(1 << 63) <= i < (1 << 63))
-                raise InputError(f"{name}_ids", f"token id {bad} outside the vocabulary 0..{self.spec.vocab_size - 1}") from None
+                raise InputError(ids_field, f"token id {bad} outside the vocabulary 0..{self.spec.vocab_size - 1}") from None
         if not tensor.numel():
             raise InputError(name, "has no tokens")
         outside = (tensor < 0) | (tensor >= self.spec.vocab_size)
         if bool(outside.any()):
             bad = int(tensor[outside][0])
-            raise InputError(f"{name}_ids", f"token id {bad} outside the vocabulary 0..{self.spec.vocab_size - 1}")
+            raise InputError(ids_field, f"token id {bad} outside the vocabulary 0..{self.spec.vocab_size - 1}")
         return tensor
 
     def budget_for(self, request: CompressRequest, length: int) -> int:
@@ -219,9 +223,13 @@ class Engine:
                                     self.config.max_context_tokens, "max_context_tokens")
             doc = document_id(self.model_name, context_ids)
             self.documents.remember(doc, context_ids)
-        queries = [self._ids("query" if not request.multi else f"queries[{i}]", text, ids,
-                             self.config.max_query_tokens, "max_query_tokens")
+        queries = [self._ids("query", text, ids, self.config.max_query_tokens, "max_query_tokens") if not request.multi
+                   else self._ids(f"queries[{i}]" if text is not None else f"queries_ids[{i}]", text, ids,
+                                  self.config.max_query_tokens, "max_query_tokens", f"queries_ids[{i}]")
                    for i, (text, ids) in enumerate(request.query_inputs())]
+        if request.explain and len(context_ids) > MAX_EXPLAIN_TOKENS:
+            raise InputError("explain", f"{len(context_ids)} context tokens exceed the limit of {MAX_EXPLAIN_TOKENS} "
+                             "for an explanation page")
         budget = self.budget_for(request, len(context_ids))
         total = len(context_ids) + max(len(q) for q in queries)
         dca = request.dca == "on" or (request.dca == "auto" and total > self.spec.native_context)
@@ -248,13 +256,26 @@ class Engine:
         query = text if text is not None else self.tokenizer.decode(query_list)
         timings = {"tokenize": job.tokenize_ms, **selection.timings_ms, "detokenize": _ms(selected, time.perf_counter())}
         timings["total"] = _ms(job.started, time.perf_counter())
-        return CompressResult(
+        result = CompressResult(
             id=request.id, token_ids=kept_ids + query_list, kept_indices=kept, compressed_context=compressed,
             query=query, original_tokens=len(context_ids), compressed_tokens=len(kept),
             ratio=round(len(kept) / len(context_ids), 6), model=self.model_name, layer=job.layer,
             strategy=job.strategy.name, dca=job.dca, passthrough=selection.passthrough, timings_ms=timings,
             document_id=job.document_id,
         )
+        if request.explain:
+            result.explanation = self._explanation(job, selection, result)
+        return result
+
+    def _explanation(self, job: "_Job", selection: Selection, result: CompressResult) -> str:
+        """The HTML page of one result (service/api/explain.py)."""
+        tokens = self.tokenizer.batch_decode([[i] for i in job.context_ids.tolist()])
+        allocated = job.budget - min(self.config.prefill.sink, job.budget)
+        facts = ExplanationFacts(model=result.model, layer=result.layer, strategy=result.strategy, dca=result.dca,
+                                 budget=job.budget, sink=self.config.prefill.sink,
+                                 budget_split=job.strategy.budget_split(allocated), query=result.query,
+                                 timings_ms=result.timings_ms, passthrough=result.passthrough)
+        return render_explanation(tokens, selection.scores, result.kept_indices, facts)
 
 
 @dataclass(frozen=True)

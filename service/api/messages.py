@@ -46,6 +46,7 @@ class CompressRequest:
     document_id: str | None = None
     queries: list[str] | None = None
     queries_ids: list[list[int]] | None = None
+    explain: bool = False  # the result carries an HTML page showing why each token was kept
     budget: int | None = None
     ratio: float | None = None
     strategy: str = "ilre"
@@ -76,6 +77,10 @@ class CompressRequest:
             raise InputError("layer", f"must be a positive integer (got {self.layer!r})")
         if self.id is not None and not isinstance(self.id, (str, int)):
             raise InputError("id", "must be a string or an integer")
+        if not isinstance(self.explain, bool):
+            raise InputError("explain", f"must be true or false (got {self.explain!r})")
+        if self.explain and self.multi:
+            raise InputError("explain", "explains one query: send the queries one by one")
 
     def _check_context(self) -> None:
         if self.document_id is None:
@@ -162,9 +167,13 @@ class CompressResult:
     passthrough: bool
     timings_ms: dict[str, float]
     document_id: str | None = None  # send it instead of the context to ask the same document again
+    explanation: str | None = None  # the HTML page, when the request asked to explain
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if data["explanation"] is None:
+            del data["explanation"]
+        return data
 
 
 @dataclass

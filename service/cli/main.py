@@ -72,8 +72,16 @@ def run_compress(args: argparse.Namespace) -> int:
     data: dict[str, Any] = ({"document_id": args.document_id} if args.document_id is not None
                             else {"context": read_context(args)})
     data.update({"query": args.query[0]} if len(args.query) == 1 else {"queries": args.query})
+    if args.explain:
+        data["explain"] = True
     request = CompressRequest.from_json(data, request_defaults(args))
     outcome = _compress_remote(args, request) if args.server else _engine(args).compress(request)
+    if args.explain:
+        try:
+            Path(args.explain).write_text(outcome.explanation, encoding="utf-8")
+        except OSError as exc:
+            raise CliError(f"explain: cannot write {args.explain}: {exc.strerror}") from None
+        outcome.explanation = None
     if args.json:
         print(json.dumps(outcome.to_dict(), ensure_ascii=False))
         return 0

@@ -54,6 +54,8 @@ def build_parser() -> argparse.ArgumentParser:
                           help="question plus answer prefix; give it several times to ask several questions of one "
                           "prefill of the context (--json then prints {id, document_id, results})")
     compress.add_argument("--json", action="store_true", help="print the result as one JSON object")
+    compress.add_argument("--explain", metavar="OUT.html", help="also write a page showing the kept tokens and every "
+                          "token's score (one query)")
     _engine_options(compress)
     _remote_options(compress)
     batch = sub.add_parser("batch", help="compress every line of a JSONL file with one loaded model")

@@ -48,6 +48,8 @@ def request_to_dict(msg: "pb.CompressRequest") -> dict[str, Any]:
         data["dca"] = msg.dca
     if msg.HasField("layer"):
         data["layer"] = msg.layer
+    if msg.explain:
+        data["explain"] = True
     return data
 
 
@@ -55,7 +57,8 @@ def dict_to_request(data: dict[str, Any]) -> "pb.CompressRequest":
     """A request message from contract fields (the client side); TypeError/ValueError on bad types."""
     msg = pb.CompressRequest()
     unknown = set(data) - {"id", "context", "context_ids", "query", "query_ids", "budget", "ratio",
-                           "strategy", "strategy_options", "dca", "layer", "document_id", "queries", "queries_ids"}
+                           "strategy", "strategy_options", "dca", "layer", "document_id", "queries", "queries_ids",
+                           "explain"}
     if unknown:
         raise InputError(sorted(unknown)[0], "unknown field")
     for name, value in data.items():
@@ -86,7 +89,7 @@ def result_to_proto(result: CompressResult) -> "pb.CompressResponse":
         original_tokens=result.original_tokens, compressed_tokens=result.compressed_tokens,
         ratio=result.ratio, model=result.model, layer=result.layer, strategy=result.strategy,
         dca=result.dca, passthrough=result.passthrough, timings_ms=result.timings_ms,
-        document_id=result.document_id or "",
+        document_id=result.document_id or "", explanation=result.explanation or "",
     )
 
 
@@ -96,7 +99,7 @@ def result_from_proto(msg: "pb.CompressResponse") -> CompressResult:
         compressed_context=msg.compressed_context, query=msg.query, original_tokens=msg.original_tokens,
         compressed_tokens=msg.compressed_tokens, ratio=msg.ratio, model=msg.model, layer=msg.layer,
         strategy=msg.strategy, dca=msg.dca, passthrough=msg.passthrough, timings_ms=dict(msg.timings_ms),
-        document_id=msg.document_id or None,
+        document_id=msg.document_id or None, explanation=msg.explanation or None,
     )
 
 

@@ -1,4 +1,5 @@
-"""HTTP transport (starlette): /healthz, /readyz, /metrics, GET /v1/model and POST /v1/compress.
+"""HTTP transport (starlette): /healthz, /readyz, /metrics, GET /v1/model, POST /v1/compress and
+POST /v1/explain (the same request; the answer is the explanation page, text/html).
 
 POST /v1/compress takes a batch line's fields as a JSON object and answers with the contract's
 fields, exactly as gRPC Compress does; with `queries` it answers {"id", "document_id", "results"}
@@ -14,7 +15,7 @@ from typing import Any
 
 from starlette.applications import Starlette
 from starlette.requests import Request
-from starlette.responses import JSONResponse, Response
+from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ..api.keys import UNAUTHENTICATED_MESSAGE
@@ -45,6 +46,12 @@ def build_app(frontend: Frontend) -> Starlette:
             return _error(None, exc)
 
     async def compress(request: Request) -> Response:
+        return await _compress(request, "http.compress", explain=False)
+
+    async def explain(request: Request) -> Response:
+        return await _compress(request, "http.explain", explain=True)
+
+    async def _compress(request: Request, method: str, explain: bool) -> Response:
         data: Any = None
         try:
             if not frontend.config.api_keys.check(request.headers.get("authorization")):
@@ -52,20 +59,25 @@ def build_app(frontend: Frontend) -> Starlette:
             data = decode_json(await read_body(request, frontend.config.max_message_bytes))
             timeout = parse_timeout(request.headers.get("x-request-timeout"))
         except ServiceError as exc:  # refused before it reaches the front end: counted here
-            frontend.metrics.requests.labels("http.compress").inc()
+            frontend.metrics.requests.labels(method).inc()
             frontend.record_error(exc.code)
             return _error(data, exc)
-        work = asyncio.ensure_future(frontend.compress(data, timeout, "http.compress"))
+        if explain and isinstance(data, dict):
+            data = {**data, "explain": True}
+        work = asyncio.ensure_future(frontend.compress(data, timeout, method, many=False if explain else None))
         try:
             result = await unless_disconnected(request, work)
         except ServiceError as exc:
             return _error(data, exc)
         if result is None:  # the client went away; its queued work has been dropped
             return Response(status_code=HTTP_STATUS[Code.CANCELLED])
+        if explain:
+            return HTMLResponse(result.explanation)
         return JSONResponse(result.to_dict())
 
     routes = [Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics),
-              Route("/v1/model", model), Route("/v1/compress", compress, methods=["POST"])]
+              Route("/v1/model", model), Route("/v1/compress", compress, methods=["POST"]),
+              Route("/v1/explain", explain, methods=["POST"])]
     return Starlette(routes=routes)
 
 

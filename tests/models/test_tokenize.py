@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 
 from ilre.evaluation.haystack import shakespeare_text
 from ilre.models.loader import load_tokenizer, resolve_checkpoint
-from ilre.models.tokenize import IncrementalTokenizer, safe_cut, tokenize_text
+from ilre.models.tokenize import IncrementalTokenizer, TooManyTokens, safe_cut, tokenize_text
 
 
 @lru_cache(maxsize=None)
@@ -69,8 +69,10 @@ def test_safe_cut_is_a_space_between_non_spaces():
     assert safe_cut("abcdef", 5) is None
 
 
-def test_limit_stops_early():
+def test_over_the_limit_only_the_count_goes_on():
+    text = shakespeare_text()[:5000]
     pieces = IncrementalTokenizer(tokenizer(), piece_chars=100, limit=50)
-    with pytest.raises(ValueError, match="exceed the limit"):
-        pieces.feed(shakespeare_text()[:5000])
+    pieces.feed(text)
+    assert not pieces._blocks  # nothing kept past the limit
+    with pytest.raises(TooManyTokens, match=f"{len(whole(text))} tokens exceed the limit of 50"):
         pieces.finish()

@@ -224,3 +224,12 @@ def test_batch_lines_repeating_a_context_reuse_its_prefill(engine, tmp_path):
     assert cache.stats.misses["state", "local"] == 1 and cache.stats.hits["state", "local"] == 2
     assert out[3] == {"id": "again", "error": f"document_id: no document {'0' * 32} in the cache (unknown or evicted): "
                       "send the context again"}
+
+
+def test_bad_queries_name_their_index(engine):
+    with pytest.raises(InputError) as err:
+        engine.compress(CompressRequest(context="some text here", queries_ids=[[5, 6], [7, 10 ** 7]], budget=2))
+    assert err.value.field == "queries_ids[1]" and "outside the vocabulary" in str(err.value)
+    with pytest.raises(InputError) as err:
+        engine.compress(CompressRequest(context="some text here", queries=["ok", "why " * 5000], budget=2))
+    assert err.value.field == "queries[1]" and "exceed the limit of 4096 (max_query_tokens)" in str(err.value)

