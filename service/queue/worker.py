@@ -141,9 +141,10 @@ class Worker:
 
     async def _reclaim(self) -> list[Entry]:
         """Take over entries idle past claim_idle; dead-letter those delivered too often."""
-        cursor, claimed, _deleted = await self.client.xautoclaim(
+        reply = await self.client.xautoclaim(
             self.keys.stream, self.keys.group, self.name, int(self.config.claim_idle_ms),
             start_id=self._claim_cursor, count=self.config.max_batch)
+        cursor, claimed = reply[0], reply[1]  # Redis 7 adds a third item (deleted ids), 6.2 does not
         self._claim_cursor = cursor
         claimed = [(entry_id, fields) for entry_id, fields in claimed if entry_id]
         if not claimed:
