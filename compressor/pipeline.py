@@ -69,7 +69,8 @@ def select_context(
         raise ValueError(f"strategy: {strategy.name} needs a model")
     clock = time.perf_counter()
     with torch.inference_mode():
-        state = encoded() if encoded is not None else encode_context(model, context_ids, config)
+        state = encoded() if encoded is not None else encode_context(model, context_ids, config,
+                                                                     parts=strategy.context_parts)
     return select(model, state, query_ids, budget, strategy, {"prefill": _lap(clock)})
 
 
@@ -81,12 +82,15 @@ def select(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor, bud
     timings = dict(timings or {})
     if state.length <= budget:
         return Selection(torch.arange(state.length), timings, passthrough=True)
+    missing = set(strategy.context_parts) - set(state.parts)
+    if missing:
+        raise ValueError(f"strategy: {strategy.name} needs {sorted(missing)} that the encoded context lacks")
     if not strategy.needs_query:  # scores from the context alone: computed once, memoised on the state
-        return _choose(model, RetrievalState(state.keys, {}), state.length, budget, strategy, state.config.sink,
-                       timings, memo=state.scores)
+        return _choose(model, RetrievalState(state.keys, {}, dict(state.parts)), state.length, budget, strategy,
+                       state.config.sink, timings, memo=state.scores)
     clock = time.perf_counter()
     with torch.inference_mode():
-        retrieval = prefill_query(model, state, query_ids)
+        retrieval = prefill_query(model, state, query_ids, strategy.query_parts)
     timings["prefill"] = round(timings.get("prefill", 0.0) + _lap(clock), 3)
     return _choose(model, retrieval, state.length, budget, strategy, state.config.sink, timings)
 
@@ -105,7 +109,7 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
         if done is not None:
             done(i, selection)
 
-    short = [i for i, job in enumerate(jobs) if batch_tokens > 0 and model is not None and job.strategy.needs_attention
+    short = [i for i, job in enumerate(jobs) if batch_tokens > 0 and model is not None and batchable(job.strategy)
              and job.budget < job.context_ids.numel() and fits_one_chunk(job.context_ids.numel(), config)]
     short.sort(key=lambda i: jobs[i].context_ids.numel())
     while short:
@@ -126,6 +130,11 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
     return out  # type: ignore[return-value]
 
 
+def batchable(strategy: Strategy) -> bool:
+    """Whether the batched prefill serves the strategy: it needs the attention, a query and nothing else."""
+    return strategy.needs_attention and strategy.needs_query and not strategy.context_parts and not strategy.query_parts
+
+
 def _choose(model: TruncatedLM | None, state: RetrievalState | None, length: int, budget: int, strategy: Strategy,
             sink: int, timings: dict[str, float], memo: dict[str, torch.Tensor] | None = None) -> Selection:
     """Score (A^C at l_R when the state holds the query) and allocate: the sink + budget - S tokens.
@@ -138,14 +147,12 @@ def _choose(model: TruncatedLM | None, state: RetrievalState | None, length: int
             if state is not None and model is not None and state.queries:
                 layer = model.n_layers
                 attention = query_key_scores(state.queries[layer], state.keys[layer])
-            scores = strategy.score(ScoreInputs(length=length, attention=attention, state=state))
+            scores = strategy.score(ScoreInputs(length=length, attention=attention, state=state, sink=sink, budget=budget))
             if memo is not None:
                 memo[strategy.memo_key] = scores
         timings["score"] = _lap(clock)
         clock = time.perf_counter()
-        sink = min(sink, budget)
-        picked = strategy.allocate(scores[sink:], budget - sink) + sink
-        kept = torch.cat((torch.arange(sink), picked.cpu()))
+        kept = strategy.select(scores, budget, sink).cpu()
         timings["allocate"] = _lap(clock)
     return Selection(kept, timings, scores=scores)
 

@@ -42,13 +42,19 @@ class PrefillConfig:
             raise ValueError(f"chunk: must be >= 1 (got {self.chunk})")
 
 
+CONTEXT_PARTS = ("values", "raw_keys")  # per-token extras of the context a strategy may ask for at l_R
+QUERY_PARTS = ("raw_queries",)           # and of the query
+
+
 @dataclass
 class RetrievalState:
     """keys[l]: (kv_heads, L, d) context keys at score layer l (re-rotated if DCA);
-    queries[l]: (heads, Lq, d) query states at score layer l."""
+    queries[l]: (heads, Lq, d) query states at score layer l; parts: the extras asked for at l_R:
+    values, raw_keys (kv_heads, L, d: before RoPE, so never moved by DCA), raw_queries (heads, Lq, d)."""
 
     keys: dict[int, torch.Tensor]
     queries: dict[int, torch.Tensor]
+    parts: dict[str, torch.Tensor] = field(default_factory=dict)
 
 
 def chunk_bounds(length: int, config: PrefillConfig) -> list[tuple[int, int]]:
@@ -133,7 +139,8 @@ class ContextState:
     the sink and window K/V of layer l < top, ready for one more chunk; length: L; n_chunks: N_C.
     Any number of queries can be run against it one after another (`prefill_query`); a query pass
     uses the caches' chunk slot as scratch, so two passes must not run on one state at once.
-    scores: (L,) scores of query-agnostic strategies, memoised by `Strategy.memo_key`.
+    parts: the CONTEXT_PARTS encoded at l_R, (kv_heads, L, d) each; scores: (L,) scores of
+    query-agnostic strategies, memoised by `Strategy.memo_key`.
     """
 
     length: int
@@ -141,22 +148,24 @@ class ContextState:
     config: PrefillConfig
     keys: dict[int, torch.Tensor]
     caches: list[WindowCache]
+    parts: dict[str, torch.Tensor] = field(default_factory=dict)
     scores: dict[str, torch.Tensor] = field(default_factory=dict)
 
     @property
     def nbytes(self) -> int:
-        """Memory held: the key caches, the window buffers and the memoised scores."""
-        tensors = (list(self.keys.values()) + [t for c in self.caches for t in (c.k, c.v)]
+        """Memory held: the key caches, the extra parts, the window buffers and the memoised scores."""
+        tensors = (list(self.keys.values()) + list(self.parts.values()) + [t for c in self.caches for t in (c.k, c.v)]
                    + list(self.scores.values()))
         return sum(t.numel() * t.element_size() for t in tensors)
 
     def to_tensors(self) -> dict[str, torch.Tensor]:
         """What a later query reads, as named contiguous tensors (a document store saves them):
-        "meta" (length, n_chunks); "keys.{l}" (kv_heads, L, d); per cache i below l_R
+        "meta" (length, n_chunks); "keys.{l}" (kv_heads, L, d); "part.{name}"; per cache i below l_R
         "cache.{i}.k|v" (kv_heads, S + W, d), "cache.{i}.sink_raw" and "cache.{i}.counters"
         (n_sink, n_window, ring_at, sink_shift). Memoised scores are left out (cheap to redo)."""
         out = {"meta": torch.tensor([self.length, self.n_chunks], dtype=torch.int64)}
         out.update({f"keys.{layer}": k.contiguous() for layer, k in self.keys.items()})
+        out.update({f"part.{name}": t.contiguous() for name, t in self.parts.items()})
         for i, cache in enumerate(self.caches):
             prefix = cache.sink + cache.window
             out[f"cache.{i}.k"] = cache.k[:, :prefix].contiguous()
@@ -173,6 +182,7 @@ class ContextState:
         length, n_chunks = (int(x) for x in tensors["meta"].tolist())
         place = {"device": model.device, "dtype": model.dtype}
         keys = {int(name.split(".")[1]): t.to(**place) for name, t in tensors.items() if name.startswith("keys.")}
+        parts = {name.split(".", 1)[1]: t.to(**place) for name, t in tensors.items() if name.startswith("part.")}
         caches = []
         while f"cache.{len(caches)}.k" in tensors:
             i, cache = len(caches), WindowCache(config, length, config.chunk, model)
@@ -183,15 +193,17 @@ class ContextState:
             cache.n_sink, cache.n_window, cache.ring_at, shift = (int(x) for x in tensors[f"cache.{i}.counters"].tolist())
             cache.sink_shift = None if shift < 0 else shift
             caches.append(cache)
-        return cls(length, n_chunks, config, keys, caches)
+        return cls(length, n_chunks, config, keys, caches, parts)
 
 
 def encode_context(
-    model: TruncatedLM, context_ids: torch.Tensor, config: PrefillConfig, score_layers: tuple[int, ...] | None = None
+    model: TruncatedLM, context_ids: torch.Tensor, config: PrefillConfig, score_layers: tuple[int, ...] | None = None,
+    parts: tuple[str, ...] = (),
 ) -> ContextState:
     """The context chunks of the streaming prefill: context_ids (L,) int64 -> ContextState.
 
-    score_layers: 1-based layers whose context keys are kept (default: l_R, the model's last layer).
+    score_layers: 1-based layers whose context keys are kept (default: l_R, the model's last layer);
+    parts: CONTEXT_PARTS also kept at l_R (values, raw_keys), for the strategies that read them.
     DCA (eq. 7): at score layers the keys of chunk i < N_C - 1 are moved to chunk N_C - 1's start,
     so every query-key distance stays under two chunk lengths.
     """
@@ -200,11 +212,19 @@ def encode_context(
     if score_layers[-1] > l_r or score_layers[0] < 1:
         raise ValueError(f"layer: score layers must be within 1..{l_r} (got {score_layers})")
     length, spec = context_ids.numel(), model.spec
-    keys = {l: torch.empty(spec.num_kv_heads, length, spec.head_dim, dtype=model.dtype, device=model.device)
-            for l in score_layers}
+    unknown = set(parts) - set(CONTEXT_PARTS)
+    if unknown:
+        raise ValueError(f"parts: unknown context parts {sorted(unknown)} (known: {', '.join(CONTEXT_PARTS)})")
+    if parts and score_layers[-1] != l_r:
+        raise ValueError("parts: context parts are kept at l_R only: score layers must end at it")
+
+    def cache() -> torch.Tensor:
+        return torch.empty(spec.num_kv_heads, length, spec.head_dim, dtype=model.dtype, device=model.device)
+
+    keys = {l: cache() for l in score_layers}
     bounds = chunk_bounds(length, config)
     caches = [WindowCache(config, length, config.chunk, model) for _ in range(score_layers[-1] - 1)]
-    state = ContextState(length, len(bounds), config, keys, caches)
+    state = ContextState(length, len(bounds), config, keys, caches, {name: cache() for name in parts})
     base = bounds[-2][0] if len(bounds) >= 2 else 0  # start of chunk N_C - 1 (eq. 7 anchor)
     for index, (start, end) in enumerate(bounds):
         key_shift = base - start if config.dca and index < len(bounds) - 2 else 0
@@ -212,13 +232,16 @@ def encode_context(
     return state
 
 
-def prefill_query(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor) -> RetrievalState:
+def prefill_query(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor,
+                  parts: tuple[str, ...] = ()) -> RetrievalState:
     """The query as one more chunk after the context: query_ids (Lq,) int64 -> the context keys
-    and the query states (heads, Lq, d) at every score layer. The query keeps its natural positions
+    and the query states (heads, Lq, d) at every score layer, plus the context's parts and the
+    query's `parts` (QUERY_PARTS, e.g. raw_queries) at l_R. The query keeps its natural positions
     L, L+1, ... right after the context."""
     queries: dict[int, torch.Tensor] = {}
-    _through_layers(model, state, query_ids, state.length, state.n_chunks, 0, queries)
-    return RetrievalState(keys=state.keys, queries=queries)
+    found = dict(state.parts)
+    _through_layers(model, state, query_ids, state.length, state.n_chunks, 0, queries, (tuple(parts), found))
+    return RetrievalState(keys=state.keys, queries=queries, parts=found)
 
 
 def streaming_prefill(
@@ -236,10 +259,12 @@ def streaming_prefill(
 
 
 def _through_layers(model: TruncatedLM, state: ContextState, ids: torch.Tensor, start: int, index: int,
-                    key_shift: int, queries: dict[int, torch.Tensor] | None) -> None:
+                    key_shift: int, queries: dict[int, torch.Tensor] | None,
+                    query_parts: tuple[tuple[str, ...], dict[str, torch.Tensor]] = ((), {})) -> None:
     """One chunk (ids (T,) at positions start.., chunk number `index`) through layers 1..top.
-    A context chunk (queries None) writes its keys and updates the window caches; the query chunk
-    (index N_C) fills `queries` and leaves the state as it was.
+    A context chunk (queries None) writes its keys (and parts) and updates the window caches; the
+    query chunk (index N_C) fills `queries` (and query_parts[1] with the parts named in
+    query_parts[0]) and leaves the state as it was.
     DCA (eq. 6): from the third chunk on, layers < l_R see the sink keys moved forward by (i-2)
     chunk lengths."""
     config, device, l_r, top = state.config, model.device, model.n_layers, max(state.keys)
@@ -249,11 +274,17 @@ def _through_layers(model: TruncatedLM, state: ContextState, ids: torch.Tensor, 
     h = model.embed(ids.to(device))  # (T, D)
     for l in range(1, top + 1):
         layer = model.layer(l)
-        if l == l_r:  # retrieval layer: q for the query, k for the context, nothing else
+        if l == l_r:  # retrieval layer: q for the query, k for the context, and the parts asked for
             if queries is not None:
-                queries[l] = layer.queries(h, cos, sin)
+                wanted, found = query_parts
+                got = layer.parts(h, cos, sin, ("queries", *wanted))
+                queries[l] = got.pop("queries")
+                found.update(got)
             else:
-                state.keys[l][:, start:end] = rerotate(layer.keys(h, cos, sin), model.inv_freq, key_shift)
+                got = layer.parts(h, cos, sin, ("keys", *state.parts))
+                state.keys[l][:, start:end] = rerotate(got.pop("keys"), model.inv_freq, key_shift)
+                for name, tensor in got.items():
+                    state.parts[name][:, start:end] = tensor
             return
         q, k, v = layer.qkv(h, cos, sin)  # (H, T, d), (KV, T, d), (KV, T, d)
         if l in state.keys:

@@ -17,9 +17,9 @@ from .ruler import TASKS, length_label
 from .run_eval import ATTENTION, STRATEGIES, TARGET_TASKS, load_records
 
 LABELS = {"full": "full context", "ilre": "ILRe (DCA auto)", "ilre_nodca": "ILRe (no DCA)", "snapkv": "SnapKV",
-          "streaming_llm": "StreamingLLM", "rag": "RAG (BM25)", "llmlingua": "LLMLingua",
-          "longllmlingua": "LongLLMLingua"}
-PEERS = ("snapkv", "streaming_llm", "rag", "llmlingua", "longllmlingua")
+          "lagkv": "LagKV", "reattention": "ReAttention", "streaming_llm": "StreamingLLM", "rag": "RAG (BM25)",
+          "llmlingua": "LLMLingua", "longllmlingua": "LongLLMLingua"}
+PEERS = ("snapkv", "lagkv", "reattention", "streaming_llm", "rag", "llmlingua", "longllmlingua")
 
 
 def _table(rows: dict[str, dict[int, list[float]]], lengths: list[int], scale: float = 100.0, fmt: str = "{:.0f}") -> list[str]:

@@ -7,15 +7,18 @@ context, query and budget:
   ilre            ILRe as the engine runs it (`--dca auto`: DCA on beyond the native window)
   ilre_nodca      ILRe with DCA off
   snapkv          the same layer-l_R attention (DCA auto, as the engine runs it), one kernel, plain top-k
+  lagkv           LagKV: the layer-l_R K/V against the next partition's range, no query (DCA auto)
+  reattention     ReAttention: pre-RoPE q.k votes and spans at l_R (DCA auto)
   streaming_llm   sink + most recent tokens
   rag             BM25 over 256-token chunks, best chunks up to the budget, original order
   llmlingua       LLMLingua (coarse + token level), `llmlingua` 0.2.2 in its own environment
   longllmlingua   LongLLMLingua (question-aware), same package
 
-ILRe, ILRe without DCA and SnapKV share streaming passes: one pass per (sample, DCA setting)
-yields the layer-l_R keys and query states, and each strategy only runs its own allocation on the
-same scores (exactly what `Engine.compress` computes; tests check it). Their wall time is that pass
-plus their own allocation.
+ILRe, ILRe without DCA, SnapKV, LagKV and ReAttention share streaming passes: one encode of the
+context per (sample, DCA setting) keeps the layer-l_R keys and every part these strategies read
+(values, pre-RoPE keys), and each strategy then runs `select` on it: its query chunk, scores and
+allocation (exactly what `Engine.compress` computes; tests check it). Their wall time is that pass
+plus their own selection.
 
 Metrics: retention = share of gold answers whose text is in the detokenized kept context;
 end to end = the whole embedded model (all layers) generates greedily from
@@ -37,9 +40,9 @@ from pathlib import Path
 
 import torch
 
-from ..compressor.prefill import PrefillConfig, streaming_prefill
+from ..compressor.pipeline import select
+from ..compressor.prefill import ContextState, PrefillConfig, encode_context
 from ..compressor.strategies import ScoreInputs, make_strategy
-from ..kernels.query_scores import query_key_scores
 from ..models.device import Placement
 from .baselines import rag_select
 from .lingua import METHODS as LINGUA_METHODS
@@ -48,8 +51,10 @@ from .ruler import TASKS, RulerSample, generate_sample, length_label
 
 log = logging.getLogger(__name__)
 
-STRATEGIES = ("full", "ilre", "ilre_nodca", "snapkv", "streaming_llm", "rag", "llmlingua", "longllmlingua")
-ATTENTION = {"ilre": "ilre", "ilre_nodca": "ilre", "snapkv": "snapkv"}  # strategies sharing the pass
+STRATEGIES = ("full", "ilre", "ilre_nodca", "snapkv", "lagkv", "reattention", "streaming_llm", "rag", "llmlingua",
+              "longllmlingua")
+# strategies sharing the encoded context (their records depend on l_R and the dtype): name -> strategy
+ATTENTION = {"ilre": "ilre", "ilre_nodca": "ilre", "snapkv": "snapkv", "lagkv": "lagkv", "reattention": "reattention"}
 RAG_CHUNK = 256
 
 
@@ -188,26 +193,22 @@ class Generator:
         return self.tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)
 
 
-def _attention_pass(engine, sample: RulerSample, dca: bool) -> tuple[torch.Tensor, float]:
-    """A^C at l_R for the sample (one streaming pass) and the seconds it took."""
+def encode_pass(engine, sample: RulerSample, dca: bool, parts: tuple[str, ...]) -> tuple[ContextState, float]:
+    """The sample's context encoded at l_R with `parts` (one streaming pass) and the seconds it took."""
     start = time.perf_counter()
     config = engine.config.prefill
     prefill = PrefillConfig(config.sink, config.window, config.chunk, dca)
-    model = engine.model_at(engine.layer)
     with torch.inference_mode():
-        state = streaming_prefill(model, torch.tensor(sample.context_ids), torch.tensor(sample.query_ids), prefill)
-        attention = query_key_scores(state.queries[engine.layer], state.keys[engine.layer])
-    return attention, time.perf_counter() - start
+        state = encode_context(engine.model_at(engine.layer), torch.tensor(sample.context_ids), prefill, parts=parts)
+    return state, time.perf_counter() - start
 
 
 def allocate(strategy_name: str, attention: torch.Tensor | None, length: int, budget: int, sink: int) -> list[int]:
-    """The pipeline's score + allocate steps (compressor/pipeline.py) on precomputed attention."""
+    """The pipeline's score + select steps (compressor/pipeline.py) on precomputed attention A^C."""
     strategy = make_strategy(strategy_name)
     with torch.inference_mode():
-        scores = strategy.score(ScoreInputs(length=length, attention=attention))
-        sink = min(sink, budget)
-        picked = strategy.allocate(scores[sink:], budget - sink) + sink
-    return torch.cat((torch.arange(sink), picked.cpu())).tolist()
+        scores = strategy.score(ScoreInputs(length=length, attention=attention, sink=sink, budget=budget))
+        return strategy.select(scores, budget, sink).cpu().tolist()
 
 
 class Evaluator:
@@ -256,11 +257,12 @@ class Evaluator:
         plan, tok = self.plan, self.tokenizer
         budget, sink = plan.budget, self.engine.config.prefill.sink
         total = len(sample.context_ids) + len(sample.query_ids)
-        passes: dict[bool, tuple[torch.Tensor, float]] = {}
+        passes: dict[bool, tuple[ContextState, float]] = {}
+        parts = tuple(sorted({p for n in strategies if n in ATTENTION for p in make_strategy(ATTENTION[n]).context_parts}))
 
-        def attention(dca: bool):
+        def encoded(dca: bool) -> tuple[ContextState, float]:
             if dca not in passes:
-                passes[dca] = _attention_pass(self.engine, sample, dca)
+                passes[dca] = encode_pass(self.engine, sample, dca, parts)
             return passes[dca]
 
         records = []
@@ -274,9 +276,10 @@ class Evaluator:
                 seconds = 0.0
             elif name in ATTENTION:
                 dca = name != "ilre_nodca" and total > self.native  # the engine's --dca auto
-                scores, pass_s = attention(dca)
+                state, pass_s = encoded(dca)
                 tick = time.perf_counter()
-                kept = allocate(ATTENTION[name], scores, len(sample.context_ids), budget, sink)
+                kept = select(self.engine.model_at(self.engine.layer), state, torch.tensor(sample.query_ids), budget,
+                              make_strategy(ATTENTION[name])).kept.tolist()
                 seconds = pass_s + time.perf_counter() - tick
             elif name == "streaming_llm":
                 kept = allocate(name, None, len(sample.context_ids), budget, sink)

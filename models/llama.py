@@ -28,8 +28,11 @@ class RMSNorm(nn.Module):
         return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(self.weight.dtype)
 
 
+RETRIEVAL_PARTS = ("queries", "keys", "values", "raw_queries", "raw_keys")  # what the retrieval layer can give
+
+
 class Attention(nn.Module):
-    """q/k/v/o projections; `full=False` builds only q and k (the retrieval layer).
+    """q/k/v/o projections; `full=False` builds q, k and v only (the retrieval layer).
 
     The checkpoint's q_proj/k_proj/v_proj load by name; `fuse()` (called once after loading) stacks
     them into one (H*d + 2*KV*d, D) matrix, so a chunk takes one matmul instead of three.
@@ -42,27 +45,57 @@ class Attention(nn.Module):
         d, hd = spec.hidden_size, spec.head_dim
         self.q_proj = nn.Linear(d, spec.num_heads * hd, bias=spec.qkv_bias)
         self.k_proj = nn.Linear(d, spec.num_kv_heads * hd, bias=spec.qkv_bias)
+        self.v_proj = nn.Linear(d, spec.num_kv_heads * hd, bias=spec.qkv_bias)
         if full:
-            self.v_proj = nn.Linear(d, spec.num_kv_heads * hd, bias=spec.qkv_bias)
             self.o_proj = nn.Linear(spec.num_heads * hd, d, bias=spec.o_bias)
         if spec.qk_norm:
             self.q_norm = RMSNorm(hd, spec.rms_norm_eps)
             self.k_norm = RMSNorm(hd, spec.rms_norm_eps)
 
     def fuse(self) -> None:
-        """Replace q_proj, k_proj (and v_proj) by one stacked projection `qkv_proj`."""
-        names = ("q_proj", "k_proj", "v_proj") if self.full else ("q_proj", "k_proj")
+        """Replace q_proj, k_proj and v_proj by one stacked projection `qkv_proj`."""
+        names = ("q_proj", "k_proj", "v_proj")
         self.qkv_proj = _stack([getattr(self, name) for name in names])
         for name in names:
             delattr(self, name)
 
+    def _rows(self, first: str, last: str) -> slice:
+        """The rows of qkv_proj from block `first` through block `last` ("q", "k", "v", in that order)."""
+        q_rows, kv_rows = self.spec.num_heads * self.spec.head_dim, self.spec.num_kv_heads * self.spec.head_dim
+        starts = {"q": 0, "k": q_rows, "v": q_rows + kv_rows}
+        ends = {"q": q_rows, "k": q_rows + kv_rows, "v": q_rows + 2 * kv_rows}
+        return slice(starts[first], ends[last])
+
     def _project(self, x: torch.Tensor, part: str) -> torch.Tensor:
         """x: (T, D) -> (T, rows) for part "q", "k" or "qkv" (q|k|v side by side)."""
-        q_rows = self.spec.num_heads * self.spec.head_dim
-        rows = {"q": slice(0, q_rows), "k": slice(q_rows, q_rows + self.spec.num_kv_heads * self.spec.head_dim),
-                "qkv": slice(None)}[part]
+        rows = self._rows(part[0], part[-1])
         bias = self.qkv_proj.bias
         return F.linear(x, self.qkv_proj.weight[rows], None if bias is None else bias[rows])
+
+    def parts(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, wanted: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """x: (T, D) normed hidden states -> the `wanted` RETRIEVAL_PARTS, in one matmul over the
+        rows they need: queries (heads, T, d) and keys (kv_heads, T, d) rotated; raw_queries and
+        raw_keys the same before RoPE (after q/k norms); values (kv_heads, T, d)."""
+        blocks = sorted({part.removeprefix("raw_")[0] for part in wanted}, key="qkv".index)
+        first, last = blocks[0], blocks[-1]
+        projected = self._project(x, first + last)
+        spec, n_heads = self.spec, {"q": self.spec.num_heads, "k": self.spec.num_kv_heads, "v": self.spec.num_kv_heads}
+        out, at = {}, 0
+        for block in "qkv"["qkv".index(first): "qkv".index(last) + 1]:
+            width = n_heads[block] * spec.head_dim
+            heads = self._heads(projected[..., at: at + width], n_heads[block])
+            at += width
+            if block == "v":
+                out["values"] = heads
+                continue
+            norm = (self.q_norm if block == "q" else self.k_norm) if spec.qk_norm else None
+            raw = norm(heads) if norm is not None else heads
+            name = "queries" if block == "q" else "keys"
+            if f"raw_{name}" in wanted:
+                out[f"raw_{name}"] = raw
+            if name in wanted:
+                out[name] = apply_rope(raw, cos, sin)
+        return {part: out[part] for part in wanted}
 
     def _heads(self, x: torch.Tensor, n_heads: int) -> torch.Tensor:
         """(..., T, heads*d) -> (..., heads, T, d); the leading dims are a batch, if any."""
@@ -76,11 +109,11 @@ class Attention(nn.Module):
 
     def queries(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x: (T, D) normed hidden states -> (heads, T, d) rotated queries."""
-        return self._rotate_q(self._heads(self._project(x, "q"), self.spec.num_heads), cos, sin)
+        return self.parts(x, cos, sin, ("queries",))["queries"]
 
     def keys(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """x: (T, D) normed hidden states -> (kv_heads, T, d) rotated keys."""
-        return self._rotate_k(self._heads(self._project(x, "k"), self.spec.num_kv_heads), cos, sin)
+        return self.parts(x, cos, sin, ("keys",))["keys"]
 
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: (T, D) normed hidden states -> q (heads, T, d), k and v (kv_heads, T, d); q and k rotated."""
@@ -125,7 +158,7 @@ class MLP(nn.Module):
 
 
 class DecoderLayer(nn.Module):
-    """One pre-norm decoder layer; `full=False` keeps only what the retrieval layer needs."""
+    """One pre-norm decoder layer; `full=False` keeps only what the retrieval layer needs (q, k, v)."""
 
     def __init__(self, spec: ModelSpec, full: bool = True):
         super().__init__()
@@ -151,6 +184,10 @@ class DecoderLayer(nn.Module):
         """h: (T, D) -> (heads, T, d) rotated queries only."""
         return self.self_attn.queries(self.input_layernorm(h), cos, sin)
 
+    def parts(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, wanted: tuple[str, ...]) -> dict[str, torch.Tensor]:
+        """h: (T, D) -> the wanted RETRIEVAL_PARTS (see Attention.parts)."""
+        return self.self_attn.parts(self.input_layernorm(h), cos, sin, wanted)
+
     def fuse(self) -> None:
         """Stack the projections that read the same input (see Attention.fuse, MLP.fuse)."""
         self.self_attn.fuse()
@@ -165,7 +202,7 @@ class DecoderLayer(nn.Module):
 
 
 class TruncatedLM(nn.Module):
-    """Embeddings, RoPE and layers 1..n_layers of a decoder; layer n_layers is q/k only.
+    """Embeddings, RoPE and layers 1..n_layers of a decoder; layer n_layers is q/k/v only.
 
     Layers are numbered from 1 as in the paper: `layer(l)` is the l-th decoder layer.
     """

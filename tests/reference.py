@@ -191,3 +191,95 @@ def literal_algorithm1(
             break
         taken.add(token)
     return sorted(taken)
+
+
+# --------------------------------------------------------------------------------------------
+# LagKV, section 2.2 (reference for compressor.strategies.lagkv)
+# --------------------------------------------------------------------------------------------
+
+
+def literal_lagkv(keys: torch.Tensor, values: torch.Tensor, budget: int, sink: int, lag: int,
+                  heads: str = "sum", eps: float = 1e-6) -> list[int]:
+    """The paper's steps one token, channel and partition at a time -> kept indices (ascending).
+
+    keys, values: (kv_heads, L, d). Sink and the last full partition + remainder stay; partition p
+    is normalised by the min/max of partition p + 1, std over channels, softmax over the partition,
+    K + V, heads summed (or maxed); each partition keeps its quota (budget left shared evenly, the
+    remainder to the last partitions) of best tokens, ties by lower index. Fewer than two
+    partitions, or no room for the window: the sink and the most recent tokens."""
+    n_kv, length, dim = keys.shape
+    sink = min(sink, length)
+    full = max(0, length - sink) // lag
+    n = full - 1 if full >= 2 else 0
+    window = length - sink - n * lag
+    left = budget - sink - window
+    if n == 0 or left < 0:
+        head = min(sink, budget)
+        return list(range(head)) + list(range(length - (budget - head), length))
+    kept = list(range(sink))
+    for p in range(n):
+        start, ref = sink + p * lag, sink + (p + 1) * lag
+        token_scores = [0.0 if heads == "sum" else -math.inf] * lag
+        for h in range(n_kv):
+            per_head = [0.0] * lag
+            for z in (keys, values):
+                stds = []
+                for t in range(lag):
+                    normed = []
+                    for c in range(dim):
+                        column = [float(z[h, ref + u, c]) for u in range(lag)]
+                        low, high = min(column), max(column)
+                        normed.append((float(z[h, start + t, c]) - low) / (high - low + eps))
+                    mean = sum(normed) / dim
+                    stds.append(math.sqrt(sum((x - mean) ** 2 for x in normed) / (dim - 1)))
+                top = max(stds)
+                exps = [math.exp(x - top) for x in stds]
+                for t in range(lag):
+                    per_head[t] += exps[t] / sum(exps)
+            for t in range(lag):
+                token_scores[t] = token_scores[t] + per_head[t] if heads == "sum" else max(token_scores[t], per_head[t])
+        quota = left // n + (1 if p >= n - left % n else 0)
+        ranked = sorted(range(lag), key=lambda t: (-token_scores[t], t))
+        kept += sorted(start + t for t in ranked[:quota])
+    return kept + list(range(length - window, length))
+
+
+# --------------------------------------------------------------------------------------------
+# ReAttention, section 3 (reference for compressor.strategies.reattention)
+# --------------------------------------------------------------------------------------------
+
+
+def literal_reattention(raw_q: torch.Tensor, raw_k: torch.Tensor, budget: int, glob: int, local: int,
+                        span: int, k: int, k_prime: int | None = None) -> list[int]:
+    """One head, one query token, one key at a time -> kept indices (ascending).
+
+    raw_q: (heads, Lq, d), raw_k: (kv_heads, L, d), both before RoPE. Global [0, glob) and local
+    [L - local, L) stay; each (head, query token) ranks the middle by q . k (ties: lower index) and
+    gives its r-th best of k tokens k - r votes; winners by votes (ties: lower index, at most
+    k_prime) bring the span [w - span//2, w - span//2 + span) in the middle, nearest first; new
+    tokens are taken until the budget is met, then the most recent middle tokens fill the rest."""
+    n_heads, n_query, _ = raw_q.shape
+    n_kv, length, _ = raw_k.shape
+    lo, hi = glob, length - local
+    votes = [0.0] * length
+    for h in range(n_heads):
+        for t in range(n_query):
+            dots = [(float(torch.dot(raw_q[h, t].double(), raw_k[h // (n_heads // n_kv), j].double())), j)
+                    for j in range(lo, hi)]
+            ranked = sorted(dots, key=lambda item: (-item[0], item[1]))
+            for rank, (_, j) in enumerate(ranked[:k]):
+                votes[j] += k - rank
+    winners = sorted((j for j in range(lo, hi) if votes[j] > 0), key=lambda j: (-votes[j], j))
+    if k_prime is not None:
+        winners = winners[:k_prime]
+    room, picked = budget - glob - local, []
+    for w in winners:
+        offsets = sorted(range(-(span // 2), span - span // 2), key=lambda o: (abs(o), o))
+        for o in offsets:
+            i = w + o
+            if lo <= i < hi and i not in picked and len(picked) < room:
+                picked.append(i)
+    for i in range(hi - 1, lo - 1, -1):
+        if len(picked) < room and i not in picked:
+            picked.append(i)
+    return sorted(list(range(glob)) + picked + list(range(hi, length)))

@@ -6,10 +6,12 @@ import dataclasses
 
 from .base import ScoreInputs, Strategy
 from .ilre import ILRe
+from .lagkv import LagKV
+from .reattention import ReAttention
 from .snapkv import SnapKV
 from .streaming_llm import StreamingLLM
 
-STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (ILRe, SnapKV, StreamingLLM)}
+STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (ILRe, SnapKV, StreamingLLM, LagKV, ReAttention)}
 
 
 def make_strategy(name: str, options: dict | None = None) -> Strategy:

@@ -15,12 +15,15 @@ from ..prefill import RetrievalState
 @dataclass(frozen=True)
 class ScoreInputs:
     """What a strategy may score. length: L context tokens; attention: A^C (L,) of eq. 5 at the
-    retrieval layer (None when the strategy does not need the model); state: the prefill's keys
-    and queries, for strategies that score keys themselves."""
+    retrieval layer (None when the strategy does not need the model or the query); state: the
+    prefill's keys, queries and parts, for strategies that score them themselves; sink: the S
+    tokens the pipeline always keeps; budget: the context tokens to keep, sink included."""
 
     length: int
     attention: torch.Tensor | None = None
     state: RetrievalState | None = None
+    sink: int = 0
+    budget: int = 0
 
 
 class Strategy(ABC):
@@ -29,13 +32,17 @@ class Strategy(ABC):
     Subclasses are frozen dataclasses whose fields are their options. Capabilities the pipeline
     reads (it never branches on the concrete type): `needs_attention`, whether to run the prefill;
     `needs_query`, whether the scores depend on the query (False: they are computed once per
-    encoded context and memoised on it, so a document's later queries skip the query chunk too).
+    encoded context and memoised on it, so a document's later queries skip the query chunk too;
+    such a strategy also runs without any query); `context_parts` / `query_parts`, what else the
+    prefill keeps at l_R for it (prefill.CONTEXT_PARTS: values, raw_keys; QUERY_PARTS: raw_queries).
     Strategies hold no per-request state, so one instance serves concurrent requests.
     """
 
     name: ClassVar[str]
     needs_attention: ClassVar[bool] = True
     needs_query: ClassVar[bool] = True
+    context_parts: ClassVar[tuple[str, ...]] = ()
+    query_parts: ClassVar[tuple[str, ...]] = ()
 
     @property
     def memo_key(self) -> str:
@@ -45,6 +52,14 @@ class Strategy(ABC):
     @abstractmethod
     def score(self, inputs: ScoreInputs) -> torch.Tensor:
         """-> (L,) float scores over the whole context (sink included)."""
+
+    def select(self, scores: torch.Tensor, budget: int, sink: int) -> torch.Tensor:
+        """scores: (L,) over the whole context -> (min(budget, L),) kept indices, ascending: the first
+        `sink` tokens (within the budget), then `allocate` over the rest. Strategies whose choice
+        depends on where tokens are (partitions, spans) override this instead."""
+        sink = min(sink, budget, scores.numel())
+        picked = self.allocate(scores[sink:], budget - sink) + sink
+        return torch.cat((torch.arange(sink, device=picked.device), picked))
 
     def allocate(self, scores: torch.Tensor, budget: int) -> torch.Tensor:
         """scores: (L',) sink excluded -> (min(budget, L'),) kept indices, ascending. Default: top-k."""

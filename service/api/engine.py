@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from ...compressor.batched_prefill import fits_one_chunk
-from ...compressor.pipeline import Selection, SelectionJob, select_context, select_contexts
+from ...compressor.pipeline import Selection, SelectionJob, batchable, select_context, select_contexts
 from ...compressor.prefill import ContextState, PrefillConfig, encode_context
 from ...compressor.strategies import Strategy
 from ...models.device import resolve_placement
@@ -187,19 +187,20 @@ class Engine:
 
     def _batchable(self, job: "_Job") -> bool:
         """A one-query request whose context is a single prefill chunk, when batching is on."""
-        return (self.batch_tokens > 0 and len(job.queries) == 1 and job.model is not None
+        return (self.batch_tokens > 0 and len(job.queries) == 1 and job.model is not None and batchable(job.strategy)
                 and job.budget < job.context_ids.numel() and fits_one_chunk(job.context_ids.numel(), job.prefill))
 
     def _select(self, job: "_Job") -> list[Selection]:
         """One selection per query, all against one encoded context from the document cache."""
         model, prefill = job.model, job.prefill
-        key = state_key(job.layer, prefill, self.placement.dtype_name)
+        parts = job.strategy.context_parts
+        key = state_key(job.layer, prefill, self.placement.dtype_name, parts)
         encoded: list[ContextState] = []
 
         def state() -> ContextState:
             if not encoded:
                 encoded.append(self.documents.state(
-                    job.document_id, key, lambda: encode_context(model, job.context_ids, prefill),
+                    job.document_id, key, lambda: encode_context(model, job.context_ids, prefill, parts=parts),
                     lambda tensors: ContextState.from_tensors(model, prefill, tensors)))
             return encoded[0]
 
@@ -223,7 +224,8 @@ class Engine:
                                     self.config.max_context_tokens, "max_context_tokens")
             doc = document_id(self.model_name, context_ids)
             self.documents.remember(doc, context_ids)
-        queries = [self._ids("query", text, ids, self.config.max_query_tokens, "max_query_tokens") if not request.multi
+        queries = [torch.empty(0, dtype=torch.int64) if text is None and ids is None  # no query (lagkv)
+                   else self._ids("query", text, ids, self.config.max_query_tokens, "max_query_tokens") if not request.multi
                    else self._ids(f"queries[{i}]" if text is not None else f"queries_ids[{i}]", text, ids,
                                   self.config.max_query_tokens, "max_query_tokens", f"queries_ids[{i}]")
                    for i, (text, ids) in enumerate(request.query_inputs())]

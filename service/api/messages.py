@@ -36,7 +36,8 @@ class CompressRequest:
     """One compression job. Exactly one of context / context_ids / document_id (a context sent
     earlier, by the id its result carried); exactly one of query / query_ids or of queries /
     queries_ids (several queries against one prefill of the context, one result each); at most
-    one of budget (context tokens kept, sink included) / ratio (kept share of the context)."""
+    one of budget (context tokens kept, sink included) / ratio (kept share of the context). A
+    strategy that does not read the query (e.g. lagkv) may be sent none."""
 
     id: str | None = None
     context: str | None = None
@@ -94,6 +95,8 @@ class CompressRequest:
 
     def _check_queries(self) -> None:
         if self.queries is None and self.queries_ids is None:
+            if self.query is None and self.query_ids is None and not self.build_strategy().needs_query:
+                return  # a query-agnostic strategy (e.g. lagkv) needs none
             _check_text_or_ids("query", self.query, self.query_ids)
             return
         given = [name for name in ("query", "query_ids", "queries", "queries_ids") if getattr(self, name) is not None]
@@ -116,7 +119,8 @@ class CompressRequest:
         return self.queries is not None or self.queries_ids is not None
 
     def query_inputs(self) -> list[tuple[str | None, list[int] | None]]:
-        """(text, ids) of every query, in order; exactly one of the two is set."""
+        """(text, ids) of every query, in order; exactly one of the two is set, except for a request
+        without a query (query-agnostic strategies), which has one query with neither."""
         if self.queries is not None:
             return [(text, None) for text in self.queries]
         if self.queries_ids is not None:

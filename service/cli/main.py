@@ -40,7 +40,14 @@ def _engine(args: argparse.Namespace):
 
 def request_defaults(args: argparse.Namespace) -> dict[str, Any]:
     """The per-request fields given on the command line (used as defaults by `batch`)."""
-    return {"budget": args.budget, "ratio": args.ratio, "strategy": args.strategy, "dca": args.dca}
+    options = None
+    if getattr(args, "strategy_options", None):
+        try:
+            options = json.loads(args.strategy_options)
+        except json.JSONDecodeError as exc:
+            raise InputError("strategy-options", f"not valid JSON ({exc.msg})") from None
+    return {"budget": args.budget, "ratio": args.ratio, "strategy": args.strategy, "dca": args.dca,
+            "strategy_options": options}
 
 
 def read_context(args: argparse.Namespace) -> str:
@@ -71,7 +78,8 @@ def run_compress(args: argparse.Namespace) -> int:
         raise CliError("document-id: names a document cached by a running service: give --server too")
     data: dict[str, Any] = ({"document_id": args.document_id} if args.document_id is not None
                             else {"context": read_context(args)})
-    data.update({"query": args.query[0]} if len(args.query) == 1 else {"queries": args.query})
+    queries = args.query or []
+    data.update({"query": queries[0]} if len(queries) == 1 else {"queries": queries} if queries else {})
     if args.explain:
         data["explain"] = True
     request = CompressRequest.from_json(data, request_defaults(args))

@@ -25,7 +25,9 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
     budget.add_argument("--ratio", type=float, help="share of the context tokens to keep, in (0, 1]")
     parser.add_argument("--model", default=None, help="checkpoint folder, .gguf file or hub id (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--layer", type=int, default=None, help="retrieval layer l_R (default: the model's profile)")
-    parser.add_argument("--strategy", default=None, help="ilre (default), snapkv, streaming_llm")
+    parser.add_argument("--strategy", default=None, help="ilre (default), snapkv, streaming_llm, lagkv, reattention")
+    parser.add_argument("--strategy-options", default=None, metavar="JSON",
+                        help='the strategy\'s options as a JSON object, e.g. \'{"lag": 256}\' for lagkv')
     parser.add_argument("--dca", choices=DCA_MODES, default=None, help="dual chunk attention: auto = on beyond the native window")
     parser.add_argument("--sink", type=int, default=4, help="S sink tokens (default 4)")
     parser.add_argument("--window", type=int, default=512, help="W sliding-window tokens below l_R; 0 = unbounded (default 512)")
@@ -50,9 +52,10 @@ def build_parser() -> argparse.ArgumentParser:
     source.add_argument("--context-file", help="file holding the context (UTF-8); - for standard input")
     source.add_argument("--document-id", help="with --server: a context the service holds, by the document_id a "
                         "result carried")
-    compress.add_argument("--query", required=True, action="append",
+    compress.add_argument("--query", action="append",
                           help="question plus answer prefix; give it several times to ask several questions of one "
-                          "prefill of the context (--json then prints {id, document_id, results})")
+                          "prefill of the context (--json then prints {id, document_id, results}); query-agnostic "
+                          "strategies (lagkv) need none")
     compress.add_argument("--json", action="store_true", help="print the result as one JSON object")
     compress.add_argument("--explain", metavar="OUT.html", help="also write a page showing the kept tokens and every "
                           "token's score (one query)")

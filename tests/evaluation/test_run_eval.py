@@ -11,21 +11,39 @@ from pathlib import Path
 import pytest
 
 from ilre.evaluation.results import write_report
-from ilre.evaluation.run_eval import (EvalPlan, Record, _attention_pass, allocate, caps_notes, new_token_budget,
+from ilre.evaluation.run_eval import (EvalPlan, Evaluator, Record, allocate, caps_notes, encode_pass, new_token_budget,
                                       plan_caps, widest_caps)
 
 
 def test_shared_pass_gives_the_engines_selection(engine):
+    """One encoded context serves every strategy of the shared pass as `Engine.compress` runs it,
+    and run_sample records what they keep."""
+    import torch
+
+    from ilre.compressor.pipeline import select
+    from ilre.compressor.strategies import make_strategy
+    from ilre.evaluation.metrics import retention
     from ilre.evaluation.ruler import generate_sample
     from ilre.service.api.messages import CompressRequest
 
     sample = generate_sample(engine.tokenizer, "niah_single_2", 2048, seed=1)
-    attention, _ = _attention_pass(engine, sample, dca=False)
-    for name in ("ilre", "snapkv", "streaming_llm"):
-        ours = allocate(name, attention, len(sample.context_ids), 512, engine.config.prefill.sink)
+    state, _ = encode_pass(engine, sample, False, ("raw_keys", "values"))
+    evaluator = Evaluator.__new__(Evaluator)  # the engine only: no generator, no LLMLingua
+    evaluator.plan, evaluator.engine, evaluator.tokenizer = EvalPlan(budget=512, e2e=False), engine, engine.tokenizer
+    evaluator.native = engine.spec.native_context
+    names = ["ilre", "snapkv", "lagkv", "reattention", "streaming_llm"]
+    records = {r.strategy: r for r in evaluator.run_sample(sample, names)}
+    for name in names:
         result = engine.compress(CompressRequest(context_ids=sample.context_ids, query_ids=sample.query_ids,
                                                  budget=512, strategy=name, dca="off"))
+        if name == "streaming_llm":
+            ours = allocate(name, None, len(sample.context_ids), 512, engine.config.prefill.sink)
+        else:
+            ours = select(engine.model_at(engine.layer), state, torch.tensor(sample.query_ids), 512,
+                          make_strategy(name)).kept.tolist()
         assert ours == result.kept_indices, name
+        text = engine.tokenizer.decode([sample.context_ids[i] for i in ours])
+        assert records[name].kept_tokens == 512 and records[name].retention == retention(text, sample.answers), name
 
 
 def test_a_generation_cap_never_cuts_the_gold_answer(engine):

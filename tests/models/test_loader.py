@@ -122,7 +122,8 @@ def checkpoint_state(model) -> dict[str, torch.Tensor]:
 
 def needed_names(all_names: list[str], n_layers: int) -> set[str]:
     """Tensors a model truncated at layer n_layers needs: embeddings, full layers below it, and
-    the norm + q/k projections (and q/k norms) of the retrieval layer itself."""
+    the norm + q/k/v projections (and q/k norms) of the retrieval layer itself (v for the strategies
+    that read values there, e.g. lagkv)."""
     needed = {"model.embed_tokens.weight"}
     for name in all_names:
         match = re.match(r"model\.layers\.(\d+)\.(.*)", name)
@@ -131,7 +132,7 @@ def needed_names(all_names: list[str], n_layers: int) -> set[str]:
         index, rest = int(match.group(1)), match.group(2)
         if index < n_layers - 1:
             needed.add(name)
-        elif index == n_layers - 1 and re.match(r"input_layernorm|self_attn\.(q_proj|k_proj|q_norm|k_norm)\.", rest):
+        elif index == n_layers - 1 and re.match(r"input_layernorm|self_attn\.(q_proj|k_proj|v_proj|q_norm|k_norm)\.", rest):
             needed.add(name)
     return needed
 
@@ -162,7 +163,7 @@ def test_loader_values_are_the_checkpoint_values():
     model = load_truncated(checkpoint, 2)
     state = checkpoint_state(model)
     assert len(state) == len([n for n in stored if n.startswith(("model.embed", "model.layers.0.", "model.layers.1."))
-                              and not re.search(r"layers\.1\.(mlp|post_attention|self_attn\.(v_proj|o_proj))", n)])
+                              and not re.search(r"layers\.1\.(mlp|post_attention|self_attn\.o_proj)", n)])
     for name, tensor in state.items():
         assert torch.equal(tensor, stored["model." + name]), name
 

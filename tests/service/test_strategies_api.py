@@ -1,0 +1,41 @@
+"""LagKV and ReAttention by name over real gRPC and HTTP: options, a request without a query for
+the query-agnostic one, and bad options naming their field."""
+
+from __future__ import annotations
+
+import pytest
+
+from ilre.service.api.messages import CompressRequest
+from ilre.service.client import ClientError
+
+from .conftest import QUERY, comparable, context, grpc_client, http_client
+
+
+def test_lagkv_needs_no_query_over_http_and_grpc(local_service, engine):
+    body = {"context": context(7, repeats=8), "budget": 120, "strategy": "lagkv", "strategy_options": {"lag": 32}}
+    with http_client(local_service) as http:
+        reply = http.post("/v1/compress", json=body)
+        with_query = http.post("/v1/compress", json={**body, "query": QUERY}).json()
+    assert reply.status_code == 200, reply.text
+    data = reply.json()
+    assert data["query"] == "" and data["compressed_tokens"] == 120 and len(data["token_ids"]) == 120
+    assert with_query["kept_indices"] == data["kept_indices"]  # the query changes nothing but the tail
+    expected = engine.compress(CompressRequest(**body))
+    with grpc_client(local_service) as client:
+        assert comparable(client.compress(body["context"], None, budget=120, strategy="lagkv",
+                                          strategy_options={"lag": 32})) == comparable(expected)
+        with pytest.raises(ClientError) as err:  # a strategy that reads the query still needs one
+            client.compress(body["context"], None, budget=120, strategy="ilre")
+    assert err.value.code == "INVALID_ARGUMENT" and err.value.field == "query"
+
+
+def test_reattention_by_name_with_options(local_service, engine):
+    with grpc_client(local_service) as client:
+        result = client.compress(context(8, repeats=8), QUERY, budget=96, strategy="reattention",
+                                 strategy_options={"span": 8, "local_tokens": 16})
+        expected = engine.compress(CompressRequest(context=context(8, repeats=8), query=QUERY, budget=96,
+                                                   strategy="reattention", strategy_options={"span": 8, "local_tokens": 16}))
+        assert comparable(result) == comparable(expected) and result.compressed_tokens == 96
+        with pytest.raises(ClientError) as err:
+            client.compress(context(8), QUERY, strategy="reattention", strategy_options={"span": 0})
+    assert err.value.field == "span" and "must be an integer >= 1" in err.value.message
