@@ -8,9 +8,12 @@ put back in their original order. Words are lower-cased \\w+ runs.
 
 from __future__ import annotations
 
+import logging
 import re
 
 import bm25s
+
+logging.getLogger("bm25s").setLevel(logging.WARNING)  # it logs every index build at DEBUG
 
 _WORD = re.compile(r"\w+")
 

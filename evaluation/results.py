@@ -130,6 +130,8 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
     layer = meta.get("layer")  # attention-based records measured at another l_R are left out
     records = [r for r in records if r["budget"] == budget
                and (r["strategy"] not in ATTENTION or layer is None or r.get("layer") == layer)]
+    latest = {(r["task"], r["length"], r["index"], r["seed"], r["strategy"], r["budget"]): r for r in records}
+    records = list(latest.values())  # a cell measured again (e.g. in another dtype): its latest record
     lengths = sorted({r["length"] for r in records})
     tasks = [t for t in TASKS if any(r["task"] == t for r in records)]
     plot = output.with_name(output.stem + "_retention.png")

@@ -22,3 +22,9 @@ $ILRE --tasks $T4 --lengths 4K,8K,16K,32K --samples 2 --strategies full,ilre,ilr
 $ILRE --tasks $T4 --lengths 32K --samples 1 --strategies longllmlingua --max-new-tokens 32 --lingua-max-length 32768
 # 8. a second sample of the other seven tasks where the peers are compared (16K, 32K)
 $ILRE --tasks niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe --lengths 16K,32K --samples 2 --strategies ilre,snapkv,streaming_llm,rag --no-e2e
+# 9. LagKV and ReAttention beside ILRe, SnapKV, StreamingLLM and RAG: all 11 tasks, 4K-32K, 3 samples per
+#    cell, retention only, bfloat16 (the default since the speed work: ILRe's and SnapKV's float32 records of
+#    samples 0-1 are measured again; the page keeps each cell's latest record)
+$ILRE --tasks $T4,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe --lengths 4K,8K,16K,32K --samples 3 --strategies ilre,snapkv,lagkv,reattention,streaming_llm,rag --no-e2e
+# 10. the same strategies on the target tasks at 64K and 128K, retention only
+$ILRE --tasks $T4 --lengths 64K,128K --samples 1 --strategies ilre,snapkv,lagkv,reattention,streaming_llm,rag --no-e2e
