@@ -269,7 +269,7 @@ def test_a_client_that_goes_away_while_waiting_closes_the_engine_request(llama, 
     marker = "Count to five hundred, slowly:"
     with pytest.raises(httpx.ReadTimeout):
         httpx.post(f"http://127.0.0.1:{sidecar.http_port}/completion", timeout=1.0,
-                   json={"prompt": marker, "n_predict": 400, "ignore_eos": True})
+                   json={"prompt": marker, "n_predict": 3000, "ignore_eos": True})  # long enough to outlast the close
     connection = wait_for(lambda: relay.connection_of(marker.encode()) + 1, 10, "the request at the engine") - 1
     wait_for(lambda: relay.closed[connection], 10, "the sidecar to close the engine request")
     assert llama.busy()  # closed by the sidecar while the engine was still generating
