@@ -10,33 +10,20 @@ Each retrieved document comes back with its kept text as page_content, its metad
 
 from __future__ import annotations
 
-from typing import Any, Optional, Sequence
+from typing import Optional, Sequence
 
 from langchain_core.callbacks import Callbacks
 from langchain_core.documents import BaseDocumentCompressor, Document
-from pydantic import ConfigDict, PrivateAttr
+from pydantic import ConfigDict
 
-from .backend import QUERY_TEMPLATE, DocumentCompression, compression_metadata
+from .backend import compression_metadata
+from .options import CompressionOptions
 
 
-class IlreCompressor(BaseDocumentCompressor):
-    """target: "HOST:PORT" (gRPC), "http://HOST:PORT" (HTTP) or None (in process, embedded model);
-    ratio (default 0.3 per document) or budget (tokens over all documents); strategy; api_key."""
+class IlreCompressor(CompressionOptions, BaseDocumentCompressor):
+    """Options: see CompressionOptions (target, ratio | budget, strategy, query_template, api_key)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
-
-    target: Optional[str] = None
-    ratio: Optional[float] = None
-    budget: Optional[int] = None
-    strategy: str = "ilre"
-    query_template: str = QUERY_TEMPLATE
-    api_key: Optional[str] = None
-    timeout_s: float = 300.0
-    _backend: DocumentCompression = PrivateAttr()
-
-    def model_post_init(self, context: Any) -> None:
-        self._backend = DocumentCompression(self.target, self.ratio, self.budget, self.strategy, self.query_template,
-                                            self.api_key, self.timeout_s)
 
     def compress_documents(self, documents: Sequence[Document], query: str,
                            callbacks: Optional[Callbacks] = None) -> Sequence[Document]:

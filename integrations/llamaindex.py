@@ -9,31 +9,17 @@ Each node keeps its id, metadata, relationships and score; its text becomes the 
 
 from __future__ import annotations
 
-from typing import Any, Optional
+from typing import Optional
 
-from llama_index.core.bridge.pydantic import PrivateAttr
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 
-from .backend import QUERY_TEMPLATE, DocumentCompression, compression_metadata
+from .backend import compression_metadata
+from .options import CompressionOptions
 
 
-class IlrePostprocessor(BaseNodePostprocessor):
-    """target: "HOST:PORT" (gRPC), "http://HOST:PORT" (HTTP) or None (in process, embedded model);
-    ratio (default 0.3 per node) or budget (tokens over all nodes); strategy; api_key."""
-
-    target: Optional[str] = None
-    ratio: Optional[float] = None
-    budget: Optional[int] = None
-    strategy: str = "ilre"
-    query_template: str = QUERY_TEMPLATE
-    api_key: Optional[str] = None
-    timeout_s: float = 300.0
-    _backend: DocumentCompression = PrivateAttr()
-
-    def model_post_init(self, context: Any) -> None:
-        self._backend = DocumentCompression(self.target, self.ratio, self.budget, self.strategy, self.query_template,
-                                            self.api_key, self.timeout_s)
+class IlrePostprocessor(CompressionOptions, BaseNodePostprocessor):
+    """Options: see CompressionOptions (target, ratio | budget, strategy, query_template, api_key)."""
 
     @classmethod
     def class_name(cls) -> str:
