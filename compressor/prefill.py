@@ -20,7 +20,7 @@ import torch
 
 from ..kernels.chunk_attention import chunk_attention
 from ..kernels.rope import rerotate
-from ..models.llama import TruncatedLM
+from ..models.llama import RETRIEVAL_PARTS, TruncatedLM
 
 
 @dataclass(frozen=True)
@@ -42,8 +42,21 @@ class PrefillConfig:
             raise ValueError(f"chunk: must be >= 1 (got {self.chunk})")
 
 
-CONTEXT_PARTS = ("values", "raw_keys")  # per-token extras of the context a strategy may ask for at l_R
-QUERY_PARTS = ("raw_queries",)           # and of the query
+# per-token extras of the context a strategy may ask for at l_R: values and raw_keys (kv_heads, L, d) and
+# raw_queries (heads, L, d) in the model's dtype; retaining (kv_heads, L, 1) float32, the predictions of
+# the model's Locret retaining head (the others are what that head reads, and trains on)
+CONTEXT_PARTS = ("values", "raw_keys", "raw_queries", "retaining")
+QUERY_PARTS = ("raw_queries",)  # and of the query
+HEAD_INPUTS = ("raw_queries", "raw_keys", "values")  # what the retaining head reads
+
+
+def part_shape(name: str, model: TruncatedLM, length: int) -> tuple[tuple[int, int, int], torch.dtype]:
+    """(shape, dtype) of a context part's cache for a context of `length` tokens."""
+    spec = model.spec
+    if name == "retaining":
+        return (spec.num_kv_heads, length, 1), torch.float32
+    heads = spec.num_heads if name == "raw_queries" else spec.num_kv_heads
+    return (heads, length, spec.head_dim), model.dtype
 
 
 @dataclass
@@ -139,7 +152,7 @@ class ContextState:
     the sink and window K/V of layer l < top, ready for one more chunk; length: L; n_chunks: N_C.
     Any number of queries can be run against it one after another (`prefill_query`); a query pass
     uses the caches' chunk slot as scratch, so two passes must not run on one state at once.
-    parts: the CONTEXT_PARTS encoded at l_R, (kv_heads, L, d) each; scores: (L,) scores of
+    parts: the CONTEXT_PARTS encoded at l_R (shapes: `part_shape`); scores: (L,) scores of
     query-agnostic strategies, memoised by `Strategy.memo_key`.
     """
 
@@ -182,7 +195,8 @@ class ContextState:
         length, n_chunks = (int(x) for x in tensors["meta"].tolist())
         place = {"device": model.device, "dtype": model.dtype}
         keys = {int(name.split(".")[1]): t.to(**place) for name, t in tensors.items() if name.startswith("keys.")}
-        parts = {name.split(".", 1)[1]: t.to(**place) for name, t in tensors.items() if name.startswith("part.")}
+        parts = {name: t.to(device=model.device, dtype=part_shape(name, model, length)[1])
+                 for name, t in ((n.split(".", 1)[1], t) for n, t in tensors.items() if n.startswith("part."))}
         caches = []
         while f"cache.{len(caches)}.k" in tensors:
             i, cache = len(caches), WindowCache(config, length, config.chunk, model)
@@ -203,7 +217,8 @@ def encode_context(
     """The context chunks of the streaming prefill: context_ids (L,) int64 -> ContextState.
 
     score_layers: 1-based layers whose context keys are kept (default: l_R, the model's last layer);
-    parts: CONTEXT_PARTS also kept at l_R (values, raw_keys), for the strategies that read them.
+    parts: CONTEXT_PARTS also kept at l_R (values, raw_keys, raw_queries, retaining), for the strategies
+    that read them (and for training Locret's head).
     DCA (eq. 7): at score layers the keys of chunk i < N_C - 1 are moved to chunk N_C - 1's start,
     so every query-key distance stays under two chunk lengths.
     """
@@ -217,14 +232,18 @@ def encode_context(
         raise ValueError(f"parts: unknown context parts {sorted(unknown)} (known: {', '.join(CONTEXT_PARTS)})")
     if parts and score_layers[-1] != l_r:
         raise ValueError("parts: context parts are kept at l_R only: score layers must end at it")
+    if "retaining" in parts and getattr(model, "retaining_head", None) is None:
+        raise ValueError(f"strategy: no Locret retaining head for this model at layer {l_r}: "
+                         f"train one with `ilre train-locret --layer {l_r}`")
 
-    def cache() -> torch.Tensor:
-        return torch.empty(spec.num_kv_heads, length, spec.head_dim, dtype=model.dtype, device=model.device)
+    def cache(name: str = "keys") -> torch.Tensor:
+        shape, dtype = part_shape(name, model, length)
+        return torch.empty(shape, dtype=dtype, device=model.device)
 
     keys = {l: cache() for l in score_layers}
     bounds = chunk_bounds(length, config)
     caches = [WindowCache(config, length, config.chunk, model) for _ in range(score_layers[-1] - 1)]
-    state = ContextState(length, len(bounds), config, keys, caches, {name: cache() for name in parts})
+    state = ContextState(length, len(bounds), config, keys, caches, {name: cache(name) for name in parts})
     base = bounds[-2][0] if len(bounds) >= 2 else 0  # start of chunk N_C - 1 (eq. 7 anchor)
     for index, (start, end) in enumerate(bounds):
         key_shift = base - start if config.dca and index < len(bounds) - 2 else 0
@@ -239,6 +258,8 @@ def prefill_query(model: TruncatedLM, state: ContextState, query_ids: torch.Tens
     query's `parts` (QUERY_PARTS, e.g. raw_queries) at l_R. The query keeps its natural positions
     L, L+1, ... right after the context."""
     queries: dict[int, torch.Tensor] = {}
+    if set(parts) & set(state.parts):
+        raise ValueError(f"parts: {sorted(set(parts) & set(state.parts))} asked of both the context and the query")
     found = dict(state.parts)
     _through_layers(model, state, query_ids, state.length, state.n_chunks, 0, queries, (tuple(parts), found))
     return RetrievalState(keys=state.keys, queries=queries, parts=found)
@@ -281,10 +302,14 @@ def _through_layers(model: TruncatedLM, state: ContextState, ids: torch.Tensor, 
                 queries[l] = got.pop("queries")
                 found.update(got)
             else:
-                got = layer.parts(h, cos, sin, ("keys", *state.parts))
+                head = "retaining" in state.parts
+                wanted = {"keys", *state.parts, *(HEAD_INPUTS if head else ())} - {"retaining"}
+                got = layer.parts(h, cos, sin, tuple(p for p in RETRIEVAL_PARTS if p in wanted))
                 state.keys[l][:, start:end] = rerotate(got.pop("keys"), model.inv_freq, key_shift)
-                for name, tensor in got.items():
-                    state.parts[name][:, start:end] = tensor
+                if head:
+                    got["retaining"] = model.retaining_head.score(*(got[p] for p in HEAD_INPUTS))
+                for name in state.parts:
+                    state.parts[name][:, start:end] = got[name]
             return
         q, k, v = layer.qkv(h, cos, sin)  # (H, T, d), (KV, T, d), (KV, T, d)
         if l in state.keys:

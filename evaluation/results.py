@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import datetime
 import json
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from statistics import mean
 
@@ -17,9 +17,10 @@ from .ruler import TASKS, length_label
 from .run_eval import ATTENTION, STRATEGIES, TARGET_TASKS, load_records
 
 LABELS = {"full": "full context", "ilre": "ILRe (DCA auto)", "ilre_nodca": "ILRe (no DCA)", "snapkv": "SnapKV",
-          "lagkv": "LagKV", "reattention": "ReAttention", "streaming_llm": "StreamingLLM", "rag": "RAG (BM25)",
+          "lagkv": "LagKV", "reattention": "ReAttention", "locret": "Locret", "actqkv": "ActQKV",
+          "actqkv_auto": "ActQKV (auto budget)", "streaming_llm": "StreamingLLM", "rag": "RAG (BM25)",
           "llmlingua": "LLMLingua", "longllmlingua": "LongLLMLingua"}
-PEERS = ("snapkv", "lagkv", "reattention", "streaming_llm", "rag", "llmlingua", "longllmlingua")
+PEERS = ("snapkv", "lagkv", "reattention", "locret", "actqkv", "streaming_llm", "rag", "llmlingua", "longllmlingua")
 
 
 def _table(rows: dict[str, dict[int, list[float]]], lengths: list[int], scale: float = 100.0, fmt: str = "{:.0f}") -> list[str]:
@@ -121,17 +122,46 @@ def retention_plot(records: list[dict], path: Path, title: str) -> Path | None:
     return path
 
 
+def auto_budget_section(records: list[dict], budget: int) -> list[str]:
+    """ActQKV's entropy-sized budget (at most `budget`) against fixed budgets on the same samples:
+    per length, mean retention in % and mean kept context tokens."""
+    auto = [r for r in records if r["strategy"] == "actqkv_auto" and r["budget"] == budget]
+    if not auto:
+        return []
+    cells = {(r["task"], r["length"], r["index"], r["seed"]) for r in auto}
+    same = [r for r in records if (r["task"], r["length"], r["index"], r["seed"]) in cells]
+    lengths = sorted({r["length"] for r in auto})
+    rows = [("actqkv_auto", budget)] + sorted({(r["strategy"], r["budget"]) for r in same
+                                               if r["strategy"] in ("ilre", "actqkv")}, key=lambda x: (x[0], -x[1]))
+    out = ["## Automatic budget (ActQKV's information density)", "",
+           f"ActQKV with `auto_budget` keeps between a quarter of the budget and the budget ({budget}), by the normalised "
+           "entropy of its scores; beside it, fixed budgets on the same samples. Each cell: retention in % / mean kept "
+           "context tokens (samples).", "",
+           "| strategy | " + " | ".join(length_label(n) for n in lengths) + " |",
+           "| --- | " + " | ".join("---:" for _ in lengths) + " |"]
+    for name, b in rows:
+        cells_out = []
+        for n in lengths:
+            got = [r for r in same if r["strategy"] == name and r["budget"] == b and r["length"] == n]
+            cells_out.append(f"{100 * mean([r['retention'] for r in got]):.0f} / {mean([r['kept_tokens'] for r in got]):.0f}"
+                             f" ({len(got)})" if got else "–")
+        label = LABELS[name] if name == "actqkv_auto" else f"{LABELS[name]}, budget {b}"
+        out.append(f"| {label} | " + " | ".join(cells_out) + " |")
+    return out + [""]
+
+
 def write_report(results_dir: Path, output: Path, command: str) -> Path:
     """Render results_dir's records into `output` (Markdown) and its retention plot."""
     records = load_records(results_dir / "raw.jsonl")
     meta_path = results_dir / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    budget = meta.get("plan", {}).get("budget", 1024)
     layer = meta.get("layer")  # attention-based records measured at another l_R are left out
-    records = [r for r in records if r["budget"] == budget
-               and (r["strategy"] not in ATTENTION or layer is None or r.get("layer") == layer)]
+    records = [r for r in records if r["strategy"] not in ATTENTION or layer is None or r.get("layer") == layer]
     latest = {(r["task"], r["length"], r["index"], r["seed"], r["strategy"], r["budget"]): r for r in records}
-    records = list(latest.values())  # a cell measured again (e.g. in another dtype): its latest record
+    every_budget = list(latest.values())  # a cell measured again (e.g. in another dtype): its latest record
+    counts = Counter(r["budget"] for r in every_budget)
+    budget = max(counts, key=lambda b: (counts[b], b)) if counts else meta.get("plan", {}).get("budget", 1024)
+    records = [r for r in every_budget if r["budget"] == budget]  # the page's budget: the one most measured
     lengths = sorted({r["length"] for r in records})
     tasks = [t for t in TASKS if any(r["task"] == t for r in records)]
     plot = output.with_name(output.stem + "_retention.png")
@@ -179,6 +209,7 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
         e2e_tasks = sorted({r["task"] for r in records if r.get("e2e") is not None}, key=list(TASKS).index)
         lines += [f"## End to end, mean over {', '.join(e2e_tasks)}", ""]
         lines += _table(e2e_all, sorted({r['length'] for r in records if r.get('e2e') is not None})) + [""]
+    lines += auto_budget_section(every_budget, budget)
     lines += ["## Compression wall time (s, mean per sample)", "",
               "ILRe and SnapKV share one streaming pass per sample and DCA setting; each is charged the whole pass "
               "plus its own allocation. LLMLingua's time is measured inside its worker process.", ""]

@@ -9,14 +9,17 @@ context, query and budget:
   snapkv          the same layer-l_R attention (DCA auto, as the engine runs it), one kernel, plain top-k
   lagkv           LagKV: the layer-l_R K/V against the next partition's range, no query (DCA auto)
   reattention     ReAttention: pre-RoPE q.k votes and spans at l_R (DCA auto)
+  locret          Locret: the shipped retaining head's scores at l_R, chunked eviction, no query (DCA auto)
+  actqkv          ActQKV: cosine to the activation-aware probe query, 32-token chunks (DCA auto)
+  actqkv_auto     ActQKV with its entropy-sized budget (at most the plan's budget; kept_tokens says how many)
   streaming_llm   sink + most recent tokens
   rag             BM25 over 256-token chunks, best chunks up to the budget, original order
   llmlingua       LLMLingua (coarse + token level), `llmlingua` 0.2.2 in its own environment
   longllmlingua   LongLLMLingua (question-aware), same package
 
-ILRe, ILRe without DCA, SnapKV, LagKV and ReAttention share streaming passes: one encode of the
+ILRe, ILRe without DCA, SnapKV, LagKV, ReAttention, Locret and ActQKV share streaming passes: one encode of the
 context per (sample, DCA setting) keeps the layer-l_R keys and every part these strategies read
-(values, pre-RoPE keys), and each strategy then runs `select` on it: its query chunk, scores and
+(values, pre-RoPE keys, the retaining head's scores), and each strategy then runs `select` on it: its query chunk, scores and
 allocation (exactly what `Engine.compress` computes; tests check it). Their wall time is that pass
 plus their own selection.
 
@@ -42,7 +45,7 @@ import torch
 
 from ..compressor.pipeline import select
 from ..compressor.prefill import ContextState, PrefillConfig, encode_context
-from ..compressor.strategies import ScoreInputs, make_strategy
+from ..compressor.strategies import ScoreInputs, Strategy, make_strategy
 from ..models.device import Placement
 from .baselines import rag_select
 from .lingua import METHODS as LINGUA_METHODS
@@ -51,10 +54,18 @@ from .ruler import TASKS, RulerSample, generate_sample, length_label
 
 log = logging.getLogger(__name__)
 
-STRATEGIES = ("full", "ilre", "ilre_nodca", "snapkv", "lagkv", "reattention", "streaming_llm", "rag", "llmlingua",
-              "longllmlingua")
-# strategies sharing the encoded context (their records depend on l_R and the dtype): name -> strategy
-ATTENTION = {"ilre": "ilre", "ilre_nodca": "ilre", "snapkv": "snapkv", "lagkv": "lagkv", "reattention": "reattention"}
+STRATEGIES = ("full", "ilre", "ilre_nodca", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto",
+              "streaming_llm", "rag", "llmlingua", "longllmlingua")
+# strategies sharing the encoded context (their records depend on l_R and the dtype): name -> (strategy, options)
+ATTENTION = {"ilre": ("ilre", {}), "ilre_nodca": ("ilre", {}), "snapkv": ("snapkv", {}), "lagkv": ("lagkv", {}),
+             "reattention": ("reattention", {}), "locret": ("locret", {}), "actqkv": ("actqkv", {}),
+             "actqkv_auto": ("actqkv", {"auto_budget": True})}
+
+
+def attention_strategy(name: str) -> Strategy:
+    """The Strategy an attention row of the table runs."""
+    strategy, options = ATTENTION[name]
+    return make_strategy(strategy, options)
 RAG_CHUNK = 256
 
 
@@ -258,7 +269,7 @@ class Evaluator:
         budget, sink = plan.budget, self.engine.config.prefill.sink
         total = len(sample.context_ids) + len(sample.query_ids)
         passes: dict[bool, tuple[ContextState, float]] = {}
-        parts = tuple(sorted({p for n in strategies if n in ATTENTION for p in make_strategy(ATTENTION[n]).context_parts}))
+        parts = tuple(sorted({p for n in strategies if n in ATTENTION for p in attention_strategy(n).context_parts}))
 
         def encoded(dca: bool) -> tuple[ContextState, float]:
             if dca not in passes:
@@ -279,7 +290,7 @@ class Evaluator:
                 state, pass_s = encoded(dca)
                 tick = time.perf_counter()
                 kept = select(self.engine.model_at(self.engine.layer), state, torch.tensor(sample.query_ids), budget,
-                              make_strategy(ATTENTION[name])).kept.tolist()
+                              attention_strategy(name)).kept.tolist()
                 seconds = pass_s + time.perf_counter() - tick
             elif name == "streaming_llm":
                 kept = allocate(name, None, len(sample.context_ids), budget, sink)
@@ -308,11 +319,11 @@ class Evaluator:
                             len(sample.context_ids), len(kept_ids), retention(text, sample.answers),
                             round(seconds, 4), answers=sample.answers, layer=self.engine.layer, dca=dca,
                             dtype=self.engine.placement.dtype_name if name in ATTENTION else None)
-            if self._generates(name, sample) and record.retention == 0.0 and TASKS[sample.task].kind in ("niah", "vt"):
+            if self.generates(name, sample.task, sample.length) and record.retention == 0.0 and TASKS[sample.task].kind in ("niah", "vt"):
                 # no gold text survived: a random 7-digit number, UUID or 5-letter name cannot be
                 # produced from the prompt, so the RULER score is 0 without spending a generation
                 record.e2e, record.note = 0.0, "not generated: no gold answer in the compressed context"
-            elif self._generates(name, sample):
+            elif self.generates(name, sample.task, sample.length):
                 n_new = new_token_budget(sample, plan.max_new_tokens, tok)
                 tick = time.perf_counter()
                 prediction = self.generator.generate(self.generator.prompt(kept_ids, sample), n_new)
@@ -323,13 +334,14 @@ class Evaluator:
             records.append(record)
         return records
 
-    def _generates(self, name: str, sample: RulerSample) -> bool:
+    def generates(self, name: str, task: str, length: int) -> bool:
+        """Whether the plan scores this strategy end to end on this task and length."""
         plan = self.plan
-        if not plan.e2e or (plan.e2e_tasks and sample.task not in plan.e2e_tasks):
+        if not plan.e2e or (plan.e2e_tasks and task not in plan.e2e_tasks):
             return False
-        if plan.e2e_max_length and sample.length > plan.e2e_max_length and name != "full":
+        if plan.e2e_max_length and length > plan.e2e_max_length and name != "full":
             return False
-        return not (name == "full" and plan.full_max_length and sample.length > plan.full_max_length)
+        return not (name == "full" and plan.full_max_length and length > plan.full_max_length)
 
     def wanted(self, length: int) -> list[str]:
         plan = self.plan
@@ -396,6 +408,15 @@ def load_records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def done_cells(records: list[dict], layer: int, dtype: str, generates) -> set[tuple]:
+    """Keys (task, length, index, seed, strategy, budget) of the records this plan need not measure again:
+    attention strategies at this l_R and dtype, and with an end-to-end score where
+    `generates(strategy, task, length)` says the plan generates (a retention-only record is measured again)."""
+    return {(r["task"], r["length"], r["index"], r["seed"], r["strategy"], r["budget"]) for r in records
+            if (r["strategy"] not in ATTENTION or (r.get("layer") == layer and (r.get("dtype") or "float32") == dtype))
+            and (r.get("e2e") is not None or not generates(r["strategy"], r["task"], r["length"]))}
+
+
 def run_eval(plan: EvalPlan, results_dir: Path, fresh: bool = False, progress=print) -> Path:
     """Run the plan, appending to results_dir/raw.jsonl (skipping records already there)."""
     results_dir.mkdir(parents=True, exist_ok=True)
@@ -409,8 +430,7 @@ def run_eval(plan: EvalPlan, results_dir: Path, fresh: bool = False, progress=pr
     evaluator = Evaluator(plan, notes)
     layer = evaluator.engine.layer  # records of attention strategies at another l_R or dtype are redone
     dtype = evaluator.engine.placement.dtype_name
-    done = {(r["task"], r["length"], r["index"], r["seed"], r["strategy"], r["budget"]) for r in load_records(raw)
-            if r["strategy"] not in ATTENTION or (r.get("layer") == layer and (r.get("dtype") or "float32") == dtype)}
+    done = done_cells(load_records(raw), layer, dtype, evaluator.generates)
     meta = {"plan": asdict(plan), "model": evaluator.engine.model_name, "layer": evaluator.engine.layer,
             "placement": evaluator.engine.placement.describe(),
             "calibrated": evaluator.engine.profile.calibrated, "native_context": evaluator.native, "caps": caps, "notes": notes}

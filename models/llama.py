@@ -205,6 +205,8 @@ class TruncatedLM(nn.Module):
     """Embeddings, RoPE and layers 1..n_layers of a decoder; layer n_layers is q/k/v only.
 
     Layers are numbered from 1 as in the paper: `layer(l)` is the l-th decoder layer.
+    `retaining_head`: Locret's head for layer n_layers (models/retaining_head.py), attached when one
+    is stored for the model; the prefill's `retaining` part runs it.
     """
 
     def __init__(self, spec: ModelSpec, n_layers: int, inv_freq: torch.Tensor, rope_scaling: float = 1.0):
@@ -219,6 +221,7 @@ class TruncatedLM(nn.Module):
             DecoderLayer(spec, full=i < n_layers - 1) for i in range(n_layers)
         )
         self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.retaining_head: nn.Module | None = None
 
     def fuse(self) -> "TruncatedLM":
         """Stack q/k/v and gate/up projections in every layer (once, after the weights are loaded)."""

@@ -283,3 +283,128 @@ def literal_reattention(raw_q: torch.Tensor, raw_k: torch.Tensor, budget: int, g
         if len(picked) < room and i not in picked:
             picked.append(i)
     return sorted(list(range(glob)) + picked + list(range(hi, length)))
+
+
+# --------------------------------------------------------------------------------------------
+# Locret, section 4 (reference for models.retaining_head and compressor.strategies.locret)
+# --------------------------------------------------------------------------------------------
+
+
+def literal_retaining_scores(raw_q: torch.Tensor, raw_k: torch.Tensor, values: torch.Tensor, w1: torch.Tensor,
+                             w2: torch.Tensor) -> list[list[float]]:
+    """R([q, k, v]) = silu([q, k, v] W1) W2 one token, unit and head at a time -> [kv head][token].
+
+    raw_q: (heads, L, d), raw_k / values: (kv_heads, L, d); a token's input is its query heads, then
+    its key heads, then its value heads, each head's d channels in order."""
+    n_kv, length, _ = raw_k.shape
+    w1, w2 = w1.detach(), w2.detach()
+    out = [[0.0] * length for _ in range(n_kv)]
+    for t in range(length):
+        x = [float(c) for z in (raw_q, raw_k, values) for h in range(z.shape[0]) for c in z[h, t]]
+        hidden = []
+        for u in range(w1.shape[1]):
+            a = sum(x[i] * float(w1[i, u]) for i in range(len(x)))
+            hidden.append(a / (1.0 + math.exp(-a)))
+        for j in range(n_kv):
+            out[j][t] = sum(hidden[u] * float(w2[u, j]) for u in range(len(hidden)))
+    return out
+
+
+def literal_locret(scores: list[float], budget: int, sink: int, local: int, stabilisers: int, chunk: int) -> list[int]:
+    """Algorithm 1 of Locret with a cache of (score, index) units -> kept indices (ascending).
+
+    The first `sink` tokens score +inf; the last `local` tokens are left out of the chunks and
+    appended at the end; after each chunk but the last, the last `stabilisers` cache units get +inf
+    on a copy, and the top budget - local stay (ties: lower index)."""
+    length = len(scores)
+    sink = min(sink, budget)
+    local = min(local, budget - sink)
+    cap = budget - local
+    base = [math.inf if i < sink else s for i, s in enumerate(scores)]
+    chunks = [(a, min(a + chunk, length - local)) for a in range(0, length - local, chunk)]
+    cache: list[int] = []
+    for n, (begin, end) in enumerate(chunks):
+        cache = cache + list(range(begin, end))
+        copy = {i: base[i] for i in cache}
+        if n < len(chunks) - 1:
+            for i in cache[max(0, len(cache) - stabilisers):] if stabilisers else []:
+                copy[i] = math.inf
+        top = sorted(cache, key=lambda i: (-copy[i], i))[:cap]
+        cache = sorted(top)
+    return cache + list(range(length - local, length))
+
+
+# --------------------------------------------------------------------------------------------
+# ActQKV, section 4 as reconstructed (reference for compressor.strategies.actqkv)
+# --------------------------------------------------------------------------------------------
+
+
+def literal_probe(raw_q: torch.Tensor, skip: int = 0, question_weight: float = 0.0) -> list[list[float]]:
+    """The activation-aware probe one head, token and channel at a time -> [head][channel].
+
+    phi_j = mean_c (q_jc - mu_c)^2 / (var_c + mean(var) / 100), weights phi / sum(phi) (uniform if
+    all 0), probe = sum_j w_j q_j; with question_weight, unit(probe) + question_weight x unit(mean q)."""
+    n_heads, n_query, dim = raw_q.shape
+    start = min(skip, n_query - 1)
+    out = []
+    for h in range(n_heads):
+        rows = [[float(x) for x in raw_q[h, j]] for j in range(start, n_query)]
+        n = len(rows)
+        mu = [sum(r[c] for r in rows) / n for c in range(dim)]
+        var = [sum((r[c] - mu[c]) ** 2 for r in rows) / n for c in range(dim)]
+        eps = sum(var) / dim / 100.0 + 1e-12
+        phi = [sum((r[c] - mu[c]) ** 2 / (var[c] + eps) for c in range(dim)) / dim for r in rows]
+        total = sum(phi)
+        weights = [p / total for p in phi] if total > 0 else [1.0 / n] * n
+        probe = [sum(weights[j] * rows[j][c] for j in range(n)) for c in range(dim)]
+        if question_weight:
+            norm = math.sqrt(sum(x * x for x in probe)) or 1.0
+            mean_norm = math.sqrt(sum(x * x for x in mu)) or 1.0
+            probe = [probe[c] / norm + question_weight * mu[c] / mean_norm for c in range(dim)]
+        out.append(probe)
+    return out
+
+
+def literal_actqkv_scores(raw_q: torch.Tensor, raw_k: torch.Tensor, skip: int = 0,
+                         question_weight: float = 0.0) -> list[float]:
+    """Score of token j: mean over query heads h of cos(probe_h, k_j of h's KV head), one at a time."""
+    n_heads, _, dim = raw_q.shape
+    n_kv, length, _ = raw_k.shape
+    probe = literal_probe(raw_q, skip, question_weight)
+    scores = []
+    for j in range(length):
+        total = 0.0
+        for h in range(n_heads):
+            k = [float(x) for x in raw_k[h // (n_heads // n_kv), j]]
+            dot = sum(probe[h][c] * k[c] for c in range(dim))
+            norms = math.sqrt(sum(x * x for x in probe[h])) * math.sqrt(sum(x * x for x in k))
+            total += dot / max(norms, 1e-12)
+        scores.append(total / n_heads)
+    return scores
+
+
+def literal_entropy_budget(middle: list[float], budget: int, min_budget: int, temperature: float) -> int:
+    """D = entropy(softmax(s / temperature)) / log N over the retrievable scores; min + round(D x (budget - min))."""
+    top = max(middle)
+    exps = [math.exp((s - top) / temperature) for s in middle]
+    z = sum(exps)
+    entropy = -sum(e / z * math.log(e / z) for e in exps if e > 0)
+    density = entropy / math.log(len(middle)) if len(middle) > 1 else 1.0
+    low = min(min_budget, budget)
+    return max(low, min(budget, low + round(density * (budget - low))))
+
+
+def literal_actqkv(scores: list[float], budget: int, sink: int, local: int, chunk: int) -> list[int]:
+    """Sink [0, sink) and the last `local` tokens stay; the middle is cut into chunks of `chunk` from
+    `sink`, ranked by their best token (ties: earlier chunk), taken whole best first and the last one
+    by its best tokens (ties: lower index) -> kept indices (ascending), exactly `budget`."""
+    length = len(scores)
+    room = budget - sink - local
+    chunks = [list(range(a, min(a + chunk, length - local))) for a in range(sink, length - local, chunk)]
+    ranked = sorted(range(len(chunks)), key=lambda c: (-max(scores[i] for i in chunks[c]), c))
+    picked: list[int] = []
+    for c in ranked:
+        for i in sorted(chunks[c], key=lambda i: (-scores[i], i)):
+            if len(picked) < room:
+                picked.append(i)
+    return sorted(list(range(sink)) + picked + list(range(length - local, length)))

@@ -1,6 +1,7 @@
-"""LagKV and ReAttention on the real embedded model through the command line, on the 16K-token
-passkey haystack of test_needle.py: the budget is met, and what each keeps is reported (LagKV
-never sees the question, so whether it keeps the passkey is its own business)."""
+"""LagKV, ReAttention, Locret (the shipped head) and ActQKV on the real embedded model through the
+command line, on the 16K-token passkey haystack of test_needle.py: the budget is met, and what each
+keeps is reported (LagKV and Locret never see the question, so whether they keep the passkey is
+their own business)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,8 @@ from ilre.evaluation.passkey import make_passkey_sample
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("strategy, with_query", [("lagkv", False), ("reattention", True)])
+@pytest.mark.parametrize("strategy, with_query", [("lagkv", False), ("reattention", True), ("locret", False),
+                                                   ("actqkv", True)])
 def test_cli_on_the_16k_needle(engine, tmp_path, strategy, with_query):
     sample = make_passkey_sample(engine.tokenizer, 16000, 0.5, digits=6, seed=11)
     context = tmp_path / "haystack.txt"

@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import dataclasses
 
+from .actqkv import ActQKV
 from .base import ScoreInputs, Strategy
 from .ilre import ILRe
 from .lagkv import LagKV
+from .locret import Locret
 from .reattention import ReAttention
 from .snapkv import SnapKV
 from .streaming_llm import StreamingLLM
 
-STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (ILRe, SnapKV, StreamingLLM, LagKV, ReAttention)}
+STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (ILRe, SnapKV, StreamingLLM, LagKV, ReAttention, Locret,
+                                                             ActQKV)}
 
 
 def make_strategy(name: str, options: dict | None = None) -> Strategy:

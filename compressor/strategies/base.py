@@ -12,6 +12,14 @@ from ..allocation import top_k_indices
 from ..prefill import RetrievalState
 
 
+def check_int(name: str, value: object, minimum: int, optional: bool = True) -> None:
+    """ValueError naming the option unless value is an integer >= minimum (or None when optional)."""
+    if value is None and optional:
+        return
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name}: must be an integer >= {minimum}{' or null' if optional else ''} (got {value!r})")
+
+
 @dataclass(frozen=True)
 class ScoreInputs:
     """What a strategy may score. length: L context tokens; attention: A^C (L,) of eq. 5 at the

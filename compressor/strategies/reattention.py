@@ -25,16 +25,9 @@ from dataclasses import dataclass
 
 import torch
 
-from .base import ScoreInputs, Strategy
+from .base import ScoreInputs, Strategy, check_int
 
 KEY_BLOCK = 8192  # keys scored at once: one (kv_heads, group * Lq, block) block of dot products
-
-
-def _check_int(name: str, value: object, minimum: int, optional: bool = True) -> None:
-    if value is None and optional:
-        return
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
-        raise ValueError(f"{name}: must be an integer >= {minimum}{' or null' if optional else ''} (got {value!r})")
 
 
 def borda_votes(raw_q: torch.Tensor, raw_k: torch.Tensor, lo: int, hi: int, k: int) -> torch.Tensor:
@@ -85,11 +78,11 @@ class ReAttention(Strategy):
     k_prime: int | None = None
 
     def __post_init__(self) -> None:
-        _check_int("global_tokens", self.global_tokens, 0)
-        _check_int("local_tokens", self.local_tokens, 0)
-        _check_int("k_prime", self.k_prime, 1)
-        _check_int("span", self.span, 1, optional=False)
-        _check_int("k", self.k, 1, optional=False)
+        check_int("global_tokens", self.global_tokens, 0)
+        check_int("local_tokens", self.local_tokens, 0)
+        check_int("k_prime", self.k_prime, 1)
+        check_int("span", self.span, 1, optional=False)
+        check_int("k", self.k, 1, optional=False)
 
     def regions(self, length: int, budget: int, sink: int) -> tuple[int, int]:
         """(G, L_loc): the global and local token counts for this budget (G + L_loc <= budget)."""

@@ -28,3 +28,14 @@ $ILRE --tasks niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt
 $ILRE --tasks $T4,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe --lengths 4K,8K,16K,32K --samples 3 --strategies ilre,snapkv,lagkv,reattention,streaming_llm,rag --no-e2e
 # 10. the same strategies on the target tasks at 64K and 128K, retention only
 $ILRE --tasks $T4 --lengths 64K,128K --samples 1 --strategies ilre,snapkv,lagkv,reattention,streaming_llm,rag --no-e2e
+# 11. end to end on the target tasks, 4K-32K, 3 samples per cell, for the strategies of stages 9-10 (their bfloat16
+#     records of stage 9 were retention only; a rerun measures again what a record lacks)
+$ILRE --tasks $T4 --lengths 4K,8K,16K,32K --samples 3 --strategies ilre,snapkv,lagkv,reattention,streaming_llm,rag --max-new-tokens 32
+# 12. Locret (the shipped retaining head) and ActQKV (fixed and automatic budget): all 11 tasks, 4K-32K, 3 samples
+#     per cell, retention only; then end to end on the target tasks; then the target tasks at 64K and 128K
+$ILRE --tasks $T4,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe --lengths 4K,8K,16K,32K --samples 3 --strategies locret,actqkv,actqkv_auto --no-e2e
+$ILRE --tasks $T4 --lengths 4K,8K,16K,32K --samples 3 --strategies locret,actqkv,actqkv_auto --max-new-tokens 32
+$ILRE --tasks $T4 --lengths 64K,128K --samples 1 --strategies locret,actqkv,actqkv_auto --no-e2e
+# 13. fixed budgets beside ActQKV's automatic one, on the same samples (ILRe and ActQKV at 512 and 256)
+$ILRE --tasks $T4,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe --lengths 4K,8K,16K,32K --samples 3 --strategies ilre,actqkv --budget 512 --no-e2e
+$ILRE --tasks $T4,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe --lengths 4K,8K,16K,32K --samples 3 --strategies ilre,actqkv --budget 256 --no-e2e

@@ -23,6 +23,7 @@ from ...models.device import resolve_placement
 from ...models.llama import TruncatedLM
 from ...models.loader import load_spec, load_tokenizer, load_truncated, resolve_checkpoint
 from ...models.profiles import load_profile
+from ...models.retaining_head import attach_head
 from ...models.tokenize import TooManyTokens, tokenize_text
 from .documents import DocumentCache, SharedDocuments, document_id, state_key
 from .explain import MAX_EXPLAIN_TOKENS, ExplanationFacts, render_explanation
@@ -88,7 +89,8 @@ class Engine:
     def model_at(self, layer: int) -> TruncatedLM:
         """The model truncated at `layer` (loaded on first use; loads are fast, reads are partial)."""
         if layer not in self._models:
-            self._models[layer] = load_truncated(self.checkpoint.path, layer, self.placement.dtype, self.placement.device)
+            model = load_truncated(self.checkpoint.path, layer, self.placement.dtype, self.placement.device)
+            self._models[layer] = attach_head(model, self.checkpoint.name)
         return self._models[layer]
 
     def _check_layer(self, layer: int, name: str) -> None:
@@ -263,7 +265,7 @@ class Engine:
             query=query, original_tokens=len(context_ids), compressed_tokens=len(kept),
             ratio=round(len(kept) / len(context_ids), 6), model=self.model_name, layer=job.layer,
             strategy=job.strategy.name, dca=job.dca, passthrough=selection.passthrough, timings_ms=timings,
-            document_id=job.document_id,
+            document_id=job.document_id, budget=job.budget if selection.passthrough else len(kept),
         )
         if request.explain:
             result.explanation = self._explanation(job, selection, result)
@@ -272,9 +274,10 @@ class Engine:
     def _explanation(self, job: "_Job", selection: Selection, result: CompressResult) -> str:
         """The HTML page of one result (service/api/explain.py)."""
         tokens = self.tokenizer.batch_decode([[i] for i in job.context_ids.tolist()])
-        allocated = job.budget - min(self.config.prefill.sink, job.budget)
+        budget = result.budget or job.budget  # an automatic budget: the one chosen
+        allocated = budget - min(self.config.prefill.sink, budget)
         facts = ExplanationFacts(model=result.model, layer=result.layer, strategy=result.strategy, dca=result.dca,
-                                 budget=job.budget, sink=self.config.prefill.sink,
+                                 budget=budget, sink=self.config.prefill.sink,
                                  budget_split=job.strategy.budget_split(allocated), query=result.query,
                                  timings_ms=result.timings_ms, passthrough=result.passthrough)
         return render_explanation(tokens, selection.scores, result.kept_indices, facts)

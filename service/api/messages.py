@@ -171,6 +171,7 @@ class CompressResult:
     passthrough: bool
     timings_ms: dict[str, float]
     document_id: str | None = None  # send it instead of the context to ask the same document again
+    budget: int | None = None  # the context-token budget applied: the request's, or what an automatic one chose
     explanation: str | None = None  # the HTML page, when the request asked to explain
 
     def to_dict(self) -> dict[str, Any]:

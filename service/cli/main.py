@@ -231,6 +231,32 @@ def run_calibrate(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_train_locret(args: argparse.Namespace) -> int:
+    import dataclasses
+    import shlex
+
+    from ...evaluation.locret_data import DataPlan
+    from ...evaluation.train_locret import TrainPlan, train_locret
+    from ...models.profiles import PROFILE_DIR
+
+    try:
+        data = {k: v for k, v in (("samples", args.samples), ("seed", args.seed)) if v is not None}
+        if args.lengths:
+            data["lengths"] = tuple(int(x) for x in args.lengths.split(",") if x.strip())
+        fit = {k: v for k, v in (("hidden", args.hidden), ("epochs", args.epochs), ("lr", args.lr),
+                                 ("alpha", args.alpha), ("seed", args.seed)) if v is not None}
+        plan = TrainPlan(data=dataclasses.replace(DataPlan(), **data), **fit)
+        command = "ilre " + " ".join(shlex.quote(a) for a in sys.argv[1:])
+        path = train_locret(args.model, args.layer, plan, Path(args.output_dir) if args.output_dir else PROFILE_DIR,
+                            args.device, args.dtype, command,
+                            report=lambda row: print(json.dumps(row), file=sys.stderr, flush=True),
+                            cache=Path(args.examples_cache) if args.examples_cache else None)
+    except (FileNotFoundError, ValueError) as exc:
+        raise CliError(str(exc)) from None
+    print(json.dumps({"head": str(path)}))
+    return 0
+
+
 def run_evaluation(args: argparse.Namespace) -> int:
     import dataclasses
 
@@ -291,7 +317,8 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
     runners = {"compress": run_compress, "batch": run_batch, "demo": run_demo, "serve": run_serve, "sidecar": run_sidecar,
-               "worker": run_worker, "calibrate": run_calibrate, "eval": run_evaluation}
+               "worker": run_worker, "calibrate": run_calibrate, "eval": run_evaluation,
+               "train-locret": run_train_locret}
     try:
         return runners[args.command](args)
     except (InputError, CliError) as exc:

@@ -89,7 +89,7 @@ def result_to_proto(result: CompressResult) -> "pb.CompressResponse":
         original_tokens=result.original_tokens, compressed_tokens=result.compressed_tokens,
         ratio=result.ratio, model=result.model, layer=result.layer, strategy=result.strategy,
         dca=result.dca, passthrough=result.passthrough, timings_ms=result.timings_ms,
-        document_id=result.document_id or "", explanation=result.explanation or "",
+        document_id=result.document_id or "", explanation=result.explanation or "", budget=result.budget or 0,
     )
 
 
@@ -99,7 +99,7 @@ def result_from_proto(msg: "pb.CompressResponse") -> CompressResult:
         compressed_context=msg.compressed_context, query=msg.query, original_tokens=msg.original_tokens,
         compressed_tokens=msg.compressed_tokens, ratio=msg.ratio, model=msg.model, layer=msg.layer,
         strategy=msg.strategy, dca=msg.dca, passthrough=msg.passthrough, timings_ms=dict(msg.timings_ms),
-        document_id=msg.document_id or None, explanation=msg.explanation or None,
+        document_id=msg.document_id or None, explanation=msg.explanation or None, budget=msg.budget or None,
     )
 
 

@@ -12,6 +12,7 @@ from ilre.compressor.prefill import PrefillConfig, streaming_prefill
 from ilre.compressor.strategies import STRATEGIES, make_strategy
 from ilre.kernels.query_scores import query_key_scores
 from ilre.models.loader import load_truncated
+from ilre.models.retaining_head import RetainingHead
 from tests.reference import literal_algorithm1
 from tests.tiny_models import random_ids, single_thread, tiny_checkpoint  # noqa: F401
 
@@ -22,7 +23,10 @@ BUDGETS = [1, 3, 4, 5, 17, 33, LENGTH - 1]
 
 @lru_cache(maxsize=None)
 def model():
-    return load_truncated(tiny_checkpoint("qwen2"), 2)
+    """The tiny model at layer 2, with a (seeded, untrained) retaining head for Locret."""
+    truncated = load_truncated(tiny_checkpoint("qwen2"), 2)
+    truncated.retaining_head = RetainingHead.for_spec(truncated.spec, 8, seed=3).requires_grad_(False)
+    return truncated
 
 
 def inputs(seed: int = 0):

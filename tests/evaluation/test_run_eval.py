@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from ilre.evaluation.results import write_report
-from ilre.evaluation.run_eval import (EvalPlan, Evaluator, Record, allocate, caps_notes, encode_pass, new_token_budget,
-                                      plan_caps, widest_caps)
+from ilre.evaluation.run_eval import (EvalPlan, Evaluator, Record, allocate, caps_notes, done_cells, encode_pass,
+                                      new_token_budget, plan_caps, widest_caps)
 
 
 def test_shared_pass_gives_the_engines_selection(engine):
@@ -81,6 +81,18 @@ def test_staged_runs_state_the_widest_caps():
     assert "lingua-cap" not in caps_notes(full_4k, caps)
     assert widest_caps({"e2e_max_length": 0}, {"e2e_max_length": 4096}) == {"e2e_max_length": 0}  # 0: no cap
     assert widest_caps({"lingua_max_length": 8192}, {"lingua_max_length": 16384}) == {"lingua_max_length": 16384}
+
+
+def test_a_rerun_measures_again_what_the_plan_asks_for_and_a_record_lacks():
+    def record(strategy, e2e, dtype="bfloat16", layer=8):
+        return {"task": "niah_single_1", "length": 4096, "index": 0, "seed": 0, "strategy": strategy, "budget": 1024,
+                "e2e": e2e, "layer": layer, "dtype": dtype}
+
+    records = [record("ilre", None), record("snapkv", 1.0), record("lagkv", None, dtype="float32"),
+               record("rag", None, dtype=None), record("reattention", 0.0, layer=15)]
+    keys = lambda done: sorted(k[4] for k in done)  # noqa: E731
+    assert keys(done_cells(records, 8, "bfloat16", lambda *_: False)) == ["ilre", "rag", "snapkv"]
+    assert keys(done_cells(records, 8, "bfloat16", lambda *_: True)) == ["snapkv"]  # retention-only: redo
 
 
 def test_report_from_records(tmp_path):

@@ -39,3 +39,22 @@ def test_reattention_by_name_with_options(local_service, engine):
         with pytest.raises(ClientError) as err:
             client.compress(context(8), QUERY, strategy="reattention", strategy_options={"span": 0})
     assert err.value.field == "span" and "must be an integer >= 1" in err.value.message
+
+
+def test_locret_needs_no_query_and_actqkv_reports_its_automatic_budget(local_service, engine):
+    body = {"context": context(9, repeats=8), "budget": 120, "strategy": "locret"}
+    with http_client(local_service) as http:
+        reply = http.post("/v1/compress", json=body)
+        auto = http.post("/v1/compress", json={"context": context(9, repeats=8), "query": QUERY, "budget": 120,
+                                               "strategy": "actqkv", "strategy_options": {"auto_budget": True}}).json()
+        bad = http.post("/v1/compress", json={**body, "strategy_options": {"stabilisers": -1}})
+    assert reply.status_code == 200, reply.text
+    data = reply.json()
+    assert data["query"] == "" and data["compressed_tokens"] == data["budget"] == 120
+    assert comparable(engine.compress(CompressRequest(**body))) == comparable(data)
+    assert 30 <= auto["budget"] <= 120 and auto["compressed_tokens"] == auto["budget"] == len(auto["kept_indices"])
+    assert bad.status_code == 400 and bad.json()["field"] == "stabilisers"
+    with grpc_client(local_service) as client:
+        result = client.compress(context(9, repeats=8), QUERY, budget=120, strategy="actqkv",
+                                 strategy_options={"auto_budget": True})
+    assert result.budget == auto["budget"] and result.kept_indices == auto["kept_indices"]
