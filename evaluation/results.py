@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from statistics import mean
 
+from .intervals import wilson
 from .ruler import TASKS, length_label
 from .run_eval import ATTENTION, STRATEGIES, TARGET_TASKS, load_records
 
@@ -23,7 +24,9 @@ LABELS = {"full": "full context", "ilre": "ILRe (DCA auto)", "ilre_nodca": "ILRe
 PEERS = ("snapkv", "lagkv", "reattention", "locret", "actqkv", "streaming_llm", "rag", "llmlingua", "longllmlingua")
 
 
-def _table(rows: dict[str, dict[int, list[float]]], lengths: list[int], scale: float = 100.0, fmt: str = "{:.0f}") -> list[str]:
+def _table(rows: dict[str, dict[int, list[float]]], lengths: list[int], scale: float = 100.0, fmt: str = "{:.0f}",
+           interval: bool = False) -> list[str]:
+    """One row per strategy, one column per length: mean (n), with `interval` mean [95% CI] (n)."""
     head = "| strategy | " + " | ".join(length_label(n) for n in lengths) + " |"
     out = [head, "| --- |" + " ---: |" * len(lengths)]
     for name in STRATEGIES:
@@ -32,7 +35,14 @@ def _table(rows: dict[str, dict[int, list[float]]], lengths: list[int], scale: f
         cells = []
         for n in lengths:
             values = rows[name].get(n)
-            cells.append(f"{fmt.format(scale * mean(values))} ({len(values)})" if values else "–")
+            if not values:
+                cells.append("–")
+                continue
+            ci = ""
+            if interval:
+                low, high = wilson(min(1.0, max(0.0, mean(values))), len(values))
+                ci = f" [{fmt.format(scale * low)}–{fmt.format(scale * high)}]"
+            cells.append(f"{fmt.format(scale * mean(values))}{ci} ({len(values)})")
         out.append(f"| {LABELS[name]} | " + " | ".join(cells) + " |")
     return out
 
@@ -198,12 +208,13 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
     if retention_plot(targets, plot, f"Retention vs length (budget {budget}, single 1-3 + multikey 1)"):
         lines += ["## Retention vs length", "", f"![retention vs length]({plot.name})", ""]
     lines += ["## Retention, mean over single 1-3 + multikey 1", "",
-              "Every strategy ran these four tasks, so a column compares like with like.", ""]
-    lines += _table(_group(targets, "retention"), lengths) + [""]
+              "Every strategy ran these four tasks, so a column compares like with like. Each cell: mean % "
+              "[95% Wilson interval] (samples).", ""]
+    lines += _table(_group(targets, "retention"), lengths, interval=True) + [""]
     lines += ["## Retention, mean over every task run", "",
               "Strategies ran different task sets at some lengths (the count in brackets): compare within a column "
-              "only where the counts match.", ""]
-    lines += _table(_group(records, "retention"), lengths) + [""]
+              "only where the counts match. Each cell: mean % [95% Wilson interval] (samples).", ""]
+    lines += _table(_group(records, "retention"), lengths, interval=True) + [""]
     e2e_all = _group(records, "e2e")
     if e2e_all:
         e2e_tasks = sorted({r["task"] for r in records if r.get("e2e") is not None}, key=list(TASKS).index)

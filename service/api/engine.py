@@ -23,7 +23,7 @@ from ...models.device import resolve_placement
 from ...models.llama import TruncatedLM
 from ...models.loader import load_spec, load_tokenizer, load_truncated, resolve_checkpoint
 from ...models.profiles import load_profile
-from ...models.retaining_head import attach_head
+from ...models.retaining_head import attach_head, head_directories, head_path
 from ...models.tokenize import TooManyTokens, tokenize_text
 from .documents import DocumentCache, SharedDocuments, document_id, state_key
 from .explain import MAX_EXPLAIN_TOKENS, ExplanationFacts, render_explanation
@@ -92,6 +92,12 @@ class Engine:
             model = load_truncated(self.checkpoint.path, layer, self.placement.dtype, self.placement.device)
             self._models[layer] = attach_head(model, self.checkpoint.name)
         return self._models[layer]
+
+    def _heads_found(self) -> str:
+        """The layers with a stored retaining head for this model, for error messages."""
+        layers = [l for l in range(1, self.spec.num_layers + 1)
+                  if any(head_path(self.model_name, l, d).is_file() for d in head_directories())]
+        return ", ".join(f"layer {l}" for l in layers) or "none"
 
     def _check_layer(self, layer: int, name: str) -> None:
         if not 1 <= layer <= self.spec.num_layers:
@@ -239,6 +245,9 @@ class Engine:
         dca = request.dca == "on" or (request.dca == "auto" and total > self.spec.native_context)
         prefill = PrefillConfig(self.config.prefill.sink, self.config.prefill.window, self.config.prefill.chunk, dca)
         model = self.model_at(layer) if strategy.needs_attention else None
+        if "retaining" in strategy.context_parts and model.retaining_head is None:
+            raise InputError("strategy", f"{strategy.name} needs a retaining head for {self.model_name} at layer {layer}: "
+                             f"train one with `ilre train-locret --layer {layer}` (heads found: {self._heads_found()})")
         return _Job(request, doc, context_ids, queries, budget, strategy, layer, prefill, model, dca,
                     start, _ms(start, time.perf_counter()))
 

@@ -105,8 +105,9 @@ def test_report_from_records(tmp_path):
     out = write_report(tmp_path, tmp_path / "results.md", "ilre eval --test")
     text = out.read_text()
     targets, every = text.split("## Retention, mean over single 1-3 + multikey 1")[1].split("## Retention, mean over every")
-    assert "| ILRe (DCA auto) | 100 (1) | 100 (1) |" in targets and "| SnapKV | 0 (1) | 0 (1) |" in targets
-    assert "| ILRe (DCA auto) | 50 (2) | 100 (1) |" in every
+    assert "| ILRe (DCA auto) | 100 [21–100] (1) | 100 [21–100] (1) |" in targets  # mean [95% Wilson] (n)
+    assert "| SnapKV | 0 [0–79] (1) | 0 [0–79] (1) |" in targets
+    assert "| ILRe (DCA auto) | 50 [9–91] (2) | 100 [21–100] (1) |" in every
     assert "retention on single 1-3 + multikey 1 at 16K: 100.0% (target >= 95%): met" in text
     assert (tmp_path / "results_retention.png").is_file()
 
@@ -125,3 +126,16 @@ def test_ilre_eval_quick_runs_from_the_command_line(tmp_path):
     kept = {r["strategy"]: sum(x["retention"] for x in records if x["strategy"] == r["strategy"]) for r in records}
     assert kept["ilre"] >= kept["streaming_llm"]  # a needle mid-context: the recent tokens miss it
     assert "## Retention, mean over single 1-3 + multikey 1" in (tmp_path / "results.md").read_text()
+
+
+def test_wilson_intervals_on_known_cases():
+    from ilre.evaluation.intervals import wilson
+
+    assert wilson(0.5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
+    assert wilson(1.0, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)  # all kept: not a point
+    assert wilson(0.0, 10) == pytest.approx((0.0, 0.2775), abs=1e-4)
+    assert wilson(0.9, 100) == pytest.approx((0.8256, 0.9448), abs=1e-4)
+    low, high = wilson(0.5, 1000)
+    assert high - low < wilson(0.5, 10)[1] - wilson(0.5, 10)[0]  # narrows with n
+    with pytest.raises(ValueError, match="n: must be >= 1"):
+        wilson(0.5, 0)

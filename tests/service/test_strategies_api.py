@@ -48,12 +48,15 @@ def test_locret_needs_no_query_and_actqkv_reports_its_automatic_budget(local_ser
         auto = http.post("/v1/compress", json={"context": context(9, repeats=8), "query": QUERY, "budget": 120,
                                                "strategy": "actqkv", "strategy_options": {"auto_budget": True}}).json()
         bad = http.post("/v1/compress", json={**body, "strategy_options": {"stabilisers": -1}})
+        headless = http.post("/v1/compress", json={**body, "layer": 5})  # no head trained for layer 5
     assert reply.status_code == 200, reply.text
     data = reply.json()
     assert data["query"] == "" and data["compressed_tokens"] == data["budget"] == 120
     assert comparable(engine.compress(CompressRequest(**body))) == comparable(data)
     assert 30 <= auto["budget"] <= 120 and auto["compressed_tokens"] == auto["budget"] == len(auto["kept_indices"])
     assert bad.status_code == 400 and bad.json()["field"] == "stabilisers"
+    assert headless.status_code == 400 and headless.json()["field"] == "strategy"
+    assert "ilre train-locret --layer 5" in headless.json()["error"] and "layer 8" in headless.json()["error"]
     with grpc_client(local_service) as client:
         result = client.compress(context(9, repeats=8), QUERY, budget=120, strategy="actqkv",
                                  strategy_options={"auto_budget": True})
