@@ -2,7 +2,10 @@
 
 For each context length x key length x depth, one streaming pass yields every layer's keys and
 queries; each layer is scored with one kernel (SnapKV-like) and with the multi-kernel allocation.
-l_R = the smallest layer with the highest multi-kernel recall.
+Two grids: the paper's (within the native window) and a long one (beyond it, DCA on, distractor
+passkeys). l_R = among the layers with the best multi-kernel recall on the paper's grid, the best on
+the long one (then the smallest); the profile also names `fast` (the paper's rule: the smallest
+best layer) and `robust` (the best long-context recall), which a request may ask for by name.
 """
 
 from __future__ import annotations
@@ -10,13 +13,13 @@ from __future__ import annotations
 import datetime
 import itertools
 import sys
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from ..compressor.calibration import pick_layer, recall_by_layer
+from ..compressor.calibration import pick_layers, recall_by_layer
 from ..compressor.prefill import PrefillConfig, streaming_prefill
 from ..compressor.strategies import make_strategy
 from ..models.device import Placement
@@ -28,40 +31,38 @@ from .passkey import make_passkey_sample
 @dataclass(frozen=True)
 class CalibrationPlan:
     """lengths: context tokens (within the native window); digits: passkey lengths; depths: how
-    many equal segments the needle visits; budget: tokens kept, as in the paper (1024)."""
+    many equal segments the needle visits; budget: tokens kept, as in the paper (1024).
+    The long grid, for how the product is used: long_lengths (beyond the native window, DCA on),
+    long_digits, long_depths, and `distractors` other passkey phrases in each of its contexts
+    (multikey-style); empty long_lengths = the paper's rule alone."""
 
     lengths: tuple[int, ...] = (2048, 6144)
     digits: tuple[int, ...] = (8, 32)
     depths: int = 20
     budget: int = 1024
     seed: int = 0
+    long_lengths: tuple[int, ...] = (16384, 32768)
+    long_digits: tuple[int, ...] = (8, 32)
+    long_depths: int = 5
+    distractors: int = 3
+
+    def long_grid(self) -> "CalibrationPlan":
+        """The long grid as a plan of its own (for the shared sampling and plotting code)."""
+        return replace(self, lengths=self.long_lengths, digits=self.long_digits, depths=self.long_depths)
 
 
-QUICK_PLAN = CalibrationPlan(lengths=(2048,), digits=(8, 32), depths=4)
+QUICK_PLAN = CalibrationPlan(lengths=(2048,), digits=(8, 32), depths=4, long_lengths=(), long_depths=2)
 
 
-def run_calibration(model: str | None, plan: CalibrationPlan, profile_dir: Path = PROFILE_DIR,
-                    plot_dir: Path | None = None, prefill: PrefillConfig | None = None,
-                    placement: Placement | None = None) -> Profile:
-    """Measure recall per layer, save the profile (and heatmaps), return the profile.
-    placement: device and dtype of the pass (default: float32 on the CPU, as the profiles were made)."""
-    checkpoint = resolve_checkpoint(model)
-    spec = load_spec(checkpoint.path)
-    too_long = [n for n in plan.lengths if n + 64 > spec.native_context]
-    if too_long:
-        raise ValueError(f"lengths: {too_long} exceed the model's native window of {spec.native_context} tokens")
-    if min(plan.lengths) <= plan.budget:
-        raise ValueError(f"lengths: every context must be longer than the budget of {plan.budget} tokens")
-    tokenizer = load_tokenizer(checkpoint.path)
-    placement = placement or Placement(torch.device("cpu"), torch.float32)
-    truncated = load_truncated(checkpoint.path, spec.num_layers, placement.dtype, placement.device)
-    config = prefill or PrefillConfig()
-    strategies = {"single": make_strategy("snapkv"), "multi": make_strategy("ilre")}
-    layers = tuple(range(1, spec.num_layers + 1))
+def grid_hits(truncated, tokenizer, plan: CalibrationPlan, config: PrefillConfig, strategies: dict, layers: tuple[int, ...],
+              distractors: int, label: str) -> dict[str, torch.Tensor]:
+    """Whole-needle hits (lengths, digits, depths, layers) per strategy over the plan's passkey grid,
+    one streaming pass per sample serving every layer."""
     grid = list(itertools.product(plan.lengths, plan.digits, range(plan.depths)))
     hits = {name: torch.zeros(len(plan.lengths), len(plan.digits), plan.depths, len(layers)) for name in strategies}
-    for length, digits, depth in tqdm(grid, desc=f"calibrate {checkpoint.name}", unit="sample", file=sys.stderr):
-        sample = make_passkey_sample(tokenizer, length, depth / plan.depths, digits, seed=plan.seed)
+    for length, digits, depth in tqdm(grid, desc=label, unit="sample", file=sys.stderr):
+        sample = make_passkey_sample(tokenizer, length, depth / plan.depths, digits, seed=plan.seed,
+                                     distractors=distractors)
         with torch.inference_mode():
             state = streaming_prefill(truncated, torch.tensor(sample.context_ids), torch.tensor(sample.query_ids),
                                       config, layers)
@@ -69,23 +70,65 @@ def run_calibration(model: str | None, plan: CalibrationPlan, profile_dir: Path 
         at = (plan.lengths.index(length), plan.digits.index(digits), depth)
         for name, per_layer in recalls.items():
             hits[name][at] = torch.tensor([float(per_layer[l]) for l in layers])
+    return hits
+
+
+def run_calibration(model: str | None, plan: CalibrationPlan, profile_dir: Path = PROFILE_DIR,
+                    plot_dir: Path | None = None, prefill: PrefillConfig | None = None,
+                    placement: Placement | None = None) -> Profile:
+    """Measure recall per layer on both grids, save the profile (and heatmaps), return the profile.
+    placement: device and dtype of the pass (default: float32 on the CPU, as the profiles were made)."""
+    checkpoint = resolve_checkpoint(model)
+    spec = load_spec(checkpoint.path)
+    too_long = [n for n in plan.lengths if n + 64 > spec.native_context]
+    if too_long:
+        raise ValueError(f"lengths: {too_long} exceed the model's native window of {spec.native_context} tokens")
+    if min(plan.lengths + plan.long_lengths) <= plan.budget:
+        raise ValueError(f"lengths: every context must be longer than the budget of {plan.budget} tokens")
+    tokenizer = load_tokenizer(checkpoint.path)
+    placement = placement or Placement(torch.device("cpu"), torch.float32)
+    truncated = load_truncated(checkpoint.path, spec.num_layers, placement.dtype, placement.device)
+    config = prefill or PrefillConfig()
+    strategies = {"single": make_strategy("snapkv"), "multi": make_strategy("ilre")}
+    layers = tuple(range(1, spec.num_layers + 1))
+    hits = grid_hits(truncated, tokenizer, plan, config, strategies, layers, 0, f"calibrate {checkpoint.name}")
     recall = {name: h.mean(dim=(0, 1, 2)) for name, h in hits.items()}  # (layers,)
-    layer = pick_layer({l: round(float(recall["multi"][l - 1]), 6) for l in layers})
+    per_layer = lambda r: {l: round(float(r[l - 1]), 4) for l in layers}  # noqa: E731
+    long_hits, long_recall = {}, {}
+    if plan.long_lengths:
+        long_hits = grid_hits(truncated, tokenizer, plan.long_grid(), replace(config, dca=True), strategies, layers,
+                              plan.distractors, f"calibrate {checkpoint.name} (long, DCA)")
+        long_recall = {name: h.mean(dim=(0, 1, 2)) for name, h in long_hits.items()}
+    choices = pick_layers(per_layer(recall["multi"]), per_layer(long_recall["multi"]) if long_recall else None)
+    layer = choices["default"]
     details = {
-        "method": "appendix A.1 passkey retrieval, whole-phrase recall, smallest layer with the highest multi-kernel recall",
+        "method": "appendix A.1 passkey retrieval, whole-phrase recall, the best multi-kernel recall within the native "
+                  "window; ties broken by the recall beyond it (DCA on, distractor passkeys)",
         "date": datetime.date.today().isoformat(),
-        "plan": {"lengths": plan.lengths, "digits": plan.digits, "depths": plan.depths, "budget": plan.budget,
-                 "seed": plan.seed, "placement": placement.describe(), "sink": config.sink, "window": config.window, "chunk": config.chunk},
-        "samples": len(grid),
-        "recall_multi": {l: round(float(recall["multi"][l - 1]), 4) for l in layers},
-        "recall_single": {l: round(float(recall["single"][l - 1]), 4) for l in layers},
+        "plan": {**asdict(plan), "placement": placement.describe(), "sink": config.sink, "window": config.window,
+                 "chunk": config.chunk},
+        "samples": len(plan.lengths) * len(plan.digits) * plan.depths
+                   + len(plan.long_lengths) * len(plan.long_digits) * plan.long_depths,
+        "choices": choices,
+        # relative prefill time of a choice: the layers a context runs through (l_R is q/k only)
+        "cost": {name: round(l / choices["fast"], 2) for name, l in choices.items()},
+        "recall_multi": per_layer(recall["multi"]),
+        "recall_single": per_layer(recall["single"]),
     }
+    if long_recall:
+        details["recall_long_multi"] = per_layer(long_recall["multi"])
+        details["recall_long_single"] = per_layer(long_recall["single"])
     profile = Profile(checkpoint.name, layer, True, details)
     path = save_profile(profile, profile_dir)
-    print(f"l_R = {layer} (multi-kernel recall {float(recall['multi'][layer - 1]):.3f}); profile -> {path}", file=sys.stderr)
+    print(f"l_R = {layer} (choices {choices}; multi-kernel recall {float(recall['multi'][layer - 1]):.3f}"
+          + (f", long {float(long_recall['multi'][layer - 1]):.3f}" if long_recall else "") + f"); profile -> {path}",
+          file=sys.stderr)
     if plot_dir is not None:
         from .plots import calibration_heatmaps
 
-        for out in calibration_heatmaps(checkpoint.name, hits, plan, layers, plot_dir):
+        written = calibration_heatmaps(checkpoint.name, hits, plan, layers, plot_dir)
+        if long_hits:
+            written += calibration_heatmaps(checkpoint.name, long_hits, plan.long_grid(), layers, plot_dir, suffix="-long")
+        for out in written:
             print(f"heatmap -> {out}", file=sys.stderr)
     return profile

@@ -8,7 +8,7 @@ import torch
 
 
 def calibration_heatmaps(model: str, hits: dict[str, torch.Tensor], plan, layers: tuple[int, ...],
-                         directory: Path) -> list[Path]:
+                         directory: Path, suffix: str = "") -> list[Path]:
     """hits[kernel]: (lengths, digits, depths, layers) 0/1 -> one PNG per kernel setting with
     recall by layer x key length and by layer x depth. Returns the written paths."""
     import matplotlib
@@ -33,8 +33,9 @@ def calibration_heatmaps(model: str, hits: dict[str, torch.Tensor], plan, layers
             ax.set_ylabel(ylabel)
             fig.colorbar(image, ax=ax, label="whole-needle recall")
         kernel = "multi-kernel (3 max x 16 avg)" if name == "multi" else "single kernel (SnapKV-like)"
-        fig.suptitle(f"{model}: recall per layer, {kernel}, budget {plan.budget}")
-        path = directory / f"{model.lower()}-{name}.png"
+        grid = ", ".join(f"{n // 1024}K" for n in plan.lengths)
+        fig.suptitle(f"{model}: recall per layer, {kernel}, budget {plan.budget}, contexts {grid}")
+        path = directory / f"{model.lower()}-{name}{suffix}.png"
         fig.savefig(path, dpi=110)
         plt.close(fig)
         written.append(path)

@@ -24,6 +24,13 @@ class Profile:
     calibrated: bool = True
     details: dict = field(default_factory=dict)
 
+    @property
+    def choices(self) -> dict[str, int]:
+        """Named retrieval layers a request may ask for ("fast", "default", "robust" from `ilre
+        calibrate`); a profile without them offers "default" = retrieval_layer."""
+        named = {str(k): int(v) for k, v in self.details.get("choices", {}).items()}
+        return {**named, "default": self.retrieval_layer}
+
 
 def profile_path(model_name: str, directory: Path = PROFILE_DIR) -> Path:
     """Where the profile of `model_name` is (or would be) stored."""

@@ -46,7 +46,7 @@ class EngineConfig:
     as busy with one 300-token request as with 32 of them, and a batch only delays its first ones)."""
 
     model: str | None = None
-    layer: int | None = None
+    layer: int | str | None = None
     device: str = "auto"
     dtype: str = "auto"
     prefill: PrefillConfig = field(default_factory=PrefillConfig)
@@ -74,8 +74,8 @@ class Engine:
         if not self.profile.calibrated and config.layer is None:
             log.warning("no calibrated profile for %s: using layer %d (run `ilre calibrate`)",
                         checkpoint.name, self.profile.retrieval_layer)
-        self.layer = config.layer or self.profile.retrieval_layer
-        self._check_layer(self.layer, "layer")
+        self.layer = self.profile.retrieval_layer
+        self.layer = self.resolve_layer(config.layer)
         self.tokenizer = load_tokenizer(checkpoint.path)
         self.documents = DocumentCache(config.doc_cache_mb << 20, shared_documents)
         self._running = threading.Lock()  # one request at a time: cached contexts are query scratch space
@@ -98,6 +98,20 @@ class Engine:
         layers = [l for l in range(1, self.spec.num_layers + 1)
                   if any(head_path(self.model_name, l, d).is_file() for d in head_directories())]
         return ", ".join(f"layer {l}" for l in layers) or "none"
+
+    def resolve_layer(self, layer: int | str | None, name: str = "layer") -> int:
+        """A request's layer: None = the engine's l_R, a number (checked), or a name of the profile's choices."""
+        if layer is None:
+            return self.layer
+        if isinstance(layer, str):
+            choices = self.profile.choices
+            if layer not in choices:
+                offered = ", ".join(f"{k} ({v})" for k, v in sorted(choices.items()))
+                raise InputError(name, f"{layer!r} is not a layer the profile of {self.model_name} names (it offers "
+                                 f"{offered}; `ilre calibrate` measures fast and robust)")
+            return choices[layer]
+        self._check_layer(layer, name)
+        return layer
 
     def _check_layer(self, layer: int, name: str) -> None:
         if not 1 <= layer <= self.spec.num_layers:
@@ -219,8 +233,7 @@ class Engine:
         """Check and tokenize a request; InputError naming the field when it cannot run."""
         start = time.perf_counter()
         strategy = request.build_strategy()
-        layer = request.layer or self.layer
-        self._check_layer(layer, "layer")
+        layer = self.resolve_layer(request.layer)
         if request.document_id is not None:
             doc = request.document_id
             context_ids = self.documents.ids(doc)

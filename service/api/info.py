@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ...compressor.strategies import STRATEGIES
@@ -30,6 +30,7 @@ class ModelInfo:
     dtype: str = "float32"
     queue: str = "local"
     max_message_bytes: int = 0
+    layer_choices: dict[str, int] = field(default_factory=dict)
 
     @classmethod
     def from_engine(cls, engine: Engine) -> "ModelInfo":
@@ -41,6 +42,7 @@ class ModelInfo:
             default_budget=cfg.default_budget, max_context_tokens=cfg.max_context_tokens,
             max_query_tokens=cfg.max_query_tokens, sink=cfg.prefill.sink, window=cfg.prefill.window or 0,
             chunk=cfg.prefill.chunk, device=str(engine.placement.device), dtype=engine.placement.dtype_name,
+            layer_choices=engine.profile.choices,
         )
 
     @classmethod

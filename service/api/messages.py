@@ -53,7 +53,7 @@ class CompressRequest:
     strategy: str = "ilre"
     strategy_options: dict[str, Any] = field(default_factory=dict)
     dca: str = "auto"
-    layer: int | None = None
+    layer: int | str | None = None  # a layer number, or a name the model's profile offers (fast, default, robust)
 
     def __post_init__(self) -> None:
         self._check_context()
@@ -74,8 +74,8 @@ class CompressRequest:
         self.build_strategy()
         if self.dca not in DCA_MODES:
             raise InputError("dca", f"must be one of {', '.join(DCA_MODES)} (got {self.dca!r})")
-        if self.layer is not None and (not _is_int(self.layer) or self.layer < 1):
-            raise InputError("layer", f"must be a positive integer (got {self.layer!r})")
+        if self.layer is not None and not isinstance(self.layer, str) and (not _is_int(self.layer) or self.layer < 1):
+            raise InputError("layer", f"must be a positive integer or a profile's layer name (got {self.layer!r})")
         if self.id is not None and not isinstance(self.id, (str, int)):
             raise InputError("id", "must be a string or an integer")
         if not isinstance(self.explain, bool):

@@ -212,22 +212,27 @@ def run_calibrate(args: argparse.Namespace) -> int:
     from ...models.profiles import PROFILE_DIR
 
     plan = QUICK_PLAN if args.quick else CalibrationPlan()
+    lists = (("lengths", args.lengths), ("digits", args.digits), ("long_lengths", args.long_lengths),
+             ("long_digits", args.long_digits))
     try:
-        changes = {name: tuple(int(x) for x in value.split(",") if x.strip())
-                   for name, value in (("lengths", args.lengths), ("digits", args.digits)) if value}
+        changes = {name: tuple(int(x) for x in value.split(",") if x.strip()) for name, value in lists
+                   if value is not None and (value or name == "long_lengths")}
     except ValueError:
-        raise CliError("lengths/digits: must be comma-separated integers") from None
-    changes.update({k: v for k, v in (("depths", args.depths), ("budget", args.budget)) if v is not None})
+        raise CliError("lengths/digits/long-lengths/long-digits: must be comma-separated integers") from None
+    changes.update({k: v for k, v in (("depths", args.depths), ("budget", args.budget), ("long_depths", args.long_depths),
+                                      ("distractors", args.distractors)) if v is not None})
     plan = dataclasses.replace(plan, **changes)
-    if min(plan.lengths + plan.digits) < 1 or plan.depths < 1 or plan.budget < 1:
-        raise CliError("lengths, digits, depths, budget: must all be >= 1")
+    if (not plan.lengths or min(plan.lengths + plan.digits + plan.long_lengths + plan.long_digits) < 1
+            or plan.depths < 1 or plan.long_depths < 1 or plan.budget < 1 or plan.distractors < 0):
+        raise CliError("lengths, digits, depths, budget (and their long-grid versions): must all be >= 1; "
+                       "distractors >= 0")
     try:
         placement = resolve_placement(args.device, args.dtype)  # PlacementError is a ValueError
         profile = run_calibration(args.model, plan, Path(args.profile_dir) if args.profile_dir else PROFILE_DIR,
                                   Path(args.plots) if args.plots else None, placement=placement)
     except (FileNotFoundError, ValueError) as exc:
         raise CliError(str(exc)) from None
-    print(json.dumps({"model": profile.model, "retrieval_layer": profile.retrieval_layer}))
+    print(json.dumps({"model": profile.model, "retrieval_layer": profile.retrieval_layer, "choices": profile.choices}))
     return 0
 
 

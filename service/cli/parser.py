@@ -19,12 +19,18 @@ def _placement_options(parser: argparse.ArgumentParser) -> None:
                         "bfloat16, else float32; env ILRE_DTYPE)")
 
 
+def layer_arg(value: str) -> int | str:
+    """--layer: a layer number, or a name of the profile's choices (checked when the model is loaded)."""
+    return int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+
+
 def _engine_options(parser: argparse.ArgumentParser) -> None:
     budget = parser.add_mutually_exclusive_group()
     budget.add_argument("--budget", type=int, help="context tokens to keep, sink included (default 1024)")
     budget.add_argument("--ratio", type=float, help="share of the context tokens to keep, in (0, 1]")
     parser.add_argument("--model", default=None, help="checkpoint folder, .gguf file or hub id (default: embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--layer", type=int, default=None, help="retrieval layer l_R (default: the model's profile)")
+    parser.add_argument("--layer", type=layer_arg, default=None, help="retrieval layer l_R: a number or a name the model's "
+                        "profile offers (fast, default, robust; default: the profile's default)")
     parser.add_argument("--strategy", default=None, help="ilre (default), snapkv, streaming_llm, lagkv, reattention, locret, actqkv")
     parser.add_argument("--strategy-options", default=None, metavar="JSON",
                         help='the strategy\'s options as a JSON object, e.g. \'{"lag": 256}\' for lagkv')
@@ -92,6 +98,11 @@ def build_parser() -> argparse.ArgumentParser:
     calibrate.add_argument("--digits", default=None, help="passkey lengths in digits (default 8,32)")
     calibrate.add_argument("--depths", type=int, default=None, help="needle depths: equal segments (default 20)")
     calibrate.add_argument("--budget", type=int, default=None, help="tokens kept (default 1024)")
+    calibrate.add_argument("--long-lengths", default=None, help="contexts beyond the native window, DCA on, that break "
+                           "ties (default 16384,32768; '' = none, the paper's rule alone)")
+    calibrate.add_argument("--long-digits", default=None, help="passkey lengths of the long grid (default 8,32)")
+    calibrate.add_argument("--long-depths", type=int, default=None, help="needle depths of the long grid (default 5)")
+    calibrate.add_argument("--distractors", type=int, default=None, help="other passkeys in each long context (default 3)")
     calibrate.add_argument("--quick", action="store_true", help="a small grid for a smoke run")
     calibrate.add_argument("--profile-dir", default=None, help="where to write the profile (default models/profiles)")
     calibrate.add_argument("--plots", default="docs/calibration", help="folder for the heatmaps ('' = none)")

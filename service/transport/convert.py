@@ -48,6 +48,10 @@ def request_to_dict(msg: "pb.CompressRequest") -> dict[str, Any]:
         data["dca"] = msg.dca
     if msg.HasField("layer"):
         data["layer"] = msg.layer
+    if msg.layer_choice:
+        if "layer" in data:
+            raise InputError("layer_choice", "give layer or layer_choice, not both")
+        data["layer"] = msg.layer_choice
     if msg.explain:
         data["explain"] = True
     return data
@@ -77,6 +81,8 @@ def dict_to_request(data: dict[str, Any]) -> "pb.CompressRequest":
             msg.strategy_options.CopyFrom(struct)
         elif name == "id":
             msg.id = str(value)
+        elif name == "layer" and isinstance(value, str):
+            msg.layer_choice = value
         else:
             setattr(msg, name, value)
     return msg

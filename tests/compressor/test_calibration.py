@@ -39,3 +39,15 @@ def test_one_pass_recall_matches_compressing_at_each_layer():
             for name, strategy in strategies.items():
                 kept = select_context(model, context, query, budget, strategy, config).kept
                 assert recalls[name][layer] == needle_kept(kept, needle), (name, layer, needle)
+
+
+def test_ties_at_short_range_are_broken_by_long_context_recall():
+    from ilre.compressor.calibration import pick_layers
+
+    short = {6: 0.6, 8: 1.0, 15: 0.95, 18: 1.0, 19: 1.0, 21: 1.0}
+    long = {6: 0.2, 8: 0.5, 15: 0.9, 18: 0.9, 19: 0.9, 21: 0.7}
+    assert pick_layers(short, long) == {"fast": 8, "default": 18, "robust": 18}
+    long[15] = 0.95  # the best long-context layer need not be tied at short range
+    assert pick_layers(short, long) == {"fast": 8, "default": 18, "robust": 15}
+    assert pick_layers(short, None) == {"fast": 8, "default": 8, "robust": 8}  # no long grid: the paper's rule
+    assert pick_layers({3: 1.0, 5: 1.0}, {3: 0.0, 5: 0.0}) == {"fast": 3, "default": 3, "robust": 3}

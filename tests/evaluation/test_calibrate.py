@@ -10,19 +10,27 @@ from pathlib import Path
 
 def test_calibrate_writes_profile_and_heatmaps(tmp_path: Path):
     cmd = [sys.executable, "-m", "ilre.service.cli", "calibrate", "--lengths", "1536", "--digits", "8",
-           "--depths", "2", "--profile-dir", str(tmp_path / "profiles"), "--plots", str(tmp_path / "plots")]
+           "--depths", "2", "--long-lengths", "2560", "--long-digits", "8", "--long-depths", "1", "--distractors", "2",
+           "--profile-dir", str(tmp_path / "profiles"), "--plots", str(tmp_path / "plots")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
     assert proc.returncode == 0, proc.stderr
     printed = json.loads(proc.stdout)
     profile = json.loads((tmp_path / "profiles" / "smollm2-135m-instruct.json").read_text())
-    assert profile["retrieval_layer"] == printed["retrieval_layer"]
-    recall = {int(k): v for k, v in profile["details"]["recall_multi"].items()}
-    assert sorted(recall) == list(range(1, 31))
+    details = profile["details"]
+    assert profile["retrieval_layer"] == printed["retrieval_layer"] == details["choices"]["default"]
+    recall = {int(k): v for k, v in details["recall_multi"].items()}
+    long = {int(k): v for k, v in details["recall_long_multi"].items()}
+    assert sorted(recall) == sorted(long) == list(range(1, 31))
     best = max(recall.values())
-    assert profile["retrieval_layer"] == min(l for l, v in recall.items() if v == best)
-    assert profile["details"]["samples"] == 2
+    tied = [l for l, v in recall.items() if v == best]
+    assert details["choices"]["fast"] == min(tied)
+    assert profile["retrieval_layer"] == min(tied, key=lambda l: (-long[l], l))  # ties broken at long range
+    assert long[details["choices"]["robust"]] == max(long.values())
+    assert details["cost"]["fast"] == 1.0 and details["samples"] == 3
+    assert printed["choices"] == {**details["choices"], "default": profile["retrieval_layer"]}
     assert {p.name for p in (tmp_path / "plots").iterdir()} == {
-        "smollm2-135m-instruct-single.png", "smollm2-135m-instruct-multi.png"}
+        "smollm2-135m-instruct-single.png", "smollm2-135m-instruct-multi.png",
+        "smollm2-135m-instruct-single-long.png", "smollm2-135m-instruct-multi-long.png"}
 
 
 def test_calibrate_rejects_lengths_within_budget(tmp_path: Path):

@@ -28,6 +28,18 @@ def test_needle_span_holds_the_passkey_phrase(tokenizer, source, depth):
     assert tokenizer.decode(sample.query_ids).endswith(f"The {sample.key_id} magic passkey is ")
 
 
+@pytest.mark.parametrize("depth", [0.0, 0.5, 1.0])
+def test_distractors_are_other_keys_and_the_needle_span_still_holds(tokenizer, depth):
+    sample = make_passkey_sample(tokenizer, 4000, depth, digits=8, seed=3, distractors=3)
+    start, end = sample.needle
+    assert tokenizer.decode(sample.context_ids[start:end]) == f"\n\nThe {sample.key_id} magic passkey is {sample.passkey}.\n"
+    text = tokenizer.decode(sample.context_ids)
+    assert text.count(" magic passkey is ") == 4 and text.count(f"The {sample.key_id} magic") == 1
+    assert len(sample.context_ids) == 4000
+    plain = make_passkey_sample(tokenizer, 4000, depth, digits=8, seed=3)
+    assert plain.key_id != sample.key_id or plain.context_ids != sample.context_ids  # its own sample
+
+
 def test_same_seed_same_sample_other_seed_other_sample(tokenizer):
     a = make_passkey_sample(tokenizer, 2000, 0.5, seed=1)
     b = make_passkey_sample(tokenizer, 2000, 0.5, seed=1)

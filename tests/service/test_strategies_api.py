@@ -61,3 +61,20 @@ def test_locret_needs_no_query_and_actqkv_reports_its_automatic_budget(local_ser
         result = client.compress(context(9, repeats=8), QUERY, budget=120, strategy="actqkv",
                                  strategy_options={"auto_budget": True})
     assert result.budget == auto["budget"] and result.kept_indices == auto["kept_indices"]
+
+
+def test_a_request_names_a_layer_of_the_profile(local_service, engine):
+    choices = engine.profile.choices
+    with http_client(local_service) as http:
+        info = http.get("/v1/model").json()
+        named = http.post("/v1/compress", json={"context": context(3, repeats=6), "query": QUERY, "budget": 64,
+                                                "layer": "default"}).json()
+        unknown = http.post("/v1/compress", json={"context": context(3), "query": QUERY, "layer": "fastest"})
+    assert info["layer_choices"] == choices and choices["default"] == engine.layer
+    assert named["layer"] == engine.layer
+    assert unknown.status_code == 400 and unknown.json()["field"] == "layer"
+    assert "'fastest' is not a layer the profile" in unknown.json()["error"] and "default (" in unknown.json()["error"]
+    with grpc_client(local_service) as client:
+        result = client.compress(context(3, repeats=6), QUERY, budget=64, layer="default")
+        assert result.layer == engine.layer and result.kept_indices == named["kept_indices"]
+        assert dict(client.model_info().layer_choices) == choices
