@@ -25,6 +25,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from . import paraphrase
 from .haystack import NOISE, shakespeare_text
 
 NOISE_SENTENCE = NOISE.strip()  # RULER's repeated "noise" haystack
@@ -89,6 +90,7 @@ TASKS: dict[str, TaskConfig] = {
     "niah_multikey_3": TaskConfig("niah", type_haystack="needle", type_needle_k="uuids", type_needle_v="uuids"),
     "niah_multivalue": TaskConfig("niah", num_needle_v=4),
     "niah_multiquery": TaskConfig("niah", num_needle_q=4),
+    "niah_paraphrase": TaskConfig("niah", type_needle_k="paraphrase"),  # beyond RULER: no word shared (paraphrase.py)
     "vt": TaskConfig("vt", tokens_to_generate=30),
     "cwe": TaskConfig("cwe", tokens_to_generate=120),
     "fwe": TaskConfig("fwe", tokens_to_generate=50),
@@ -177,6 +179,12 @@ def _sentences(text: str) -> list[str]:
 def _niah(cfg: TaskConfig, rng: random.Random, n: int, offset: int):
     keys, values, needles = [], [], []
     for _ in range(max(cfg.num_needle_k, cfg.num_needle_q)):
+        if cfg.type_needle_k == "paraphrase":  # the question's word here, a synonym in the needle
+            word, synonym = paraphrase.pick_pair(rng)
+            keys.append(word)
+            values.append([random_value(rng, cfg.type_needle_v) for _ in range(cfg.num_needle_v)])
+            needles += [paraphrase.needle(synonym, v) for v in values[-1]]
+            continue
         keys.append(random_value(rng, cfg.type_needle_k))
         values.append([random_value(rng, cfg.type_needle_v) for _ in range(cfg.num_needle_v)])
         needles += [NEEDLE.format(type_needle_v=cfg.type_needle_v, key=keys[-1], value=v) for v in values[-1]]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 import pytest
 
 from ilre.evaluation.ruler import TASKS, generate_sample, parse_length
@@ -62,3 +64,27 @@ def test_parse_length():
     assert parse_length("4K") == 4096 and parse_length("128k") == 131072 and parse_length("5000") == 5000
     with pytest.raises(ValueError, match="lengths"):
         parse_length("big")
+
+
+@pytest.mark.parametrize("index", range(6))
+def test_the_paraphrased_needle_shares_no_rare_word_with_the_question(tokenizer, index):
+    from ilre.evaluation import paraphrase
+
+    sample = generate_sample(tokenizer, "niah_paraphrase", 4096, seed=2, index=index)
+    assert len(sample.answers) == 1 and sample.answers[0] in sample.context
+    found = re.findall(r"The [a-z ]+ keeps a secret code, and that code reads (\d+)\.", sample.context)
+    assert found == sample.answers  # one needle, with the gold answer
+    needle = paraphrase.needle(next(syn for w, syn in paraphrase.PAIRS if w == sample.details["keys"][0]), found[0])
+    assert needle in sample.context
+    asked = paraphrase.rare_words(sample.question + sample.answer_prefix)
+    assert paraphrase.rare_words(needle) & asked == set(), (needle, asked)
+    word = sample.details["keys"][0]
+    assert word in asked and any(word == w for w, _ in paraphrase.PAIRS)
+
+
+def test_no_pair_shares_a_word():
+    from ilre.evaluation.paraphrase import NEEDLE, PAIRS, rare_words
+
+    for word, synonym in PAIRS:
+        assert not rare_words(word) & rare_words(synonym), (word, synonym)
+        assert not rare_words(word) & rare_words(NEEDLE)
