@@ -24,6 +24,9 @@ from ..models.retaining_head import RetainingHead
 from .passkey import make_passkey_sample
 from .ruler import TASKS, generate_sample
 
+RULER_TASKS = ("cwe", "fwe", "niah_multikey_1", "niah_multikey_2", "niah_multikey_3", "niah_multiquery",
+               "niah_multivalue", "niah_single_1", "niah_single_2", "niah_single_3", "vt")  # what the shipped head saw
+
 
 @dataclass
 class Example:
@@ -39,9 +42,10 @@ class Example:
 @dataclass(frozen=True)
 class DataPlan:
     """samples: how many examples; lengths: context sizes drawn from; passkey_share: the fraction
-    that are passkeys (the rest cycles through the RULER tasks); seed: the generators' seed."""
+    that are passkeys (the rest cycles through `tasks`, in sorted order); seed: the generators' seed."""
 
     samples: int = 320
+    tasks: tuple[str, ...] = RULER_TASKS
     lengths: tuple[int, ...] = (1024, 2048, 3072)
     passkey_share: float = 0.25
     seed: int = 1234
@@ -51,6 +55,9 @@ class DataPlan:
             raise ValueError(f"samples: must be >= 2 (got {self.samples})")
         if not self.lengths or min(self.lengths) < 128:
             raise ValueError(f"lengths: must be >= 128 tokens each (got {self.lengths})")
+        unknown = [t for t in self.tasks if t not in TASKS]
+        if unknown or not self.tasks:
+            raise ValueError(f"tasks: unknown or none {unknown} (known: {', '.join(TASKS)})")
         if not 0.0 <= self.passkey_share <= 1.0:
             raise ValueError(f"passkey_share: must be within [0, 1] (got {self.passkey_share})")
 
@@ -107,7 +114,7 @@ def build_example(model: TruncatedLM, tokenizer, context_ids: list[int], query_i
 def build_examples(model: TruncatedLM, tokenizer, plan: DataPlan, config: PrefillConfig, progress=None) -> list[Example]:
     """plan.samples examples: passkeys at random depths and the RULER tasks in turn, lengths in turn."""
     rng = random.Random(plan.seed)
-    tasks = sorted(TASKS)
+    tasks = sorted(plan.tasks)
     out = []
     for i in range(plan.samples):
         length = plan.lengths[i % len(plan.lengths)]
