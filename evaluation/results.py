@@ -230,8 +230,8 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
         lines += _table(e2e_all, sorted({r['length'] for r in records if r.get('e2e') is not None})) + [""]
     lines += auto_budget_section(every_budget, budget)
     lines += ["## Compression wall time (s, mean per sample)", "",
-              "ILRe and SnapKV share one streaming pass per sample and DCA setting; each is charged the whole pass "
-              "plus its own allocation. LLMLingua's time is measured inside its worker process.", ""]
+              "The strategies that read the model (ILRe, SnapKV, LagKV, ReAttention, Locret, ActQKV) share one streaming "
+              "pass per sample and DCA setting; each is charged the whole pass plus its own scoring and allocation. LLMLingua's time is measured inside its worker process.", ""]
     lines += _table(_group(records, "compress_s"), lengths, scale=1.0, fmt="{:.2f}") + [""]
     lines += ["## Per task", ""]
     for task in tasks:
