@@ -65,7 +65,7 @@ BAD = [
     ({"context": SHORT, "query": QUERY, "strategy": "snapkv", "strategy_options": {"kernel_size": 0}},
      "kernel_size", "kernel_size: must be an integer >= 1 (got 0)", True),
     ({"context": SHORT, "query": QUERY, "dca": "sometimes"}, "dca", "dca: must be one of auto, on, off", True),
-    ({"context": SHORT, "query": QUERY, "layer": 0}, "layer", "layer: must be a positive integer (got 0)", True),
+    ({"context": SHORT, "query": QUERY, "layer": 0}, "layer", "layer: must be a positive integer or a profile's layer name (got 0)", True),
     ({"context": SHORT, "query": QUERY, "layer": 99}, "layer", "layer: must be in 1..30 (got 99)", True),
     # JSON only: the protobuf types and oneofs rule these out on the wire
     ({"context": SHORT, "context_ids": [1], "query": QUERY}, "context", "give either context or context_ids", False),
@@ -78,7 +78,7 @@ BAD = [
     ({"context": SHORT, "query": QUERY, "strategy_options": [1]}, "strategy_options", "strategy_options: must be an object", False),
     ({"context": SHORT, "query": QUERY, "colour": "red"}, "colour", "colour: unknown field", False),
     ({"context": SHORT, "query": QUERY, "id": [1]}, "id", "id: must be a string or an integer", False),
-    ({"context": SHORT, "query": QUERY, "layer": 2.5}, "layer", "layer: must be a positive integer (got 2.5)", False),
+    ({"context": SHORT, "query": QUERY, "layer": 2.5}, "layer", "layer: must be a positive integer or a profile's layer name (got 2.5)", False),
 ]
 
 
