@@ -105,6 +105,8 @@ class RecordingRelay:
         self.port = self.server.getsockname()[1]
         self._streams: list[bytearray] = []
         self.closed: list[bool] = []  # per connection: the client side (the sidecar) has closed it
+        self.answered: list[bool] = []  # per connection: the engine has sent response bytes
+        self.closed_unanswered: list[bool] = []  # the client side closed before any response byte came
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -123,16 +125,23 @@ class RecordingRelay:
             with self._lock:
                 self._streams.append(sent)
                 self.closed.append(False)
+                self.answered.append(False)
+                self.closed_unanswered.append(False)
                 index = len(self.closed) - 1
             threading.Thread(target=self._pipe, args=(client, upstream, sent, index), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(upstream, client, None, None), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(upstream, client, None, None, index), daemon=True).start()
 
-    def _pipe(self, source: socket.socket, sink: socket.socket, record: bytearray | None, index: int | None) -> None:
+    def _pipe(self, source: socket.socket, sink: socket.socket, record: bytearray | None, index: int | None,
+              answer: int | None = None) -> None:
         """Copy source -> sink until source closes, then half-close sink (the other direction goes on).
-        The client side is recorded to its end even if the engine stopped reading (e.g. a 404)."""
+        The client side is recorded to its end even if the engine stopped reading (e.g. a 404); the
+        engine side (`answer` = its connection) marks when its response starts."""
         sink_open = True
         try:
             while data := source.recv(65536):
+                if answer is not None:
+                    with self._lock:
+                        self.answered[answer] = True
                 if record is not None:
                     record.extend(data)
                 if sink_open:
@@ -144,7 +153,9 @@ class RecordingRelay:
             pass
         finally:
             if index is not None:
-                self.closed[index] = True
+                with self._lock:
+                    self.closed_unanswered[index] = not self.answered[index]
+                    self.closed[index] = True
             try:
                 sink.shutdown(socket.SHUT_WR)
             except OSError:
