@@ -135,3 +135,25 @@ def test_runs_without_a_query_once_per_context_and_a_missing_head_names_the_comm
     scores = want.amax(dim=0).tolist()
     assert first.kept.tolist() == literal_locret(scores, 30, 2, 3, 4, 16)
     assert not math.isnan(sum(scores))
+
+
+def test_train_locret_from_the_command_line(tmp_path):
+    """The command on the embedded model with a tiny plan: a head file with its command and history."""
+    import json
+    import subprocess
+    import sys
+
+    out = subprocess.run([sys.executable, "-m", "ilre.service.cli", "train-locret", "--samples", "4", "--lengths", "1024",
+                          "--epochs", "2", "--hidden", "8", "--output-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    path = tmp_path / "smollm2-135m-instruct.locret-layer8.safetensors"
+    assert json.loads(out.stdout) == {"head": str(path)}
+    epochs = [json.loads(line) for line in out.stderr.splitlines() if line.startswith('{"epoch"')]
+    assert [row["epoch"] for row in epochs] == [1, 2] and all("valid_loss" in row for row in epochs)
+    head = RetainingHead.load(path)
+    assert head.hidden == 8 and head.meta["layer"] == 8 and "train-locret --samples 4" in head.meta["command"]
+    assert len(head.meta["history"]) == 2
+    bad = subprocess.run([sys.executable, "-m", "ilre.service.cli", "train-locret", "--samples", "1"],
+                         capture_output=True, text=True, timeout=300)
+    assert bad.returncode == 2 and "samples: must be >= 2" in bad.stderr and "Traceback" not in bad.stderr
