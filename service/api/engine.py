@@ -74,8 +74,7 @@ class Engine:
         if not self.profile.calibrated and config.layer is None:
             log.warning("no calibrated profile for %s: using layer %d (run `ilre calibrate`)",
                         checkpoint.name, self.profile.retrieval_layer)
-        self.layer = self.profile.retrieval_layer
-        self.layer = self.resolve_layer(config.layer)
+        self.layer = self.profile.retrieval_layer if config.layer is None else self.resolve_layer(config.layer)
         self.tokenizer = load_tokenizer(checkpoint.path)
         self.documents = DocumentCache(config.doc_cache_mb << 20, shared_documents)
         self._running = threading.Lock()  # one request at a time: cached contexts are query scratch space
