@@ -4,6 +4,7 @@ model, and the strategy through the pipeline without a query."""
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -102,6 +103,10 @@ def test_training_is_deterministic_loss_falls_and_the_head_round_trips(tmp_path)
         histories.append(fit_head(head, examples[:10], examples[10:], plan))
         heads.append(head)
     assert torch.equal(heads[0].w1, heads[1].w1) and histories[0] == histories[1]
+    assert plan.alpha > 0
+    unsmoothed = RetainingHead.for_spec(spec, plan.hidden, seed=plan.seed)
+    fit_head(unsmoothed, examples[:10], examples[10:], dataclasses.replace(plan, alpha=0.0))
+    assert not torch.equal(unsmoothed.w1, heads[0].w1)  # training reads the smoothness weight
     losses = [row["train_loss"] for row in histories[0]]
     assert losses[-1] < losses[0] * 0.8, losses
     heads[0].meta = {"model": "tiny", "layer": N_LAYERS}

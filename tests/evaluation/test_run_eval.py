@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from ilre.evaluation.results import write_report
-from ilre.evaluation.run_eval import (EvalPlan, Evaluator, Record, allocate, caps_notes, done_cells, encode_pass,
-                                      new_token_budget, plan_caps, widest_caps)
+from ilre.evaluation.plan_notes import caps_notes, plan_caps, widest_caps
+from ilre.evaluation.run_eval import EvalPlan, Evaluator, Record, allocate, done_cells, encode_pass, new_token_budget
 
 
 def test_shared_pass_gives_the_engines_selection(engine):

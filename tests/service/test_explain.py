@@ -56,9 +56,11 @@ class Browser:
         """Load the page; -> the rendered kept indices, background alphas and a screenshot's size."""
         target = httpx.put(f"http://127.0.0.1:{self.port}/json/new?{page.as_uri()}", timeout=10).json()
         with connect(target["webSocketDebuggerUrl"], max_size=None) as ws:
+            # a new target starts on about:blank, already "complete": wait for *this* page's document
+            loaded = f"location.href === {json.dumps(page.as_uri())} && document.readyState === 'complete'"
             give_up = time.monotonic() + 60
-            while (state := self._call(ws, "Runtime.evaluate", expression="document.readyState")) != "complete":
-                assert time.monotonic() < give_up, f"page stuck in {state}"
+            while not self._call(ws, "Runtime.evaluate", expression=loaded):
+                assert time.monotonic() < give_up, f"{page.name} did not load in 60 s"
                 time.sleep(0.1)
             rendered = json.loads(self._call(ws, "Runtime.evaluate", expression=RENDERED))
             shot = self._call(ws, "Page.captureScreenshot", format="png")

@@ -60,7 +60,11 @@ def test_locret_needs_no_query_and_actqkv_reports_its_automatic_budget(local_ser
     with grpc_client(local_service) as client:
         result = client.compress(context(9, repeats=8), QUERY, budget=120, strategy="actqkv",
                                  strategy_options={"auto_budget": True})
+        with pytest.raises(ClientError) as err:
+            client.compress(context(9, repeats=8), None, budget=120, strategy="locret", layer=5)
     assert result.budget == auto["budget"] and result.kept_indices == auto["kept_indices"]
+    assert err.value.code == "INVALID_ARGUMENT" and err.value.field == "strategy"
+    assert "ilre train-locret --layer 5" in err.value.message
 
 
 def test_a_request_names_a_layer_of_the_profile(local_service, engine):
