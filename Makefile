@@ -12,7 +12,7 @@ LLAMA_SERVER      := $(ILRE_CACHE_DIR)/llama-cpp-$(LLAMA_CPP_VERSION)/bin/llama-
 # the venv's bin/ first: redis-server and cmake may be installed there (deploy/test-tools.sh)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup tools engine run demo test test-fast bench proto eval eval-quick lingua clean
+.PHONY: setup tools engine run demo test test-fast bench soak proto eval eval-quick lingua clean
 
 setup: $(STAMP) $(STUBS)
 
@@ -60,6 +60,9 @@ bench: setup engine ## latency and peak memory; per dtype up to 1M tokens vs the
 	$(PY) bench/document_bench.py
 	$(PY) bench/service_bench.py
 	$(PY) bench/sidecar_bench.py
+
+soak: setup tools   ## an hour of mixed traffic on front end + 2 workers + Redis: errors, latency and RSS over time -> results/soak/
+	$(PY) bench/soak.py --minutes $(or $(MINUTES),60)
 
 eval: setup lingua  ## RULER-style retention + end-to-end table -> docs/results.md (hours on a 2-core CPU; resumable)
 	$(VENV)/bin/ilre eval

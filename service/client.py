@@ -32,14 +32,17 @@ Pem = str | Path | bytes  # a PEM file's path, or its contents
 class ClientError(Exception):
     """A call that failed: code is the gRPC status name (INVALID_ARGUMENT, UNAVAILABLE, ...)."""
 
-    def __init__(self, code: str, message: str, field: str | None = None):
+    def __init__(self, code: str, message: str, field: str | None = None, retry_after_s: float | None = None):
         super().__init__(f"{code}: {message}")
         self.code, self.message, self.field = code, message, field
+        self.retry_after_s = retry_after_s  # set when an API key's limit refused the call
 
     @classmethod
     def from_rpc(cls, exc: grpc.RpcError) -> "ClientError":
         trailers = dict(exc.trailing_metadata() or ()) if hasattr(exc, "trailing_metadata") else {}
-        return cls(exc.code().name, exc.details() or "", trailers.get("ilre-field"))
+        retry = trailers.get("retry-after")
+        return cls(exc.code().name, exc.details() or "", trailers.get("ilre-field"),
+                   float(retry) if retry else None)
 
 
 @dataclass(frozen=True)

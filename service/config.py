@@ -13,6 +13,7 @@ from typing import Any, Mapping
 
 from .api.errors import ConfigError
 from .api.keys import ApiKeys
+from .redis_url import parse_redis_url
 
 
 @dataclass(frozen=True)
@@ -24,6 +25,9 @@ class ServiceConfig:
     http_port: int = 8080                 # health, metrics, JSON mirror; 0 = any free port
     redis_url: str | None = None          # None = the in-process batcher
     redis_prefix: str = "ilre"            # key prefix of the stream, group, results
+    redis_wait_replicas: int = -1         # replicas that must hold a request before it counts as accepted
+                                          # (Redis WAIT); -1 = 1 with Sentinel, 0 (no wait) otherwise
+    redis_wait_ms: int = 1000             # how long an enqueue waits for them; then UNAVAILABLE (retryable)
     max_batch: int = 8                    # requests per batch
     max_wait_ms: float = 5.0              # how long a batch waits to fill up
     max_queue: int = 256                  # accepted but unfinished requests; more = RESOURCE_EXHAUSTED
@@ -48,7 +52,7 @@ class ServiceConfig:
             if not 0 <= getattr(self, name) <= 65535:
                 raise ConfigError(f"{name}: must be a port in 0..65535 (got {getattr(self, name)})")
         for name in ("max_batch", "max_queue", "max_message_bytes", "max_context_bytes",
-                     "max_context_tokens", "max_attempts", "claim_idle_ms"):
+                     "max_context_tokens", "max_attempts", "claim_idle_ms", "redis_wait_ms"):
             if getattr(self, name) < 1:
                 raise ConfigError(f"{name}: must be >= 1 (got {getattr(self, name)})")
         for name in ("max_wait_ms", "shutdown_grace_s", "redis_retry_s", "doc_cache_shared_mb"):
@@ -61,12 +65,22 @@ class ServiceConfig:
             raise ConfigError("tls_cert: give both tls_cert and tls_key, or neither")
         if self.tls_client_ca and not self.tls_cert:
             raise ConfigError("tls_client_ca: mutual TLS needs tls_cert and tls_key too")
-        if self.redis_url is not None and not self.redis_url.startswith(("redis://", "rediss://", "unix://")):
-            raise ConfigError(f"redis_url: must start with redis://, rediss:// or unix:// (got {self.redis_url!r})")
+        if self.redis_url is not None:
+            parse_redis_url(self.redis_url)
+        if self.redis_wait_replicas < -1:
+            raise ConfigError(f"redis_wait_replicas: must be >= 0, or -1 for 1 with Sentinel and 0 without "
+                              f"(got {self.redis_wait_replicas})")
 
     @property
     def tls(self) -> bool:
         return bool(self.tls_cert)
+
+    @property
+    def wait_replicas(self) -> int:
+        """Replicas an enqueue waits for: redis_wait_replicas, or its default for the URL's kind."""
+        if self.redis_wait_replicas >= 0:
+            return self.redis_wait_replicas
+        return 1 if self.redis_url and parse_redis_url(self.redis_url).sentinel else 0
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> "ServiceConfig":

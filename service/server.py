@@ -31,6 +31,7 @@ from .transport.sidecar.app import Sidecar, build_sidecar_app
 from .transport.sidecar.options import CompressionOptions
 from .transport.sidecar.prompt import PromptSplitter
 from .metrics import Metrics
+from .redis_url import parse_redis_url
 from .queue.local import LocalQueue
 from .queue.redis_stream import RedisQueue
 
@@ -60,7 +61,8 @@ class Service:
         self.metrics = Metrics()
         if config.redis_url:
             queue: Any = RedisQueue(config.redis_url, self.metrics, prefix=config.redis_prefix,
-                                    max_depth=config.max_queue, retry_s=config.redis_retry_s)
+                                    max_depth=config.max_queue, retry_s=config.redis_retry_s,
+                                    wait_replicas=config.wait_replicas, wait_ms=config.redis_wait_ms)
         else:
             queue = LocalQueue(engine or Engine, self.metrics, max_batch=config.max_batch,
                                max_wait_s=config.max_wait_ms / 1000.0, max_depth=config.max_queue)
@@ -139,7 +141,7 @@ def run_serve(config: ServiceConfig, engine: Engine | Callable[[], Engine] | Non
             loop.add_signal_handler(sig, stop.set)
         async with Service(config, engine, defaults, **sidecar) as service:
             scheme = "https" if config.tls else "http"
-            queue = f"Redis at {config.redis_url.split('@')[-1]}" if config.redis_url else "in-process"
+            queue = f"Redis at {parse_redis_url(config.redis_url).redacted()}" if config.redis_url else "in-process"
             if service.sidecar is not None:
                 engine_cfg = service.sidecar.config
                 where = (f"sidecar on {scheme}://{config.host}:{service.http_port} in front of {engine_cfg.engine_url} "

@@ -34,20 +34,25 @@ class ConfigError(ValueError):
 class ServiceError(Exception):
     """A request that did not produce a result. `field` names the request field when known."""
 
-    def __init__(self, code: Code, message: str, field: str | None = None, http_status: int | None = None):
+    def __init__(self, code: Code, message: str, field: str | None = None, http_status: int | None = None,
+                 retry_after_s: float | None = None):
         super().__init__(message)
         self.code = Code(code)
         self.message = message
         self.field = field
         self.http_status = http_status or HTTP_STATUS[self.code]  # 413 for a body too large
+        self.retry_after_s = retry_after_s  # a limit's refusal: when a retry can succeed
 
     @classmethod
     def from_input(cls, exc: InputError) -> "ServiceError":
         return cls(Code.NOT_FOUND if isinstance(exc, NotFoundError) else Code.INVALID_ARGUMENT, str(exc), exc.field)
 
-    def to_dict(self) -> dict[str, str | None]:
+    def to_dict(self) -> dict[str, str | float | None]:
         """The JSON form (HTTP body, Redis result envelope): code, message and field."""
-        return {"code": self.code.value, "message": self.message, "field": self.field}
+        out = {"code": self.code.value, "message": self.message, "field": self.field}
+        if self.retry_after_s is not None:
+            out["retry_after_s"] = round(self.retry_after_s, 3)
+        return out
 
     @classmethod
     def from_dict(cls, data: dict) -> "ServiceError":
@@ -55,4 +60,6 @@ class ServiceError(Exception):
             code = Code(data.get("code"))
         except ValueError:
             code = Code.INTERNAL
-        return cls(code, str(data.get("message", "")), data.get("field"))
+        retry = data.get("retry_after_s")
+        return cls(code, str(data.get("message", "")), data.get("field"),
+                   retry_after_s=float(retry) if isinstance(retry, (int, float)) else None)

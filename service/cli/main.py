@@ -8,7 +8,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from ..api.messages import InputError
 from .output import EXIT_INPUT, CliError, summary
@@ -131,7 +131,7 @@ def _service_config(args: argparse.Namespace, **settings: Any):
         torch.set_num_threads(args.threads)
     names = ("host", "grpc_port", "http_port", "redis_url", "redis_prefix", "max_batch", "max_wait_ms", "max_queue",
              "max_message_bytes", "tls_cert", "tls_key", "tls_client_ca", "claim_idle_ms", "max_attempts",
-             "doc_cache_shared_mb")
+             "doc_cache_shared_mb", "redis_wait_replicas", "redis_wait_ms")
     flags = {name: getattr(args, name) for name in names if hasattr(args, name)}
     flags["doc_cache_ttl_s"] = getattr(args, "doc_cache_ttl", None)
     flags.update(request_timeout_s=getattr(args, "request_timeout", None), shutdown_grace_s=getattr(args, "shutdown_grace", None),
@@ -150,6 +150,24 @@ def _check_placement(args: argparse.Namespace) -> None:
         resolve_placement(args.device, args.dtype)
     except ValueError as exc:
         raise CliError(str(exc)) from None
+
+
+def _observed(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    """A server command with the process's log format and tracing set up first (and flushed after)."""
+    def runner(args: argparse.Namespace) -> int:
+        from ..request_log import configure_logging
+        from ..tracing import setup_tracing, shutdown_tracing
+
+        try:
+            configure_logging(args.log_format, args.log_level)
+            setup_tracing(args.tracing, f"ilre-{args.command}")
+        except ValueError as exc:
+            raise CliError(str(exc)) from None
+        try:
+            return run(args)
+        finally:
+            shutdown_tracing()
+    return runner
 
 
 def run_serve(args: argparse.Namespace) -> int:
@@ -321,8 +339,8 @@ def _eval_command(args: argparse.Namespace) -> str:
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
-    runners = {"compress": run_compress, "batch": run_batch, "demo": run_demo, "serve": run_serve, "sidecar": run_sidecar,
-               "worker": run_worker, "calibrate": run_calibrate, "eval": run_evaluation,
+    runners = {"compress": run_compress, "batch": run_batch, "demo": run_demo, "serve": _observed(run_serve),
+               "sidecar": _observed(run_sidecar), "worker": _observed(run_worker), "calibrate": run_calibrate, "eval": run_evaluation,
                "train-locret": run_train_locret}
     try:
         return runners[args.command](args)

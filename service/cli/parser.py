@@ -76,12 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_options(demo)
     serve = sub.add_parser("serve", help="run the gRPC + HTTP service (in-process queue, or Redis with --redis-url)")
     _service_options(serve)
+    _observability_options(serve)
     _engine_options(serve)
     sidecar = sub.add_parser("sidecar", help="an engine's own HTTP API (SGLang, vLLM/OpenAI, llama.cpp) with long prompts compressed")
     _sidecar_options(sidecar)
+    _observability_options(sidecar)
     _engine_options(sidecar)
     worker = sub.add_parser("worker", help="serve requests queued on Redis by `ilre serve --redis-url`")
     _queue_options(worker)
+    _observability_options(worker)
     worker.add_argument("--claim-idle-ms", type=int, help="reclaim entries of a worker silent this long (default 30000)")
     worker.add_argument("--max-attempts", type=int, help="deliveries before a request goes to the dead letters (default 3)")
     worker.add_argument("--doc-cache-shared-mb", type=int, help="document cache shared by all workers on Redis, in MiB "
@@ -153,8 +156,19 @@ def _remote_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--timeout", type=float, default=300.0, help="deadline of the call in seconds (default 300)")
 
 
+def _observability_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--log-format", choices=("text", "json"), default=os.environ.get("ILRE_LOG_FORMAT", "text"),
+                        help="json: one JSON object per log line, and one line per request (env ILRE_LOG_FORMAT)")
+    parser.add_argument("--log-level", default=os.environ.get("ILRE_LOG_LEVEL") or None,
+                        help="debug, info, warning or error (default: info with json, warning with text; env ILRE_LOG_LEVEL)")
+    parser.add_argument("--tracing", choices=("off", "otlp", "console"), default=os.environ.get("ILRE_TRACING", "off"),
+                        help="OpenTelemetry spans: otlp exports to OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, console prints "
+                             "them (default off; env ILRE_TRACING)")
+
+
 def _queue_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--redis-url", help="redis://HOST:PORT/DB: queue on Redis (env ILRE_REDIS_URL)")
+    parser.add_argument("--redis-url", help="redis://HOST:PORT/DB, or redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB] "
+                        "for a Sentinel-managed master: queue on Redis (env ILRE_REDIS_URL)")
     parser.add_argument("--redis-prefix", help="key prefix on Redis (default ilre)")
     parser.add_argument("--max-batch", type=int, help="requests per batch (default 8)")
     parser.add_argument("--max-wait-ms", type=float, help="how long a batch waits to fill up (default 5)")
@@ -168,6 +182,9 @@ def _service_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--http-port", type=int, help="HTTP port: health, metrics, JSON (default 8080)")
     _queue_options(parser)
     parser.add_argument("--max-queue", type=int, help="accepted unfinished requests before RESOURCE_EXHAUSTED (default 256)")
+    parser.add_argument("--redis-wait-replicas", type=int, help="replicas that must hold a request before it is accepted "
+                        "(Redis WAIT; default 1 with redis+sentinel://, else 0)")
+    parser.add_argument("--redis-wait-ms", type=int, help="how long an enqueue waits for those replicas (default 1000)")
     parser.add_argument("--request-timeout", type=float, help="deadline of requests that bring none, in s (default 300)")
     parser.add_argument("--max-message-bytes", type=int, help="largest gRPC message / HTTP body (default 16 MiB)")
     parser.add_argument("--api-keys-file", help="accepted API keys, one per line (also env ILRE_API_KEYS)")

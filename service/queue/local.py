@@ -19,7 +19,9 @@ from typing import Callable
 from ..api.engine import Engine
 from ..api.errors import Code, ServiceError
 from ..api.info import ModelInfo
+from ..api.keys import ANONYMOUS, KeyPolicy
 from ..api.messages import CompressRequest, InputError, Outcome, results_of
+from ..api.quotas import KeyQuotas
 from ..metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -54,6 +56,7 @@ class LocalQueue:
         self._closing = False
         self.load_error: str | None = None
         self.load_failed = asyncio.Event()
+        self.quotas = KeyQuotas()
 
     async def start(self) -> None:
         """Load the engine (if given a factory) in the background and start the batch loop."""
@@ -90,8 +93,9 @@ class LocalQueue:
     def _not_loaded(self) -> str:
         return f"model: failed to load ({self.load_error})" if self.load_error else "model: still loading"
 
-    async def submit(self, request: CompressRequest, timeout_s: float) -> Outcome:
-        """Queue one request and await its result within `timeout_s`."""
+    async def submit(self, request: CompressRequest, timeout_s: float, caller: KeyPolicy = ANONYMOUS,
+                     rid: str = "") -> Outcome:
+        """Queue one request and await its result within `timeout_s`; the caller's key limits apply."""
         if self._closing:
             raise ServiceError(Code.UNAVAILABLE, "service: shutting down")
         if self.engine is None:
@@ -100,6 +104,14 @@ class LocalQueue:
         if depth >= self.max_depth:
             raise ServiceError(Code.RESOURCE_EXHAUSTED,
                                f"queue: {depth} requests waiting, the limit is {self.max_depth} (max_queue)")
+        self.quotas.admit(caller, self.max_depth)
+        try:
+            return await self._run(request, timeout_s)
+        finally:
+            self.quotas.release(caller)
+
+    async def _run(self, request: CompressRequest, timeout_s: float) -> Outcome:
+        depth = self._depth()
         job = _Job(request, asyncio.get_running_loop().create_future(), time.monotonic() + timeout_s)
         self._jobs.append(job)
         self.metrics.queue_depth.set(depth + 1)

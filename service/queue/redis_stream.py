@@ -2,7 +2,11 @@
 per-request key (workers: service/worker.py).
 
 Keys (prefix "ilre" by default):
-  {p}:requests       stream of {rid, payload (request JSON), deadline (unix s)}; bounded by max_queue
+  {p}:requests       stream of {rid, payload (request JSON), deadline (unix s), key (the API key's name),
+                     request_id, traceparent (W3C trace context, '' when tracing is off)};
+                     bounded by max_queue
+  {p}:unfinished:{k} an API key's accepted, unfinished rids (score: deadline), for its queue_share
+  {p}:rate:{k}       an API key's rate-limit state
   {p}:workers        the consumer group the workers read through
   {p}:result:{rid}   list holding the result envelope; the front end BLPOPs it within the deadline
   {p}:cancel:{rid}   set when the caller is gone or its deadline passed: workers drop the entry
@@ -30,20 +34,49 @@ from redis.exceptions import RedisError, ResponseError
 
 from ..api.errors import Code, ServiceError
 from ..api.info import ModelInfo
+from ..api.keys import ANONYMOUS, KeyPolicy
 from ..api.messages import CompressRequest, Outcome, outcome_from_dict
+from ..api.quotas import rate_refusal, share_refusal
+from .. import tracing
 from ..metrics import Metrics
+from .redis_connection import async_client
 
 log = logging.getLogger(__name__)
 
 BLOCK_CHUNK_S = 2.0  # a waiting front end re-issues BLPOP at least this often
 RESULT_GRACE_S = 30  # result and cancel keys outlive the deadline by this much
 
-# Atomic bounded enqueue: XADD only while the stream holds fewer than ARGV[1] entries.
-ENQUEUE = """
+# Atomic admission and enqueue, the rules of api/quotas.py shared by every front end:
+# KEYS: stream, the caller key's unfinished set (rid -> deadline), its GCRA state;
+# ARGV: max_queue, rid, payload, deadline, key name, share limit (0 = none), rate (0 = none), burst, now, grace,
+#       request id, traceparent ('' = none)
+# -> {1 added | 0 queue full | 2 key's share full | 3 key's rate exceeded, depth or unfinished, seconds to wait}
+ADMIT = """
 local n = redis.call('XLEN', KEYS[1])
-if n >= tonumber(ARGV[1]) then return {0, n} end
-redis.call('XADD', KEYS[1], '*', 'rid', ARGV[2], 'payload', ARGV[3], 'deadline', ARGV[4])
-return {1, n + 1}
+if n >= tonumber(ARGV[1]) then return {0, n, '0'} end
+local now, deadline, grace = tonumber(ARGV[9]), tonumber(ARGV[4]), tonumber(ARGV[10])
+local limit = tonumber(ARGV[6])
+if limit > 0 then
+  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - grace)
+  local mine = redis.call('ZCARD', KEYS[2])
+  if mine >= limit then return {2, mine, '0'} end
+end
+local rate = tonumber(ARGV[7])
+if rate > 0 then
+  local interval = 1.0 / rate
+  local start = math.max(tonumber(redis.call('GET', KEYS[3]) or now), now)
+  local wait = start - now - (tonumber(ARGV[8]) - 1) * interval
+  if wait > 1e-9 then return {3, n, tostring(wait)} end
+  redis.call('SET', KEYS[3], tostring(start + interval), 'PX', math.ceil((start + interval - now) * 1000) + 1000)
+end
+redis.call('XADD', KEYS[1], '*', 'rid', ARGV[2], 'payload', ARGV[3], 'deadline', ARGV[4], 'key', ARGV[5],
+           'request_id', ARGV[11], 'traceparent', ARGV[12])
+if limit > 0 then
+  redis.call('ZADD', KEYS[2], deadline, ARGV[2])
+  local ttl = math.ceil((deadline + grace - now) * 1000)
+  if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
+end
+return {1, n + 1, '0'}
 """
 
 
@@ -74,10 +107,19 @@ class RedisKeys:
     def worker(self, name: str) -> str:
         return f"{self.prefix}:worker:{name}"
 
+    def unfinished(self, key_name: str) -> str:
+        """Sorted set of an API key's accepted, unfinished request ids (score: deadline)."""
+        return f"{self.prefix}:unfinished:{key_name}"
+
+    def rate(self, key_name: str) -> str:
+        """An API key's rate-limit state (GCRA's theoretical arrival time)."""
+        return f"{self.prefix}:rate:{key_name}"
+
 
 def connect(url: str) -> aioredis.Redis:
-    """An asyncio client that fails fast while Redis is down and reconnects by itself after."""
-    return aioredis.Redis.from_url(
+    """An asyncio client (of one server, or of a Sentinel group's master) that fails fast while Redis
+    is down and reconnects by itself after, following a failover."""
+    return async_client(
         url, decode_responses=True, socket_connect_timeout=2.0, socket_timeout=BLOCK_CHUNK_S + 8.0,
         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2), health_check_interval=10,
     )
@@ -120,12 +162,13 @@ class RedisQueue:
     kind = "redis"
 
     def __init__(self, url: str, metrics: Metrics, *, prefix: str = "ilre", max_depth: int = 256,
-                 retry_s: float = 5.0):
+                 retry_s: float = 5.0, wait_replicas: int = 0, wait_ms: int = 1000):
         self.client = connect(url)
         self.keys = RedisKeys(prefix)
         self.metrics = metrics
         self.max_depth, self.retry_s = max_depth, retry_s
-        self._enqueue = self.client.register_script(ENQUEUE)
+        self.wait_replicas, self.wait_ms = wait_replicas, wait_ms
+        self._admit = self.client.register_script(ADMIT)
         self._background: set[asyncio.Task] = set()
         self._depth = 0
 
@@ -168,26 +211,52 @@ class RedisQueue:
             raise ServiceError(Code.UNAVAILABLE, "queue: no worker is registered (start `ilre worker`)")
         return ModelInfo.from_dict(json.loads(raw[0]))
 
-    async def submit(self, request: CompressRequest, timeout_s: float) -> Outcome:
-        """Enqueue (RESOURCE_EXHAUSTED when full, UNAVAILABLE when Redis is down), await the result."""
+    async def submit(self, request: CompressRequest, timeout_s: float, caller: KeyPolicy = ANONYMOUS,
+                     request_id: str = "") -> Outcome:
+        """Enqueue (RESOURCE_EXHAUSTED when full or past the caller key's limits, UNAVAILABLE when
+        Redis is down), await the result. The entry carries the request id and the trace context."""
         rid = uuid.uuid4().hex
         deadline = time.time() + timeout_s
+        extra = [request_id, tracing.inject({}).get("traceparent", "")]
         try:
-            added, depth = await self._enqueue(keys=[self.keys.stream],
-                                               args=[self.max_depth, rid, encode_request(request), repr(deadline)])
+            (status, count, wait), replicas = await self._add(rid, encode_request(request), deadline, caller, extra)
         except RedisError as exc:
             raise unavailable(exc) from None
-        self._depth = int(depth)
-        self.metrics.queue_depth.set(self._depth)
-        if not added:
+        if status == 0:
+            self._depth = int(count)
             raise ServiceError(Code.RESOURCE_EXHAUSTED,
-                               f"queue: {depth} requests waiting, the limit is {self.max_depth} (max_queue)")
+                               f"queue: {count} requests waiting, the limit is {self.max_depth} (max_queue)")
+        if status == 2:
+            raise share_refusal(caller, int(count), caller.queue_limit(self.max_depth), self.max_depth)
+        if status == 3:
+            raise rate_refusal(caller, float(wait))
+        self._depth = int(count)
+        self.metrics.queue_depth.set(self._depth)
+        if replicas < self.wait_replicas:  # not durable: a failover now could lose it, so it is not accepted
+            self._spawn(self._cancel(rid, deadline))
+            raise ServiceError(Code.UNAVAILABLE, f"queue: the request reached {replicas} Redis replica(s) within "
+                                                 f"{self.wait_ms} ms, {self.wait_replicas} needed (redis_wait_replicas); "
+                                                 f"not accepted, retry")
         try:
             return decode_outcome(await self._await(rid, deadline, timeout_s))
         except BaseException as exc:
             if not isinstance(exc, ServiceError) or exc.code in (Code.DEADLINE_EXCEEDED, Code.UNAVAILABLE):
                 self._spawn(self._cancel(rid, deadline))  # caller gone or gave up: workers drop it
             raise
+
+    async def _add(self, rid: str, payload: str, deadline: float, caller: KeyPolicy, extra: list[str]) -> tuple[list, int]:
+        """ADMIT -> ([status, count, wait], replicas holding it). With wait_replicas, WAIT runs on the
+        same connection (a pipeline), so it counts the replicas that have this very write."""
+        keys = [self.keys.stream, self.keys.unfinished(caller.name), self.keys.rate(caller.name)]
+        args = [self.max_depth, rid, payload, repr(deadline), caller.name, caller.queue_limit(self.max_depth) or 0,
+                caller.rate or 0, caller.burst or 1, repr(time.time()), RESULT_GRACE_S, *extra]
+        if not self.wait_replicas:
+            return await self._admit(keys=keys, args=args), 0
+        async with self.client.pipeline(transaction=False) as pipe:
+            await self._admit(keys=keys, args=args, client=pipe)
+            pipe.execute_command("WAIT", self.wait_replicas, self.wait_ms)
+            admitted, replicas = await pipe.execute()
+        return admitted, int(replicas) if admitted[0] == 1 else self.wait_replicas
 
     async def _await(self, rid: str, deadline: float, timeout_s: float) -> str:
         """BLPOP the result key in chunks until the deadline; ride out Redis outages up to retry_s."""
@@ -200,7 +269,9 @@ class RedisQueue:
                 now = time.monotonic()
                 failing_since = failing_since or now
                 if now - failing_since >= self.retry_s:
-                    raise unavailable(exc) from None
+                    raise ServiceError(Code.UNAVAILABLE, f"queue: Redis is unreachable ({type(exc).__name__}) for "
+                                                         f"{self.retry_s:.3g} s while an accepted request waits for "
+                                                         f"its result (redis_retry_s); retry later") from None
                 await asyncio.sleep(min(0.2, max(remaining, 0)))
                 continue
             if item:

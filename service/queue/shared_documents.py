@@ -18,11 +18,12 @@ from __future__ import annotations
 import logging
 import time
 
-import redis
 import torch
 from redis.exceptions import RedisError
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
+
+from .redis_connection import sync_client
 
 log = logging.getLogger(__name__)
 
@@ -58,7 +59,7 @@ class RedisDocuments:
     """`SharedDocuments` on one Redis (synchronous: it runs on the engine thread)."""
 
     def __init__(self, url: str, prefix: str = "ilre", max_bytes: int = 2 << 30, ttl_s: int = 3600):
-        self.client = redis.Redis.from_url(url, socket_timeout=10, socket_connect_timeout=2)
+        self.client = sync_client(url, socket_timeout=10, socket_connect_timeout=2)
         self.prefix, self.max_bytes, self.ttl_s = prefix, max_bytes, ttl_s
         self.index, self.sizes = f"{prefix}:docs", f"{prefix}:docs:bytes"
         self._admit = self.client.register_script(ADMIT)

@@ -26,6 +26,8 @@ import uuid
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable
 
+from opentelemetry import trace
+from opentelemetry.trace import SpanKind
 from redis.exceptions import RedisError, ResponseError
 
 from ..config import ServiceConfig
@@ -33,7 +35,10 @@ from ..api.engine import Engine
 from ..api.errors import Code, ServiceError
 from ..api.info import ModelInfo
 from ..api.messages import CompressRequest, InputError, Outcome, results_of
+from .. import tracing
 from ..metrics import Metrics
+from ..request_log import log_request
+from ..redis_url import parse_redis_url
 from .shared_documents import RedisDocuments
 from .redis_stream import RESULT_GRACE_S, RedisKeys, connect, encode_outcome, ensure_group
 
@@ -179,50 +184,51 @@ class Worker:
                 deadline = _float(fields.get("deadline"))
                 if cancelled[i] or time.time() >= deadline:
                     self.metrics.dropped.inc()
-                    await self._finish(entry_id, rids[i], None, deadline)
+                    await self._finish(entry_id, fields, None)
                 else:
                     live.append(i)
             writes: list[concurrent.futures.Future] = []
 
             async def write(i: int, outcome: Outcome | ServiceError) -> None:
                 entry_id, fields = entries[i]
-                await self._finish(entry_id, rids[i], outcome, _float(fields.get("deadline")))
+                await self._finish(entry_id, fields, outcome)
                 self._inflight.discard(entry_id)
 
             def ready(k: int, outcome: Outcome | ServiceError) -> None:  # on the engine thread
                 writes.append(asyncio.run_coroutine_threadsafe(write(live[k], outcome), loop))
 
             if live:
-                payloads = [(entries[i][0], entries[i][1].get("payload", "")) for i in live]
-                await loop.run_in_executor(self._executor, self._compress, payloads, ready)
+                await loop.run_in_executor(self._executor, self._compress, [entries[i] for i in live], ready)
             for done in writes:
                 await asyncio.wrap_future(done)
         finally:  # entries left unfinished (Redis went away) are reclaimed once idle
             self._inflight = set()
 
-    def _compress(self, payloads: list[tuple[str, str]],
-                  ready: Callable[[int, Outcome | ServiceError], None]) -> None:
-        """On the engine thread: queued requests (entry id, payload) as one Engine.compress_many
-        batch; `ready(k, outcome)` hands each result or error back as soon as it is known."""
+    def _compress(self, entries: list[Entry], ready: Callable[[int, Outcome | ServiceError], None]) -> None:
+        """On the engine thread: queued requests (entry id, fields) as one Engine.compress_many
+        batch; `ready(k, outcome)` hands each result or error back as soon as it is known, after
+        its log line and (with tracing on) its spans under the caller's trace."""
         now_ms = time.time() * 1000.0
         delivered: set[int] = set()
 
         def hand_back(k: int, outcome: Outcome | ServiceError | InputError) -> None:
             if isinstance(outcome, InputError):
                 outcome = ServiceError.from_input(outcome)
+            entry_id, fields = entries[k]
             if isinstance(outcome, ServiceError):
                 self.metrics.errors.labels(outcome.code.value).inc()
             else:
                 for result in results_of(outcome):
-                    result.timings_ms["queue"] = round(max(0.0, now_ms - _float(payloads[k][0].split("-")[0])), 3)
+                    result.timings_ms["queue"] = round(max(0.0, now_ms - _float(entry_id.split("-")[0])), 3)
                     self.metrics.observe_result(result.timings_ms, result.original_tokens, result.compressed_tokens)
+            self._record(fields, outcome, (time.time() * 1000.0 - _float(entry_id.split("-")[0])) / 1000.0)
             delivered.add(k)
             ready(k, outcome)
 
         requests, slots = [], []
-        for k, (_, payload) in enumerate(payloads):
+        for k, (_, fields) in enumerate(entries):
             try:
-                requests.append(_decode(payload))
+                requests.append(_decode(fields.get("payload", "")))
                 slots.append(k)
             except InputError as exc:
                 hand_back(k, exc)
@@ -234,10 +240,28 @@ class Worker:
                 if k not in delivered:
                     hand_back(k, ServiceError(Code.INTERNAL, f"internal: {type(exc).__name__}: {exc}"))
 
-    async def _finish(self, entry_id: str, rid: str, outcome: Outcome | ServiceError | None,
-                      deadline: float) -> None:
-        """Write the outcome (if any) and acknowledge, atomically; retried while Redis is down,
-        until the caller's deadline (after it, a later reclaim drops the entry)."""
+    def _record(self, fields: dict[str, str], outcome: Outcome | ServiceError, seconds: float) -> None:
+        """The worker's log line for one request and, with tracing on, its spans (a child of the
+        front end's `ilre.queue` span, through the entry's traceparent)."""
+        rid, key = fields.get("request_id", ""), fields.get("key", "")
+        failure = outcome if isinstance(outcome, ServiceError) else None
+        log_request(rid, key, "worker", seconds, None if failure else outcome, failure)
+        parent = tracing.extract({"traceparent": fields.get("traceparent", "")} if fields.get("traceparent") else {})
+        if parent is None:
+            return
+        end = time.time_ns()
+        attributes = {"ilre.request_id": rid, "ilre.key": key, "ilre.worker": self.name}
+        span = tracing.tracer().start_span("ilre.worker", context=parent, kind=SpanKind.CONSUMER, attributes=attributes,
+                                           start_time=end - int(seconds * 1e9))
+        with trace.use_span(span, end_on_exit=True):
+            for result in ([] if failure else results_of(outcome)):
+                tracing.stage_spans(result.timings_ms, end, attributes)
+            span.set_attribute("ilre.code", failure.code.value if failure else "OK")
+
+    async def _finish(self, entry_id: str, fields: dict[str, str], outcome: Outcome | ServiceError | None) -> None:
+        """Write the outcome (if any), acknowledge, and free the caller key's slot, atomically;
+        retried while Redis is down, until the caller's deadline (after it, a later reclaim drops the entry)."""
+        rid, deadline = fields.get("rid", ""), _float(fields.get("deadline"))
         ttl = max(1, math.ceil(deadline - time.time())) + RESULT_GRACE_S
         backoff = 0.05
         while True:
@@ -248,6 +272,8 @@ class Worker:
                         pipe.expire(self.keys.result(rid), ttl)
                     pipe.xack(self.keys.stream, self.keys.group, entry_id)
                     pipe.xdel(self.keys.stream, entry_id)
+                    if fields.get("key"):
+                        pipe.zrem(self.keys.unfinished(fields["key"]), rid)
                     await pipe.execute()
                 return
             except RedisError as exc:
@@ -270,6 +296,8 @@ class Worker:
             pipe.expire(self.keys.result(rid), RESULT_GRACE_S + max(1, math.ceil(_float(fields.get("deadline")) - time.time())))
             pipe.xack(self.keys.stream, self.keys.group, entry_id)
             pipe.xdel(self.keys.stream, entry_id)
+            if fields.get("key"):
+                pipe.zrem(self.keys.unfinished(fields["key"]), rid)
             await pipe.execute()
         self.metrics.errors.labels(Code.INTERNAL.value).inc()
 
@@ -352,9 +380,5 @@ def run_worker(engine: Engine, config: ServiceConfig, name: str | None = None, m
 
 
 def _redacted(url: str | None) -> str:
-    """The Redis URL without its password, for logs."""
-    from urllib.parse import urlsplit
-
-    parts = urlsplit(url or "")
-    host = parts.hostname or ""
-    return f"{parts.scheme}://{host}{f':{parts.port}' if parts.port else ''}{parts.path}"
+    """The Redis URL without its credentials, for logs."""
+    return parse_redis_url(url).redacted() if url else ""

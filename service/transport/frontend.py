@@ -10,13 +10,18 @@ import asyncio
 import dataclasses
 import logging
 import time
-from typing import Any, Protocol
+from typing import Any, Mapping, Protocol
+
+from opentelemetry.trace import SpanKind
 
 from ..config import ServiceConfig
 from ..api.errors import Code, ServiceError
 from ..api.info import ModelInfo
+from ..api.keys import ANONYMOUS, KeyPolicy
 from ..api.messages import CompressRequest, InputError, Outcome, results_of
+from .. import tracing
 from ..metrics import Metrics
+from ..request_log import log_request, request_id
 
 log = logging.getLogger(__name__)
 
@@ -27,7 +32,8 @@ class Queue(Protocol):
     kind: str
 
     async def start(self) -> None: ...
-    async def submit(self, request: CompressRequest, timeout_s: float) -> Outcome: ...
+    async def submit(self, request: CompressRequest, timeout_s: float, caller: KeyPolicy = ANONYMOUS,
+                     rid: str = "") -> Outcome: ...
     async def ready(self) -> bool: ...
     async def depth(self) -> int: ...
     async def model_info(self) -> ModelInfo: ...
@@ -50,12 +56,40 @@ class Frontend:
             raise InputError("request", str(exc)) from None
 
     async def compress(self, data: dict[str, Any] | CompressRequest, timeout_s: float | None,
-                       method: str, many: bool | None = None) -> Outcome:
+                       method: str, many: bool | None = None, caller: KeyPolicy = ANONYMOUS,
+                       rid: str | None = None, trace_parent: Mapping[str, str] | None = None) -> Outcome:
         """Validate `data` (contract fields) and run it through the queue within `timeout_s`
-        (None = the configured default); ServiceError on every failure, metrics on every path.
-        many: True / False when the method takes only requests with / without `queries`."""
+        (None = the configured default); ServiceError on every failure, metrics, a log line and a
+        trace on every path. many: True / False when the method takes only requests with / without
+        `queries`; caller: the API key's policy (its rate limit and share of the queue apply);
+        rid: the request id (new_request_id()); trace_parent: the caller's trace headers."""
         start = time.perf_counter()
         self.metrics.requests.labels(method).inc()
+        rid = rid or request_id(None)
+        attributes = {"rpc.method": method, "ilre.request_id": rid, "ilre.key": caller.name}
+        outcome, failure = None, None
+        with tracing.tracer().start_as_current_span("ilre.request", context=tracing.extract(trace_parent or {}),
+                                                    kind=SpanKind.SERVER, attributes=attributes) as span:
+            try:
+                outcome = await self._run(data, timeout_s, method, many, caller, rid)
+                return outcome
+            except ServiceError as exc:
+                failure = exc
+                raise
+            except asyncio.CancelledError:
+                failure = ServiceError(Code.CANCELLED, "request: the caller went away")
+                raise
+            finally:
+                span.set_attribute("ilre.code", failure.code.value if failure else "OK")
+                if outcome is not None:
+                    first = results_of(outcome)[0]
+                    span.set_attributes({"ilre.original_tokens": first.original_tokens,
+                                         "ilre.compressed_tokens": first.compressed_tokens})
+                log_request(rid, caller.name, method, time.perf_counter() - start, outcome, failure)
+
+    async def _run(self, data: dict[str, Any] | CompressRequest, timeout_s: float | None, method: str,
+                   many: bool | None, caller: KeyPolicy, rid: str) -> Outcome:
+        start = time.perf_counter()
         timeout = timeout_s if timeout_s is not None else self.config.request_timeout_s
         try:
             request = data if isinstance(data, CompressRequest) else self.build_request(data)
@@ -63,7 +97,11 @@ class Frontend:
                 raise InputError("queries", f"{method} takes one query: send several to CompressQueries")
             if timeout <= 0:
                 raise ServiceError(Code.DEADLINE_EXCEEDED, "deadline: already passed on arrival")
-            result = await self.queue.submit(request, timeout)
+            with tracing.tracer().start_as_current_span("ilre.queue", attributes={"ilre.queue": self.queue.kind}):
+                result = await self.queue.submit(request, timeout, caller, rid)
+                if self.queue.kind == "local":  # a worker records its own engine spans
+                    for one in results_of(result):
+                        tracing.stage_spans(one.timings_ms, attributes={"ilre.request_id": rid})
         except ServiceError as exc:
             self.record_error(exc.code)
             raise

@@ -17,7 +17,9 @@ from ..config import ServiceConfig
 from .convert import StreamAssembler, pb, pb_grpc, request_to_dict, result_to_proto, results_to_proto
 from ..api.errors import Code, ServiceError
 from .frontend import Frontend
+from ..api.keys import ANONYMOUS
 from ..api.messages import InputError
+from ..request_log import request_id
 
 log = logging.getLogger(__name__)
 
@@ -25,9 +27,14 @@ SERVICE_NAME = pb.DESCRIPTOR.services_by_name["Compressor"].full_name  # "ilre.v
 HEALTH_SERVICE_NAME = health_pb2.DESCRIPTOR.services_by_name["Health"].full_name
 
 
-async def _abort(context: grpc.aio.ServicerContext, exc: ServiceError) -> None:
-    """End the call with the error's status; the field, when known, also goes in `ilre-field`."""
+async def _abort(context: grpc.aio.ServicerContext, exc: ServiceError, rid: str | None = None) -> None:
+    """End the call with the error's status; the field, when known, also goes in `ilre-field`, a
+    limit's retry hint in `retry-after` (seconds, a decimal), the request id in `x-request-id`."""
     metadata = (("ilre-field", exc.field),) if exc.field else ()
+    if rid:
+        metadata += (("x-request-id", rid),)
+    if exc.retry_after_s is not None:
+        metadata += (("retry-after", f"{exc.retry_after_s:.3f}"),)
     await context.abort(grpc.StatusCode[exc.code.value], exc.message, trailing_metadata=metadata)
 
 
@@ -71,10 +78,22 @@ class CompressorServicer(pb_grpc.CompressorServicer):
         return pb.ModelInfo(**info.to_dict())
 
     async def _run(self, data: dict, context: grpc.aio.ServicerContext, method: str, many: bool):
+        """Run one call; its request id (the caller's `x-request-id`, or a new one) goes back in the
+        trailing metadata, and the caller's `traceparent` becomes the parent of its trace."""
+        metadata = dict(context.invocation_metadata() or ())
+        caller = self.frontend.config.api_keys.identify(metadata.get("authorization")) or ANONYMOUS  # checked already
         try:
-            return await self.frontend.compress(data, context.time_remaining(), method, many)
+            rid = request_id(metadata.get("x-request-id"))
         except ServiceError as exc:
+            self.frontend.metrics.requests.labels(method).inc()
+            self.frontend.record_error(exc.code)
             await _abort(context, exc)
+        context.set_trailing_metadata((("x-request-id", rid),))
+        try:
+            return await self.frontend.compress(data, context.time_remaining(), method, many, caller=caller, rid=rid,
+                                                trace_parent=metadata)
+        except ServiceError as exc:
+            await _abort(context, exc, rid)
 
 
 def build_grpc_server(frontend: Frontend, config: ServiceConfig) -> tuple[grpc.aio.Server, HealthServicer, int]:

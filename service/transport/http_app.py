@@ -4,8 +4,10 @@ POST /v1/explain (the same request; the answer is the explanation page, text/htm
 POST /v1/compress takes a batch line's fields as a JSON object and answers with the contract's
 fields, exactly as gRPC Compress does; with `queries` it answers {"id", "document_id", "results"}
 as CompressQueries does. An unknown or evicted document_id is a 404. Errors are {"id", "error", "code", "field"} (the batch
-line's {"id", "error"} plus the status code name and the field) with the matching HTTP status.
-An optional `X-Request-Timeout: <seconds>` header sets the deadline.
+line's {"id", "error"} plus the status code name and the field) with the matching HTTP status; a
+refusal by an API key's limits (429) also carries `retry_after_s` and a Retry-After header.
+An optional `X-Request-Timeout: <seconds>` header sets the deadline; `X-Request-Id` names the request
+(else one is made) and comes back on the answer, and a W3C `traceparent` header parents its trace.
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ..api.keys import UNAUTHENTICATED_MESSAGE
+from ..api.quotas import retry_after_header
 from ..api.errors import HTTP_STATUS, Code, ServiceError
+from ..request_log import request_id
 from .frontend import Frontend
 from .http_common import decode_json, parse_timeout, read_body, unless_disconnected
 
@@ -53,27 +57,31 @@ def build_app(frontend: Frontend) -> Starlette:
 
     async def _compress(request: Request, method: str, explain: bool) -> Response:
         data: Any = None
+        rid = None
         try:
-            if not frontend.config.api_keys.check(request.headers.get("authorization")):
+            rid = request_id(request.headers.get("x-request-id"))
+            caller = frontend.config.api_keys.identify(request.headers.get("authorization"))
+            if caller is None:
                 raise ServiceError(Code.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE)
             data = decode_json(await read_body(request, frontend.config.max_message_bytes))
             timeout = parse_timeout(request.headers.get("x-request-timeout"))
         except ServiceError as exc:  # refused before it reaches the front end: counted here
             frontend.metrics.requests.labels(method).inc()
             frontend.record_error(exc.code)
-            return _error(data, exc)
+            return _error(data, exc, rid)
         if explain and isinstance(data, dict):
             data = {**data, "explain": True}
-        work = asyncio.ensure_future(frontend.compress(data, timeout, method, many=False if explain else None))
+        work = asyncio.ensure_future(frontend.compress(data, timeout, method, many=False if explain else None,
+                                                       caller=caller, rid=rid, trace_parent=dict(request.headers)))
         try:
             result = await unless_disconnected(request, work)
         except ServiceError as exc:
-            return _error(data, exc)
+            return _error(data, exc, rid)
         if result is None:  # the client went away; its queued work has been dropped
             return Response(status_code=HTTP_STATUS[Code.CANCELLED])
         if explain:
-            return HTMLResponse(result.explanation)
-        return JSONResponse(result.to_dict())
+            return HTMLResponse(result.explanation, headers={"x-request-id": rid})
+        return JSONResponse(result.to_dict(), headers={"x-request-id": rid})
 
     routes = [Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics),
               Route("/v1/model", model), Route("/v1/compress", compress, methods=["POST"]),
@@ -81,9 +89,13 @@ def build_app(frontend: Frontend) -> Starlette:
     return Starlette(routes=routes)
 
 
-def _error(data: Any, exc: ServiceError) -> JSONResponse:
+def _error(data: Any, exc: ServiceError, rid: str | None = None) -> JSONResponse:
     line_id = data.get("id") if isinstance(data, dict) else None
     if isinstance(line_id, bool) or not isinstance(line_id, (str, int)):
         line_id = None  # echo only an id of the contract's types (NaN or a list would not even encode)
     body = {"id": line_id, "error": exc.message, "code": exc.code.value, "field": exc.field}
-    return JSONResponse(body, status_code=exc.http_status)
+    headers = {"x-request-id": rid} if rid else {}
+    if exc.retry_after_s is not None:  # a limit's refusal: Retry-After in whole seconds too
+        body["retry_after_s"] = round(exc.retry_after_s, 3)
+        headers["retry-after"] = retry_after_header(exc.retry_after_s)
+    return JSONResponse(body, status_code=exc.http_status, headers=headers)

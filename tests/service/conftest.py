@@ -80,11 +80,11 @@ class RedisServer:
     """A real redis-server on a free loopback port with its own directory (AOF on, so a restart
     keeps the stream and the consumer group, as a production Redis would)."""
 
-    def __init__(self, directory: Path):
+    def __init__(self, directory: Path, *extra: str):
         self.binary = redis_server_binary()
         if self.binary is None:
             pytest.fail("redis-server not found: `make tools` installs one (deploy/test-tools.sh)")
-        self.dir, self.port = directory, free_port()
+        self.dir, self.port, self.extra = directory, free_port(), extra
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -94,7 +94,7 @@ class RedisServer:
     def start(self) -> None:
         self.proc = subprocess.Popen(
             [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--dir", str(self.dir),
-             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "no"],
+             "--appendonly", "yes", "--appendfsync", "always", "--save", "", "--protected-mode", "no", *self.extra],
             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         client = redis.Redis(port=self.port, socket_connect_timeout=0.5)
         wait_for(lambda: _pings(client), 20, "redis-server to answer")
@@ -192,3 +192,18 @@ class WorkerThread:
     def __exit__(self, *exc) -> None:
         self.loop.call_soon_threadsafe(self.stop_event.set)
         self._thread.join(60)
+
+
+@pytest.fixture
+def otlp(monkeypatch):
+    """Tracing on in this process (OTLP/HTTP), exporting to a real receiver on loopback; off after."""
+    from ilre.service import tracing
+
+    from .otlp_receiver import OtlpReceiver
+
+    receiver = OtlpReceiver()
+    monkeypatch.setenv("OTEL_EXPORTER_OTLP_TRACES_ENDPOINT", receiver.endpoint)
+    tracing.setup_tracing("otlp", "ilre-test")
+    yield receiver
+    tracing.shutdown_tracing()
+    receiver.close()

@@ -324,3 +324,23 @@ def test_api_keys_guard_every_route_but_the_probes(engine, relay):
         ok = client.post("/completion", json={"prompt": "hi", "n_predict": 1}, headers={"authorization": "Bearer k1"})
         assert ok.status_code == 200
         assert relay.last("/completion").headers["authorization"] == "Bearer k1"  # the engine sees it too
+
+
+def test_a_compressed_request_is_one_trace_with_the_engine_call(engine, relay, otlp, medium_prompt):
+    from ilre.service import tracing
+
+    with sidecar_service(engine, relay.url) as svc, httpx.Client(base_url=f"http://127.0.0.1:{svc.http_port}", timeout=300) as http:
+        reply = http.post("/completion", json={"prompt": medium_prompt, "n_predict": 4, **GREEDY},
+                          headers={"x-request-id": "side-7"})
+        tracing.flush()
+    assert reply.status_code == 200 and reply.headers["x-ilre-action"] == "compressed"
+    assert reply.headers["x-ilre-request-id"] == "side-7"
+    wait_for(lambda: otlp.named("ilre.forward"), 30, "the spans")
+    (side,) = otlp.named("ilre.sidecar")
+    (request,) = [s for s in otlp.named("ilre.request") if s.parent_id == side.span_id]
+    (forward,) = [s for s in otlp.named("ilre.forward") if s.parent_id == side.span_id]
+    assert request.attributes["ilre.request_id"] == "side-7" and forward.kind == 3  # CLIENT
+    assert forward.attributes["http.response.status_code"] == 200 and request.end_ns <= forward.start_ns
+    (queue,) = [s for s in otlp.named("ilre.queue") if s.parent_id == request.span_id]
+    (compress,) = [s for s in otlp.named("ilre.compress") if s.parent_id == queue.span_id]
+    assert {s.name for s in otlp.spans if s.parent_id == compress.span_id} >= {"tokenize", "prefill", "score", "allocate"}

@@ -20,6 +20,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
+from opentelemetry.trace import SpanKind
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -27,7 +28,10 @@ from starlette.routing import Mount, Route
 
 from ...api.engine import DEFAULT_BUDGET
 from ...api.errors import HTTP_STATUS, Code, ServiceError
-from ...api.keys import UNAUTHENTICATED_MESSAGE
+from ...api.keys import ANONYMOUS, UNAUTHENTICATED_MESSAGE, KeyPolicy
+from ...api.quotas import retry_after_header
+from ... import tracing
+from ...request_log import request_id
 from ...api.messages import CompressRequest, InputError
 from ...config import SidecarConfig
 from ..frontend import Frontend
@@ -86,6 +90,20 @@ class Sidecar:
 
     # -- one request ---------------------------------------------------------------------------
     async def handle(self, request: Request, fmt: RouteFormat) -> Response:
+        """One engine request: its span (`ilre.sidecar`, under the caller's traceparent) and its
+        request id (the caller's x-request-id, or a new one), returned as x-ilre-request-id."""
+        try:
+            rid = request_id(request.headers.get("x-request-id"))
+        except ServiceError as exc:
+            return self._error(fmt.name, exc)
+        attributes = {"http.route": fmt.path, "ilre.request_id": rid}
+        with tracing.tracer().start_as_current_span("ilre.sidecar", context=tracing.extract(dict(request.headers)),
+                                                    kind=SpanKind.SERVER, attributes=attributes):
+            response = await self._handle(request, fmt, rid)
+        response.headers["x-ilre-request-id"] = rid
+        return response
+
+    async def _handle(self, request: Request, fmt: RouteFormat, rid: str) -> Response:
         try:
             raw = await read_body(request, self.frontend.config.max_message_bytes)
             data = decode_json(raw)
@@ -104,7 +122,8 @@ class Sidecar:
         if not options.enabled:
             plan = Forwarded(fmt.path, untouched, "off")
         else:
-            work = asyncio.ensure_future(self._plan(fmt, body, untouched, options, deadline))
+            caller = self.frontend.config.api_keys.identify(request.headers.get("authorization")) or ANONYMOUS
+            work = asyncio.ensure_future(self._plan(fmt, body, untouched, options, deadline, caller, rid))
             try:
                 plan = await unless_disconnected(request, work)
             except InputError as exc:
@@ -120,7 +139,7 @@ class Sidecar:
         return await self.relay(request, plan, deadline, fmt.name)
 
     async def _plan(self, fmt: RouteFormat, body: dict[str, Any], untouched: bytes, options: CompressionOptions,
-                    deadline: float) -> Forwarded:
+                    deadline: float, caller: KeyPolicy, rid: str) -> Forwarded:
         """Decide what to forward: the untouched body, or one with the compressed prompt."""
         start = time.perf_counter()
         prompt = fmt.prompt(body)
@@ -144,7 +163,8 @@ class Sidecar:
         if _fits(len(split.context), request):
             return Forwarded(fmt.path, untouched, "passthrough", split.total, split.total,
                              _ms(start), reason="fits the budget")
-        result = await self.frontend.compress(request, max(deadline - time.monotonic(), 0.0), f"sidecar.{fmt.name}")
+        result = await self.frontend.compress(request, max(deadline - time.monotonic(), 0.0), f"sidecar.{fmt.name}",
+                                              caller=caller, rid=rid)
         ids = split.prefix + result.token_ids
         if mode == "ids":
             path, out = fmt.with_ids(body, ids)
@@ -175,11 +195,16 @@ class Sidecar:
         opened = time.perf_counter()
         work = asyncio.ensure_future(self.upstream.open(request.method, plan.path, request.url.query, request.headers,
                                                         plan.content, max(deadline - time.monotonic(), 0.001)))
-        try:
-            response = await unless_disconnected(request, work)
-        except EngineError as exc:
-            self.metrics.sidecar_engine_errors.labels("timeout" if exc.status == 504 else "unreachable").inc()
-            return _engine_error(exc.status, exc.message)
+        attributes = {"server.address": self.config.engine_url, "url.path": plan.path, "ilre.action": plan.action}
+        with tracing.tracer().start_as_current_span("ilre.forward", kind=SpanKind.CLIENT, attributes=attributes) as span:
+            try:  # the span lasts until the engine's answer starts (its body streams on after)
+                response = await unless_disconnected(request, work)
+            except EngineError as exc:
+                self.metrics.sidecar_engine_errors.labels("timeout" if exc.status == 504 else "unreachable").inc()
+                span.set_attribute("http.response.status_code", exc.status)
+                return _engine_error(exc.status, exc.message)
+            if response is not None:
+                span.set_attribute("http.response.status_code", response.status_code)
         if response is None:  # the client went away before the engine answered: request cancelled
             return Response(status_code=HTTP_STATUS[Code.CANCELLED])
         self.metrics.sidecar_engine_latency.labels(route).observe(time.perf_counter() - opened)
@@ -210,7 +235,10 @@ class Sidecar:
     def _error(self, route: str, exc: ServiceError) -> Response:
         self.metrics.sidecar_requests.labels(route, "error").inc()
         self.frontend.record_error(exc.code)
-        return _engine_error(exc.http_status, exc.message, exc.field, exc.code.value)
+        response = _engine_error(exc.http_status, exc.message, exc.field, exc.code.value)
+        if exc.retry_after_s is not None:
+            response.headers["retry-after"] = retry_after_header(exc.retry_after_s)
+        return response
 
 
 def _fits(n: int, request: CompressRequest) -> bool:

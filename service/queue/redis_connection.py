@@ -1,0 +1,47 @@
+"""Redis clients from one URL (service/redis_url.py): a single server, or the master of a
+Sentinel-managed group.
+
+With Sentinel, every new connection asks the sentinels where the master is, and a connection that
+finds its server gone (or demoted to a replica: READONLY) is dropped, so clients follow a failover
+by themselves.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import redis
+import redis.asyncio as aioredis
+from redis.asyncio.sentinel import Sentinel as AsyncSentinel
+from redis.sentinel import Sentinel
+
+from ..redis_url import RedisTarget, parse_redis_url
+
+
+def async_client(url: str, **options: Any) -> aioredis.Redis:
+    """An asyncio client of the server, or of the Sentinel group's current master."""
+    target = parse_redis_url(url)
+    if not target.sentinel:
+        return aioredis.Redis.from_url(url, **options)
+    sentinel = AsyncSentinel(list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target, options))
+    return sentinel.master_for(target.master, redis_class=aioredis.Redis, db=target.db, username=target.username,
+                               password=target.password, **options)
+
+
+def sync_client(url: str, **options: Any) -> redis.Redis:
+    """A blocking client of the server, or of the Sentinel group's current master."""
+    target = parse_redis_url(url)
+    if not target.sentinel:
+        return redis.Redis.from_url(url, **options)
+    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target, options))
+    return sentinel.master_for(target.master, redis_class=redis.Redis, db=target.db, username=target.username,
+                               password=target.password, **options)
+
+
+def _sentinel_kwargs(target: RedisTarget, options: dict[str, Any]) -> dict[str, Any]:
+    """Connection settings of the sentinels themselves: short timeouts, their own password."""
+    out: dict[str, Any] = {"socket_connect_timeout": options.get("socket_connect_timeout", 2.0),
+                           "socket_timeout": 2.0, "decode_responses": True}
+    if target.sentinel_password:
+        out["password"] = target.sentinel_password
+    return out
