@@ -20,21 +20,20 @@ from ..redis_url import RedisTarget, parse_redis_url
 
 def async_client(url: str, **options: Any) -> aioredis.Redis:
     """An asyncio client of the server, or of the Sentinel group's current master."""
-    target = parse_redis_url(url)
-    if not target.sentinel:
-        return aioredis.Redis.from_url(url, **options)
-    sentinel = AsyncSentinel(list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target, options))
-    return sentinel.master_for(target.master, redis_class=aioredis.Redis, db=target.db, username=target.username,
-                               password=target.password, **options)
+    return _client(url, aioredis.Redis, AsyncSentinel, options)
 
 
 def sync_client(url: str, **options: Any) -> redis.Redis:
     """A blocking client of the server, or of the Sentinel group's current master."""
+    return _client(url, redis.Redis, Sentinel, options)
+
+
+def _client(url: str, redis_class: type, sentinel_class: type, options: dict[str, Any]) -> Any:
     target = parse_redis_url(url)
     if not target.sentinel:
-        return redis.Redis.from_url(url, **options)
-    sentinel = Sentinel(list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target, options))
-    return sentinel.master_for(target.master, redis_class=redis.Redis, db=target.db, username=target.username,
+        return redis_class.from_url(url, **options)
+    sentinel = sentinel_class(list(target.sentinels), sentinel_kwargs=_sentinel_kwargs(target, options))
+    return sentinel.master_for(target.master, redis_class=redis_class, db=target.db, username=target.username,
                                password=target.password, **options)
 
 
