@@ -258,8 +258,27 @@ def summarise(args, out: dict, results: Path) -> str:
     lines += ["", f"RSS after the {args.warmup_minutes}-minute warm-up (min / max of per-minute medians, growth):"]
     lines += [f"- {k}: {lo:.0f} / {hi:.0f} MiB, {100 * g:.1f}% ({'flat' if g <= 0.10 else 'GROWS'})"
               for k, (lo, hi, g) in leaks.items()]
+    lines += trend_lines(rows, args.warmup_minutes)
     plot(rows, out, results / "soak.png")
     return "\n".join(lines) + "\n"
+
+
+def trend_lines(rows: list[dict], warmup_minutes: float) -> list[str]:
+    """The RSS trend after the warm-up: a least-squares line through the per-minute medians of each
+    long-lived process, as its change over the period (a leak climbs; a bounded cache only wobbles)."""
+    out = ["", "RSS trend after the warm-up (least-squares line through the per-minute medians; its change over the period):"]
+    for name in ("front end", "redis", "steady worker"):
+        points = [(r["minute"], r["rss_mib"][name]) for r in rows
+                  if r["minute"] >= warmup_minutes and r["rss_mib"].get(name)]
+        if len(points) < 3:
+            continue
+        n = len(points)
+        mx, my = sum(x for x, _ in points) / n, sum(y for _, y in points) / n
+        slope = sum((x - mx) * (y - my) for x, y in points) / sum((x - mx) ** 2 for x, _ in points)
+        change = slope * (points[-1][0] - points[0][0])
+        out.append(f"- {name}: {slope * 60:+.1f} MiB/hour, {change:+.1f} MiB = {100 * change / my:+.1f}% of its mean "
+                   f"{my:.0f} MiB ({'flat' if abs(change) <= 0.10 * my else 'GROWS'})")
+    return out
 
 
 def _median(values: list) -> float | None:
@@ -299,7 +318,11 @@ def main() -> int:
     parser.add_argument("--restart-minutes", type=float, default=4)
     parser.add_argument("--warmup-minutes", type=float, default=10)
     parser.add_argument("--results", default="results/soak")
+    parser.add_argument("--trend-of", metavar="WINDOWS_JSON", help="only print the RSS trend of an earlier run's windows.json")
     args = parser.parse_args()
+    if args.trend_of:
+        print("\n".join(trend_lines(json.loads(Path(args.trend_of).read_text()), args.warmup_minutes)))
+        return 0
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     traffic = Traffic(Engine())
