@@ -57,6 +57,7 @@ test-fast: setup engine   ## skip the tests marked slow
 bench: setup engine ## latency and peak memory; per dtype up to 1M tokens vs the roofline; documents asked again; service load; the sidecar
 	$(PY) bench/compress_bench.py
 	$(PY) bench/speed_bench.py
+	$(PY) bench/attention_kernels.py
 	$(PY) bench/document_bench.py
 	$(PY) bench/service_bench.py
 	$(PY) bench/sidecar_bench.py

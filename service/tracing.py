@@ -73,10 +73,6 @@ def tracer() -> trace.Tracer:
     return _provider.get_tracer("ilre") if _provider is not None else trace.NoOpTracer()
 
 
-def enabled() -> bool:
-    return _provider is not None
-
-
 def inject(carrier: dict[str, str]) -> dict[str, str]:
     """Add the current span's W3C trace context (`traceparent`) to `carrier`; returns it."""
     if _provider is not None:

@@ -60,7 +60,7 @@ class ApiKeys:
         for key in keys:
             if key:
                 digest = hashlib.sha256(key.encode()).digest()
-                entries.append((digest, (policies or {}).get(key) or KeyPolicy(f"key-{digest.hex()[:8]}")))
+                entries.append((digest, (policies or {}).get(key) or KeyPolicy(default_name(key))))
         self._entries = tuple(entries)
         names = [p.name for _, p in entries]
         clash = {n for n in names if names.count(n) > 1}
@@ -124,6 +124,11 @@ class ApiKeys:
         return self.identify(authorization) is not None
 
 
+def default_name(key: str) -> str:
+    """A key's name when the keys file gives none: key- and the first 8 hex digits of its SHA-256."""
+    return f"key-{hashlib.sha256(key.encode()).hexdigest()[:8]}"
+
+
 def parse_policy(key: str, words: list[str], where: str) -> KeyPolicy:
     """A key line's settings (`name=... rate=...`); ConfigError naming the line and the setting."""
     values: dict[str, str] = {}
@@ -133,13 +138,12 @@ def parse_policy(key: str, words: list[str], where: str) -> KeyPolicy:
             raise ConfigError(f"api_keys_file: {where}: expected name=, rate=, burst= or queue_share= after the key "
                               f"(got {word!r})")
         values[name] = value
-    digest = hashlib.sha256(key.encode()).hexdigest()
     rate = _number(values, "rate", where, lambda v: v > 0, "> 0")
     burst = _number(values, "burst", where, lambda v: v >= 1 and v == int(v), "an integer >= 1")
     share = _number(values, "queue_share", where, lambda v: 0 < v <= 1, "in (0, 1]")
     if burst is not None and rate is None:
         raise ConfigError(f"api_keys_file: {where}: burst needs a rate")
-    return KeyPolicy(values.get("name", f"key-{digest[:8]}"), rate,
+    return KeyPolicy(values.get("name") or default_name(key), rate,
                      None if rate is None else int(burst or max(1, math.ceil(rate))), share)
 
 

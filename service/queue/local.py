@@ -106,12 +106,11 @@ class LocalQueue:
                                f"queue: {depth} requests waiting, the limit is {self.max_depth} (max_queue)")
         self.quotas.admit(caller, self.max_depth)
         try:
-            return await self._run(request, timeout_s)
+            return await self._queue_and_wait(request, timeout_s, depth)
         finally:
             self.quotas.release(caller)
 
-    async def _run(self, request: CompressRequest, timeout_s: float) -> Outcome:
-        depth = self._depth()
+    async def _queue_and_wait(self, request: CompressRequest, timeout_s: float, depth: int) -> Outcome:
         job = _Job(request, asyncio.get_running_loop().create_future(), time.monotonic() + timeout_s)
         self._jobs.append(job)
         self.metrics.queue_depth.set(depth + 1)

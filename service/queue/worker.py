@@ -215,13 +215,14 @@ class Worker:
             if isinstance(outcome, InputError):
                 outcome = ServiceError.from_input(outcome)
             entry_id, fields = entries[k]
+            enqueued_ms = _float(entry_id.split("-")[0])  # a stream entry id starts with its time in ms
             if isinstance(outcome, ServiceError):
                 self.metrics.errors.labels(outcome.code.value).inc()
             else:
                 for result in results_of(outcome):
-                    result.timings_ms["queue"] = round(max(0.0, now_ms - _float(entry_id.split("-")[0])), 3)
+                    result.timings_ms["queue"] = round(max(0.0, now_ms - enqueued_ms), 3)
                     self.metrics.observe_result(result.timings_ms, result.original_tokens, result.compressed_tokens)
-            self._record(fields, outcome, (time.time() * 1000.0 - _float(entry_id.split("-")[0])) / 1000.0)
+            self._record(fields, outcome, (time.time() * 1000.0 - enqueued_ms) / 1000.0)
             delivered.add(k)
             ready(k, outcome)
 

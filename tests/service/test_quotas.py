@@ -36,7 +36,7 @@ def test_the_keys_file_gives_names_and_limits_and_bad_lines_name_the_setting(tmp
     assert team == KeyPolicy("team-a", 2.0, 3, 0.25) and team.queue_limit(32) == 8
     assert keys.identify(f"Bearer {FREE}").name.startswith("key-") and not keys.identify(f"Bearer {FREE}").limited
     assert keys.identify("Bearer k-env") is not None and keys.identify("Bearer nope") is None
-    assert LIMITED not in repr(keys) and KeyPolicy("x", rate=1.5).burst is None
+    assert LIMITED not in repr(keys)
     assert ApiKeys.load({}, keys_file(tmp_path, f"{LIMITED} rate=1.5\n")).identify(f"Bearer {LIMITED}").burst == 2
     for line, says in [("k1 rate=0", "rate must be > 0"), ("k1 burst=2", "burst needs a rate"),
                        ("k1 rate=1 burst=0.5", "burst must be an integer >= 1"), ("k1 queue_share=1.5", "queue_share must be in (0, 1]"),
