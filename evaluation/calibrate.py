@@ -44,7 +44,7 @@ class CalibrationPlan:
     long_lengths: tuple[int, ...] = (16384, 32768)
     long_digits: tuple[int, ...] = (8, 32)
     long_depths: int = 5
-    distractors: int = 3
+    distractors: int = 100  # 3 tie every good layer at 1.0 (docs/calibration); multikey_3 hides its needle among hundreds
 
     def long_grid(self) -> "CalibrationPlan":
         """The long grid as a plan of its own (for the shared sampling and plotting code)."""

@@ -24,3 +24,19 @@ def wilson(mean: float, n: int, z: float = Z95) -> tuple[float, float]:
     centre = (mean + z2 / (2 * n)) / (1 + z2 / n)
     half = z / (1 + z2 / n) * math.sqrt(mean * (1 - mean) / n + z2 / (4 * n * n))
     return max(0.0, centre - half), min(1.0, centre + half)
+
+
+def paired_difference(pairs: list[tuple[float, float]], resamples: int = 4000, seed: int = 0,
+                      level: float = 0.95) -> tuple[float, float, float]:
+    """Mean of a - b over paired samples [(a, b), ...] and its percentile-bootstrap interval (low, high):
+    the samples are resampled with replacement `resamples` times (a fixed seed, so the page is stable).
+    Returns (mean, low, high); a single pair has the interval of its own difference."""
+    import numpy as np
+
+    if not pairs:
+        raise ValueError("pairs: at least one paired sample is required")
+    diff = np.array([a - b for a, b in pairs], dtype=np.float64)
+    picks = np.random.default_rng(seed).integers(0, len(diff), size=(resamples, len(diff)))
+    means = diff[picks].mean(axis=1)
+    tail = (1.0 - level) / 2
+    return float(diff.mean()), float(np.quantile(means, tail)), float(np.quantile(means, 1 - tail))

@@ -34,11 +34,13 @@ def lingua_unavailable() -> str | None:
 
 
 class LinguaPeer:
-    """One long-lived worker process; `compress` is one JSON request/response round trip."""
+    """One long-lived worker process; `compress` is one JSON request/response round trip. dtype: the
+    model's weights and activations there ("float32" or "bfloat16", as the compressor's)."""
 
-    def __init__(self, checkpoint: Path, work_dir: Path):
+    def __init__(self, checkpoint: Path, work_dir: Path, dtype: str = "float32"):
+        self.dtype = dtype
         self.process = subprocess.Popen(
-            [str(lingua_python()), str(WORKER), str(checkpoint), str(work_dir)],
+            [str(lingua_python()), str(WORKER), str(checkpoint), str(work_dir), dtype],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
             env={**os.environ, "TOKENIZERS_PARALLELISM": "false"},
         )

@@ -4,7 +4,7 @@
 main environment (transformers 5). evaluation/lingua.py starts this file as a subprocess with the
 lingua environment's python and talks JSON lines over stdin/stdout:
 
-  argv: CHECKPOINT_DIR WORK_DIR
+  argv: CHECKPOINT_DIR WORK_DIR [DTYPE: float32 (default) or bfloat16]
   stdin:  {"id", "method": "llmlingua"|"longllmlingua", "context": [chunk texts], "question", "target_token"}
   stdout: {"id", "compressed", "seconds"} or {"id", "error"}; first line {"ready": true}
 
@@ -64,6 +64,7 @@ def legacy_checkpoint(checkpoint: Path, work: Path) -> Path:
 
 def main() -> int:
     checkpoint, work = Path(sys.argv[1]), Path(sys.argv[2])
+    dtype = sys.argv[3] if len(sys.argv) > 3 else "float32"
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     os.environ["HF_HUB_OFFLINE"] = "1"
     import tiktoken
@@ -77,8 +78,11 @@ def main() -> int:
     from llmlingua import PromptCompressor
 
     compressor = PromptCompressor(model_name=str(folder), device_map="cpu", model_config={"trust_remote_code": False})
+    import torch
+
+    compressor.model.to(getattr(torch, dtype))  # the compressor's dtype (float32 or bfloat16)
     theta = getattr(compressor.model.config, "rope_theta", None)
-    print(json.dumps({"ready": True, "rope_theta": theta, "transformers": __import__("transformers").__version__}),
+    print(json.dumps({"ready": True, "rope_theta": theta, "dtype": str(compressor.model.dtype), "transformers": __import__("transformers").__version__}),
           flush=True)
     for line in sys.stdin:
         if not line.strip():

@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from statistics import mean
 
+from .headline import retention_by_sample, best_ours, comparison, headline
 from .intervals import wilson
 from .ruler import TASKS, length_label
 from .run_eval import ATTENTION, STRATEGIES, TARGET_TASKS, load_records
@@ -22,7 +23,6 @@ LABELS = {"full": "full context", "ilre": "ILRe (DCA auto)", "ilre_nodca": "ILRe
           "actqkv_auto": "ActQKV (auto budget)", "streaming_llm": "StreamingLLM", "rag": "RAG (BM25)",
           "llmlingua": "LLMLingua", "longllmlingua": "LongLLMLingua"}
 NO_SHARED_WORDS = ("vt", "niah_paraphrase")  # tasks whose answer shares no rare word with the question
-PEERS = ("snapkv", "lagkv", "reattention", "locret", "actqkv", "streaming_llm", "rag", "llmlingua", "longllmlingua")
 
 
 def _table(rows: dict[str, dict[int, list[float]]], lengths: list[int], scale: float = 100.0, fmt: str = "{:.0f}",
@@ -58,30 +58,40 @@ def _group(records: list[dict], field: str, tasks=None) -> dict[str, dict[int, l
 
 
 def target_checks(records: list[dict]) -> list[str]:
-    """The issue's targets, each marked met / not met from the data (only where data exists)."""
+    """The quality targets, each marked met / not met from the data (only where data exists)."""
     lines = []
     ilre = _group([r for r in records if r["strategy"] == "ilre"], "retention", TARGET_TASKS).get("ilre", {})
     for n in sorted(ilre):
         value = 100 * mean(ilre[n])
-        goal = 95 if n <= 32768 else 90
         lines.append(f"- ILRe retention on single 1-3 + multikey 1 at {length_label(n)}: {value:.1f}% "
-                     f"(target >= {goal}%): {'met' if value >= goal else 'NOT met'}")
-    every = _group(records, "retention")
-    for n in sorted({r["length"] for r in records if r["length"] >= 16384}):
-        if "ilre" not in every or n not in every["ilre"]:
-            continue
-        mine = 100 * mean(every["ilre"][n])
-        behind, tied, ahead = [], [], []
-        for peer in PEERS:
-            # compare on the samples both ran
-            pairs = _paired(records, "ilre", peer, n, "retention")
-            if pairs:
-                a, b = mean(p[0] for p in pairs) * 100, mean(p[1] for p in pairs) * 100
-                (ahead if a > b else tied if a == b else behind).append(f"{LABELS[peer]} {b:.1f}% vs ILRe {a:.1f}%")
-        verdict = "met" if not behind and not tied else "NOT met"
-        lines.append(f"- ILRe ahead of every peer on retention at {length_label(n)} (all tasks run, ILRe {mine:.1f}%): "
-                     f"{verdict}" + "".join(f"; {k}: " + ", ".join(v) for k, v in
-                                            (("behind", behind), ("tied", tied), ("ahead", ahead)) if v))
+                     f"(target >= 95%): {'met' if value >= 95 else 'NOT met'}")
+    needles = [r for r in records if r["strategy"] == "ilre" and r["task"].startswith("niah")]
+    for n in sorted({r["length"] for r in needles if r["length"] <= 32768}):
+        at = [r for r in needles if r["length"] == n]
+        by_task = {t: 100 * mean(r["retention"] for r in at if r["task"] == t) for t in sorted({r["task"] for r in at})}
+        low = ", ".join(f"{t} {v:.0f}%" for t, v in by_task.items() if v < 90)
+        lines.append(f"- ILRe retention on every needle task at {length_label(n)} (target >= 90% each; {len(by_task)} tasks, "
+                     f"{len(at)} samples): " + (f"NOT met: {low}" if low else "met"))
+    for n in (16384, 32768):
+        samples = retention_by_sample(records, n)
+        ours = best_ours(samples)
+        for peer in ("rag", "longllmlingua"):
+            c = comparison(samples, ours, peer) if ours else None
+            if c is not None:
+                lines.append(f"- Best ilre strategy ({LABELS[ours]}) ahead of {LABELS[peer]} on the all-task mean at "
+                             f"{length_label(n)}: {c['diff']:+.1f} points [{c['low']:+.1f}, {c['high']:+.1f}] over "
+                             f"{c['n']} paired samples of {c['tasks']} tasks: "
+                             f"{'met' if c['diff'] > 0 else 'NOT met'}"
+                             f"{' (interval excludes zero)' if c['low'] > 0 else ''}")
+    unshared = [r for r in records if r["task"] in NO_SHARED_WORDS]
+    for n in sorted({r["length"] for r in unshared}):
+        samples = retention_by_sample(unshared, n)
+        ours = best_ours(samples)
+        c = comparison(samples, ours, "rag") if ours else None
+        if c is not None:
+            lines.append(f"- No-shared-words tasks ({', '.join(NO_SHARED_WORDS)}) at {length_label(n)}: {LABELS[ours]} vs "
+                         f"RAG (BM25) {c['diff']:+.1f} points [{c['low']:+.1f}, {c['high']:+.1f}] over {c['n']} samples: "
+                         f"{'met' if c['diff'] > 0 else 'NOT met'}")
     e2e = _group(records, "e2e", TARGET_TASKS)
     full4 = e2e.get("full", {}).get(4096)
     for n in (16384, 32768):
@@ -90,14 +100,6 @@ def target_checks(records: list[dict]) -> list[str]:
             lines.append(f"- End to end (single 1-3 + multikey 1): ILRe at {length_label(n)} {a:.1f}% vs full context at 4K "
                          f"{b:.1f}%: {'met' if a >= b else 'NOT met'}")
     return lines
-
-
-def _paired(records: list[dict], a: str, b: str, length: int, field: str) -> list[tuple[float, float]]:
-    by_key: dict[tuple, dict[str, float]] = defaultdict(dict)
-    for r in records:
-        if r["length"] == length and r["strategy"] in (a, b) and r.get(field) is not None:
-            by_key[(r["task"], r["index"], r["seed"])][r["strategy"]] = float(r[field])
-    return [(v[a], v[b]) for v in by_key.values() if a in v and b in v]
 
 
 def retention_plot(records: list[dict], path: Path, title: str) -> Path | None:
@@ -185,8 +187,9 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
     records = load_records(results_dir / "raw.jsonl")
     meta_path = results_dir / "meta.json"
     meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
-    layer = meta.get("layer")  # attention-based records measured at another l_R are left out
-    records = [r for r in records if r["strategy"] not in ATTENTION or layer is None or r.get("layer") == layer]
+    layer, layers = meta.get("layer"), meta.get("layers", {})  # attention records at another layer are left out
+    records = [r for r in records if r["strategy"] not in ATTENTION or layer is None
+               or r.get("layer") == layers.get(r["strategy"], layer)]
     every_budget = latest_records(records)
     counts = Counter(r["budget"] for r in every_budget)
     budget = max(counts, key=lambda b: (counts[b], b)) if counts else meta.get("plan", {}).get("budget", 1024)
@@ -214,12 +217,18 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
         "- Each cell: mean in % (number of samples). `–`: not run (see the caps below).",
         "",
     ]
+    timing = meta.get("timing")
+    if timing and timing["samples"]:
+        lines += [f"Wall time of the measuring runs since the timer was added (results/eval/stages.sh, stage 14 on): "
+                  f"{timing['samples']} samples in {timing['seconds'] / 3600:.1f} h on {meta.get('placement', '?')} "
+                  "(every strategy of a sample and its generations included).", ""]
     notes = meta.get("notes", {})
     if notes:
         lines += ["## Caps and omissions", ""] + [f"- {v}" for v in notes.values()] + [""]
     checks = target_checks(records)
     if checks:
         lines += ["## Targets", ""] + checks + [""]
+    lines += headline(records, LABELS, STRATEGIES)
     hand = results_dir / "notes.md"
     if hand.is_file():
         lines += [hand.read_text().strip(), ""]
@@ -230,10 +239,6 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
               "Every strategy ran these four tasks, so a column compares like with like. Each cell: mean % "
               "[95% Wilson interval] (samples).", ""]
     lines += _table(_group(targets, "retention"), lengths, interval=True) + [""]
-    lines += ["## Retention, mean over every task run", "",
-              "Strategies ran different task sets at some lengths (the count in brackets): compare within a column "
-              "only where the counts match. Each cell: mean % [95% Wilson interval] (samples).", ""]
-    lines += _table(_group(records, "retention"), lengths, interval=True) + [""]
     unshared = [r for r in records if r["task"] in NO_SHARED_WORDS]
     if unshared:
         lines += [f"## Retention where the question shares no rare word with the answer ({', '.join(NO_SHARED_WORDS)})", "",

@@ -97,6 +97,7 @@ class EvalPlan:
     long_samples: int = 0  # samples at lengths > long_from (0 = samples)
     device: str = "auto"  # where the compressor and the generator run (models/device.py)
     dtype: str = "auto"  # the compressor's dtype; generation stays float32 on the CPU
+    layer: int | str | None = None  # l_R: a number or a profile choice (fast, default, robust); None = the profile's
 
     def __post_init__(self) -> None:
         unknown = [t for t in self.tasks + self.e2e_tasks + self.long_tasks if t not in TASKS]
@@ -205,13 +206,13 @@ class Generator:
         return self.tokenizer.decode(out[0, len(ids):], skip_special_tokens=True)
 
 
-def encode_pass(engine, sample: RulerSample, dca: bool, parts: tuple[str, ...]) -> tuple[ContextState, float]:
-    """The sample's context encoded at l_R with `parts` (one streaming pass) and the seconds it took."""
+def encode_pass(engine, sample: RulerSample, layer: int, dca: bool, parts: tuple[str, ...]) -> tuple[ContextState, float]:
+    """The sample's context encoded at `layer` with `parts` (one streaming pass) and the seconds it took."""
     start = time.perf_counter()
     config = engine.config.prefill
     prefill = PrefillConfig(config.sink, config.window, config.chunk, dca)
     with torch.inference_mode():
-        state = encode_context(engine.model_at(engine.layer), torch.tensor(sample.context_ids), prefill, parts=parts)
+        state = encode_context(engine.model_at(layer), torch.tensor(sample.context_ids), prefill, parts=parts)
     return state, time.perf_counter() - start
 
 
@@ -231,9 +232,12 @@ class Evaluator:
 
         self.plan = plan
         self.notes = notes
-        self.engine = Engine(EngineConfig(model=plan.model, device=plan.device, dtype=plan.dtype))
+        self.engine = Engine(EngineConfig(model=plan.model, device=plan.device, dtype=plan.dtype, layer=plan.layer))
+        # the layer each attention row runs at: l_R, or for Locret the layer of its stored head (as the engine does)
+        self.layers = {name: self.engine.strategy_layer(attention_strategy(name), plan.layer) for name in ATTENTION}
         self.tokenizer = self.engine.tokenizer
         self.native = self.engine.spec.native_context
+        self.dtype = self.engine.placement.dtype_name  # the compressors' dtype, LLMLingua's included
         self._generator: Generator | None = None
         self._lingua = None
         self._lingua_failed: str | None = None
@@ -252,7 +256,7 @@ class Evaluator:
             reason = lingua_unavailable()
             if reason is None:
                 try:
-                    self._lingua = LinguaPeer(self.engine.checkpoint.path, cache_root() / "lingua-model")
+                    self._lingua = LinguaPeer(self.engine.checkpoint.path, cache_root() / "lingua-model", self.dtype)
                 except (OSError, RuntimeError, ValueError) as exc:
                     reason = str(exc)
             if reason is not None:
@@ -269,13 +273,14 @@ class Evaluator:
         plan, tok = self.plan, self.tokenizer
         budget, sink = plan.budget, self.engine.config.prefill.sink
         total = len(sample.context_ids) + len(sample.query_ids)
-        passes: dict[bool, tuple[ContextState, float]] = {}
-        parts = tuple(sorted({p for n in strategies if n in ATTENTION for p in attention_strategy(n).context_parts}))
+        passes: dict[tuple[int, bool], tuple[ContextState, float]] = {}
 
-        def encoded(dca: bool) -> tuple[ContextState, float]:
-            if dca not in passes:
-                passes[dca] = encode_pass(self.engine, sample, dca, parts)
-            return passes[dca]
+        def encoded(layer: int, dca: bool) -> tuple[ContextState, float]:
+            if (layer, dca) not in passes:
+                parts = tuple(sorted({p for n in strategies if n in ATTENTION and self.layers[n] == layer
+                                      for p in attention_strategy(n).context_parts}))
+                passes[layer, dca] = encode_pass(self.engine, sample, layer, dca, parts)
+            return passes[layer, dca]
 
         records = []
         for name in strategies:
@@ -288,9 +293,9 @@ class Evaluator:
                 seconds = 0.0
             elif name in ATTENTION:
                 dca = name != "ilre_nodca" and total > self.native  # the engine's --dca auto
-                state, pass_s = encoded(dca)
+                state, pass_s = encoded(self.layers[name], dca)
                 tick = time.perf_counter()
-                kept = select(self.engine.model_at(self.engine.layer), state, torch.tensor(sample.query_ids), budget,
+                kept = select(self.engine.model_at(self.layers[name]), state, torch.tensor(sample.query_ids), budget,
                               attention_strategy(name)).kept.tolist()
                 seconds = pass_s + time.perf_counter() - tick
             elif name == "streaming_llm":
@@ -318,8 +323,8 @@ class Evaluator:
                 text = tok.decode(kept_ids)
             record = Record(sample.task, sample.length, sample.index, sample.seed, name, budget,
                             len(sample.context_ids), len(kept_ids), retention(text, sample.answers),
-                            round(seconds, 4), answers=sample.answers, layer=self.engine.layer, dca=dca,
-                            dtype=self.engine.placement.dtype_name if name in ATTENTION else None)
+                            round(seconds, 4), answers=sample.answers, layer=self.layers.get(name, self.engine.layer), dca=dca,
+                            dtype=self.dtype if name in ATTENTION or name in LINGUA_METHODS else None)
             if self.generates(name, sample.task, sample.length) and record.retention == 0.0 and TASKS[sample.task].kind in ("niah", "vt"):
                 # no gold text survived: a random 7-digit number, UUID or 5-letter name cannot be
                 # produced from the prompt, so the RULER score is 0 without spending a generation
@@ -364,12 +369,14 @@ def load_records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def done_cells(records: list[dict], layer: int, dtype: str, generates) -> set[tuple]:
+def done_cells(records: list[dict], layers: dict[str, int], dtype: str, generates) -> set[tuple]:
     """Keys (task, length, index, seed, strategy, budget) of the records this plan need not measure again:
-    attention strategies at this l_R and dtype, and with an end-to-end score where
-    `generates(strategy, task, length)` says the plan generates (a retention-only record is measured again)."""
+    attention strategies at their layer in `layers` and this dtype, LLMLingua's in this dtype, and with an
+    end-to-end score where `generates(strategy, task, length)` says the plan generates (a retention-only
+    record is measured again)."""
     return {(r["task"], r["length"], r["index"], r["seed"], r["strategy"], r["budget"]) for r in records
-            if (r["strategy"] not in ATTENTION or (r.get("layer") == layer and (r.get("dtype") or "float32") == dtype))
+            if (r["strategy"] not in ATTENTION or r.get("layer") == layers[r["strategy"]])
+            and (r["strategy"] not in (*ATTENTION, *LINGUA_METHODS) or (r.get("dtype") or "float32") == dtype)
             and (r.get("e2e") is not None or not generates(r["strategy"], r["task"], r["length"]))}
 
 
@@ -384,12 +391,13 @@ def run_eval(plan: EvalPlan, results_dir: Path, fresh: bool = False, progress=pr
     caps = widest_caps(earlier.get("caps", {}), plan_caps(plan))  # the page covers every stage's records
     notes = {**earlier.get("notes", {}), **caps_notes(plan, caps)}
     evaluator = Evaluator(plan, notes)
-    layer = evaluator.engine.layer  # records of attention strategies at another l_R or dtype are redone
-    dtype = evaluator.engine.placement.dtype_name
-    done = done_cells(load_records(raw), layer, dtype, evaluator.generates)
+    dtype = evaluator.engine.placement.dtype_name  # records of attention strategies at another layer or dtype are redone
+    done = done_cells(load_records(raw), evaluator.layers, dtype, evaluator.generates)
     meta = {"plan": asdict(plan), "model": evaluator.engine.model_name, "layer": evaluator.engine.layer,
+            "layers": evaluator.layers,
             "placement": evaluator.engine.placement.describe(),
-            "calibrated": evaluator.engine.profile.calibrated, "native_context": evaluator.native, "caps": caps, "notes": notes}
+            "calibrated": evaluator.engine.profile.calibrated, "native_context": evaluator.native, "caps": caps, "notes": notes,
+            "timing": dict(earlier.get("timing", {"samples": 0, "seconds": 0.0}))}  # wall time of every run, summed
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     cells = plan.cells()
     try:
@@ -404,7 +412,9 @@ def run_eval(plan: EvalPlan, results_dir: Path, fresh: bool = False, progress=pr
                 for record in records:
                     f.write(json.dumps(asdict(record)) + "\n")
             summary = " ".join(f"{r.strategy}={r.retention:.2f}" + (f"/{r.e2e:.2f}" if r.e2e is not None else "") for r in records)
-            progress(f"[{n}/{len(cells)}] {task} {length_label(length)} #{index}: {summary} ({time.perf_counter() - tick:.0f} s)")
+            elapsed = time.perf_counter() - tick
+            meta["timing"] = {"samples": meta["timing"]["samples"] + 1, "seconds": round(meta["timing"]["seconds"] + elapsed, 1)}
+            progress(f"[{n}/{len(cells)}] {task} {length_label(length)} #{index}: {summary} ({elapsed:.0f} s)")
             meta_path.write_text(json.dumps({**meta, "notes": notes}, indent=2) + "\n")
     finally:
         evaluator.close()

@@ -39,3 +39,16 @@ $ILRE --tasks $T4 --lengths 64K,128K --samples 1 --strategies locret,actqkv,actq
 # 13. fixed budgets beside ActQKV's automatic one, on the same samples (ILRe and ActQKV at 512 and 256)
 $ILRE --tasks $T4,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe --lengths 4K,8K,16K,32K --samples 3 --strategies ilre,actqkv --budget 512 --no-e2e
 $ILRE --tasks $T4,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe --lengths 4K,8K,16K,32K --samples 3 --strategies ilre,actqkv --budget 256 --no-e2e
+# 14. the >= 10-sample run: every strategy that reads the model, StreamingLLM and RAG on all 11 tasks plus
+#     niah_paraphrase at 4K, 16K and 32K, 10 samples per cell (samples 0-2 are those of stages 9-13), retention only
+ALL=$T4,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe,niah_paraphrase
+S14=ilre,snapkv,lagkv,reattention,locret,actqkv,actqkv_auto,streaming_llm,rag
+$ILRE --tasks $ALL --lengths 4K,16K,32K --samples 10 --strategies $S14 --no-e2e
+# 15. the target tasks at 64K and 128K, 5 samples per cell
+$ILRE --tasks $T4 --lengths 64K,128K --samples 5 --strategies $S14 --no-e2e
+# 16. end to end on the target tasks at the new l_R (ILRe; the 4K full-context records are layer-free), and ILRe
+#     without DCA beside it
+$ILRE --tasks $T4 --lengths 4K,8K,16K,32K --samples 3 --strategies ilre --max-new-tokens 32
+$ILRE --tasks $T4 --lengths 16K,32K --samples 2 --strategies ilre_nodca --no-e2e
+# 17. LongLLMLingua (bfloat16, like the compressors) on every task at 16K and 32K, 5 samples per cell
+$ILRE --tasks $ALL --lengths 16K,32K --samples 5 --strategies longllmlingua --no-e2e --lingua-max-length 32768

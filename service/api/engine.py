@@ -92,11 +92,21 @@ class Engine:
             self._models[layer] = attach_head(model, self.checkpoint.name)
         return self._models[layer]
 
+    def head_layers(self) -> list[int]:
+        """The layers with a stored retaining head (Locret) for this model."""
+        return [l for l in range(1, self.spec.num_layers + 1)
+                if any(head_path(self.model_name, l, d).is_file() for d in head_directories())]
+
     def _heads_found(self) -> str:
-        """The layers with a stored retaining head for this model, for error messages."""
-        layers = [l for l in range(1, self.spec.num_layers + 1)
-                  if any(head_path(self.model_name, l, d).is_file() for d in head_directories())]
-        return ", ".join(f"layer {l}" for l in layers) or "none"
+        return ", ".join(f"layer {l}" for l in self.head_layers()) or "none"
+
+    def strategy_layer(self, strategy: Strategy, layer: int | str | None) -> int:
+        """The layer a request runs at: its own, or for a strategy that reads a retaining head and names no
+        layer, l_R when a head is stored there, else the stored head's layer nearest to l_R."""
+        if layer is not None or "retaining" not in strategy.context_parts:
+            return self.resolve_layer(layer)
+        heads = self.head_layers()
+        return self.layer if self.layer in heads or not heads else min(heads, key=lambda l: (abs(l - self.layer), l))
 
     def resolve_layer(self, layer: int | str | None, name: str = "layer") -> int:
         """A request's layer: None = the engine's l_R, a number (checked), or a name of the profile's choices."""
@@ -232,7 +242,7 @@ class Engine:
         """Check and tokenize a request; InputError naming the field when it cannot run."""
         start = time.perf_counter()
         strategy = request.build_strategy()
-        layer = self.resolve_layer(request.layer)
+        layer = self.strategy_layer(strategy, request.layer)
         if request.document_id is not None:
             doc = request.document_id
             context_ids = self.documents.ids(doc)

@@ -303,7 +303,7 @@ def run_evaluation(args: argparse.Namespace) -> int:
             if args.tasks:
                 changes["long_tasks"] = ()
                 changes["e2e_tasks"] = ()
-            names = ("samples", "budget", "seed", "max_new_tokens", "full_max_length", "lingua_max_length", "model",
+            names = ("samples", "budget", "seed", "max_new_tokens", "full_max_length", "lingua_max_length", "model", "layer",
                      "device", "dtype")
             changes.update({n: getattr(args, n) for n in names if getattr(args, n) is not None})
             if args.samples is not None:

@@ -105,7 +105,7 @@ def build_parser() -> argparse.ArgumentParser:
                            "ties (default 16384,32768; '' = none, the paper's rule alone)")
     calibrate.add_argument("--long-digits", default=None, help="passkey lengths of the long grid (default 8,32)")
     calibrate.add_argument("--long-depths", type=int, default=None, help="needle depths of the long grid (default 5)")
-    calibrate.add_argument("--distractors", type=int, default=None, help="other passkeys in each long context (default 3)")
+    calibrate.add_argument("--distractors", type=int, default=None, help="other passkeys in each long context (default 100)")
     calibrate.add_argument("--quick", action="store_true", help="a small grid for a smoke run")
     calibrate.add_argument("--profile-dir", default=None, help="where to write the profile (default models/profiles)")
     calibrate.add_argument("--plots", default="docs/calibration", help="folder for the heatmaps ('' = none)")
@@ -139,6 +139,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--full-max-length", type=int, help="longest length for full-context generation (0 = no cap)")
     evaluate.add_argument("--lingua-max-length", type=int, help="longest length for LLMLingua (0 = no cap)")
     evaluate.add_argument("--model", default=None, help="checkpoint folder, .gguf file or hub id (default: embedded)")
+    evaluate.add_argument("--layer", type=layer_arg, help="l_R of the attention strategies: a number or a profile choice "
+                          "(fast, default, robust; default: the profile's)")
     evaluate.add_argument("--results-dir", help="raw JSONL + meta (default results/eval, results/eval-quick with --quick)")
     evaluate.add_argument("--output", help="the results page (default docs/results.md; with --quick, RESULTS_DIR/results.md)")
     evaluate.add_argument("--report-only", action="store_true", help="only regenerate the page from the raw results")

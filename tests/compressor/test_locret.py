@@ -152,12 +152,15 @@ def test_train_locret_from_the_command_line(tmp_path):
                           "--epochs", "2", "--hidden", "8", "--output-dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
-    path = tmp_path / "smollm2-135m-instruct.locret-layer8.safetensors"
+    from ilre.models.profiles import load_profile
+
+    layer = load_profile("SmolLM2-135M-Instruct", 30).retrieval_layer  # no --layer: the profile's l_R
+    path = tmp_path / f"smollm2-135m-instruct.locret-layer{layer}.safetensors"
     assert json.loads(out.stdout) == {"head": str(path)}
     epochs = [json.loads(line) for line in out.stderr.splitlines() if line.startswith('{"epoch"')]
     assert [row["epoch"] for row in epochs] == [1, 2] and all("valid_loss" in row for row in epochs)
     head = RetainingHead.load(path)
-    assert head.hidden == 8 and head.meta["layer"] == 8 and "train-locret --samples 4" in head.meta["command"]
+    assert head.hidden == 8 and head.meta["layer"] == layer and "train-locret --samples 4" in head.meta["command"]
     assert len(head.meta["history"]) == 2
     bad = subprocess.run([sys.executable, "-m", "ilre.service.cli", "train-locret", "--samples", "1"],
                          capture_output=True, text=True, timeout=300)

@@ -12,7 +12,7 @@ import pytest
 
 from ilre.evaluation.results import write_report
 from ilre.evaluation.plan_notes import caps_notes, plan_caps, widest_caps
-from ilre.evaluation.run_eval import EvalPlan, Evaluator, Record, allocate, done_cells, encode_pass, new_token_budget
+from ilre.evaluation.run_eval import ATTENTION, EvalPlan, Evaluator, Record, allocate, done_cells, encode_pass, new_token_budget
 
 
 def test_shared_pass_gives_the_engines_selection(engine):
@@ -27,10 +27,12 @@ def test_shared_pass_gives_the_engines_selection(engine):
     from ilre.service.api.messages import CompressRequest
 
     sample = generate_sample(engine.tokenizer, "niah_single_2", 2048, seed=1)
-    state, _ = encode_pass(engine, sample, False, ("raw_keys", "values"))
+    state, _ = encode_pass(engine, sample, engine.layer, False, ("raw_keys", "values"))
     evaluator = Evaluator.__new__(Evaluator)  # the engine only: no generator, no LLMLingua
     evaluator.plan, evaluator.engine, evaluator.tokenizer = EvalPlan(budget=512, e2e=False), engine, engine.tokenizer
     evaluator.native = engine.spec.native_context
+    evaluator.layers = {name: engine.layer for name in ATTENTION}
+    evaluator.dtype = engine.placement.dtype_name
     names = ["ilre", "snapkv", "lagkv", "reattention", "streaming_llm"]
     records = {r.strategy: r for r in evaluator.run_sample(sample, names)}
     for name in names:
@@ -89,10 +91,13 @@ def test_a_rerun_measures_again_what_the_plan_asks_for_and_a_record_lacks():
                 "e2e": e2e, "layer": layer, "dtype": dtype}
 
     records = [record("ilre", None), record("snapkv", 1.0), record("lagkv", None, dtype="float32"),
-               record("rag", None, dtype=None), record("reattention", 0.0, layer=15)]
+               record("rag", None, dtype=None), record("reattention", 0.0, layer=15), record("locret", 1.0, layer=8),
+               record("actqkv", 1.0, layer=8), record("longllmlingua", 1.0, dtype="float32"),
+               record("llmlingua", 1.0, layer=None)]
+    layers = {name: 18 if name == "actqkv" else 8 for name in ATTENTION}  # each row at its own layer
     keys = lambda done: sorted(k[4] for k in done)  # noqa: E731
-    assert keys(done_cells(records, 8, "bfloat16", lambda *_: False)) == ["ilre", "rag", "snapkv"]
-    assert keys(done_cells(records, 8, "bfloat16", lambda *_: True)) == ["snapkv"]  # retention-only: redo
+    assert keys(done_cells(records, layers, "bfloat16", lambda *_: False)) == ["ilre", "llmlingua", "locret", "rag", "snapkv"]
+    assert keys(done_cells(records, layers, "bfloat16", lambda *_: True)) == ["llmlingua", "locret", "snapkv"]  # retention-only: redo
 
 
 def test_report_from_records(tmp_path):
@@ -104,7 +109,8 @@ def test_report_from_records(tmp_path):
     (tmp_path / "raw.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
     out = write_report(tmp_path, tmp_path / "results.md", "ilre eval --test")
     text = out.read_text()
-    targets, every = text.split("## Retention, mean over single 1-3 + multikey 1")[1].split("## Retention, mean over every")
+    every = text.split("## Headline")[1].split("## Retention, mean over single 1-3 + multikey 1")[0]
+    targets = text.split("## Retention, mean over single 1-3 + multikey 1")[1]
     assert "| ILRe (DCA auto) | 100 [21–100] (1) | 100 [21–100] (1) |" in targets  # mean [95% Wilson] (n)
     assert "| SnapKV | 0 [0–79] (1) | 0 [0–79] (1) |" in targets
     assert "| ILRe (DCA auto) | 50 [9–91] (2) | 100 [21–100] (1) |" in every
@@ -125,7 +131,11 @@ def test_ilre_eval_quick_runs_from_the_command_line(tmp_path):
     assert all(r["e2e"] is not None for r in records)
     kept = {r["strategy"]: sum(x["retention"] for x in records if x["strategy"] == r["strategy"]) for r in records}
     assert kept["ilre"] >= kept["streaming_llm"]  # a needle mid-context: the recent tokens miss it
-    assert "## Retention, mean over single 1-3 + multikey 1" in (tmp_path / "results.md").read_text()
+    page = (tmp_path / "results.md").read_text()
+    assert "## Retention, mean over single 1-3 + multikey 1" in page and "## Headline" in page
+    timing = json.loads((tmp_path / "r" / "meta.json").read_text())["timing"]
+    assert timing["samples"] == 2 and timing["seconds"] > 0  # 2 tasks x 1 sample, wall time summed
+    assert f"{timing['samples']} samples in" in page
 
 
 def test_wilson_intervals_on_known_cases():

@@ -52,6 +52,7 @@ def test_locret_needs_no_query_and_actqkv_reports_its_automatic_budget(local_ser
     assert reply.status_code == 200, reply.text
     data = reply.json()
     assert data["query"] == "" and data["compressed_tokens"] == data["budget"] == 120
+    assert data["layer"] in engine.head_layers()  # no layer asked: where its head is stored
     assert comparable(engine.compress(CompressRequest(**body))) == comparable(data)
     assert 30 <= auto["budget"] <= 120 and auto["compressed_tokens"] == auto["budget"] == len(auto["kept_indices"])
     assert bad.status_code == 400 and bad.json()["field"] == "stabilisers"
@@ -82,3 +83,18 @@ def test_a_request_names_a_layer_of_the_profile(local_service, engine):
         result = client.compress(context(3, repeats=6), QUERY, budget=64, layer="default")
         assert result.layer == engine.layer and result.kept_indices == named["kept_indices"]
         assert dict(client.model_info().layer_choices) == choices
+
+
+def test_a_retaining_head_strategy_without_a_layer_runs_where_its_head_is():
+    from ilre.compressor.strategies import make_strategy
+    from ilre.service.api.engine import Engine, EngineConfig
+
+    engine = Engine(EngineConfig(layer=12))  # no head is stored for layer 12
+    heads = engine.head_layers()
+    assert heads and 12 not in heads
+    nearest = min(heads, key=lambda l: (abs(l - 12), l))
+    assert engine.strategy_layer(make_strategy("locret"), None) == nearest
+    assert engine.strategy_layer(make_strategy("locret"), 5) == 5  # a layer asked for is kept (and refused later)
+    assert engine.strategy_layer(make_strategy("ilre"), None) == 12
+    result = engine.compress(CompressRequest(context=context(9, repeats=8), budget=120, strategy="locret"))
+    assert result.layer == nearest and result.compressed_tokens == 120

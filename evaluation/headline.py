@@ -1,0 +1,98 @@
+"""The results page's headline: per length, every strategy's all-task retention with its 95% interval,
+and where ilre's best strategy leads, ties or trails each outside baseline.
+
+A comparison uses only the samples both strategies ran (same task, length, sample index and seed), so a
+baseline run on fewer tasks is compared on those. "Leads" and "trails" need the 95% paired-bootstrap
+interval of the mean difference to exclude zero; otherwise the samples cannot tell them apart ("tie").
+The per-task differences that make up the gap are listed with it: they are the why.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from statistics import mean
+
+from .intervals import paired_difference, wilson
+from .ruler import length_label
+
+OURS = ("ilre", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto")
+BASELINES = ("rag", "longllmlingua", "llmlingua", "streaming_llm")
+
+
+def retention_by_sample(records: list[dict], length: int) -> dict[str, dict[tuple, float]]:
+    """strategy -> {(task, index, seed): retention} at one length."""
+    out: dict[str, dict[tuple, float]] = defaultdict(dict)
+    for r in records:
+        if r["length"] == length and r.get("retention") is not None:
+            out[r["strategy"]][(r["task"], r["index"], r["seed"])] = float(r["retention"])
+    return out
+
+
+def best_ours(samples: dict[str, dict[tuple, float]]) -> str | None:
+    """The ilre strategy with the highest mean among those that ran the most samples at this length
+    (a strategy run on the easy tasks alone cannot win on a smaller set)."""
+    ours = {s: v for s, v in samples.items() if s in OURS and v}
+    if not ours:
+        return None
+    most = max(len(v) for v in ours.values())
+    full = [s for s, v in ours.items() if len(v) == most]
+    return max(full, key=lambda s: (mean(samples[s].values()), -OURS.index(s)))
+
+
+def comparison(samples: dict[str, dict[tuple, float]], ours: str, peer: str) -> dict | None:
+    """Paired comparison of `ours` with `peer`: mean difference in points, its interval, the verdict and
+    the tasks that differ most."""
+    keys = sorted(set(samples[ours]) & set(samples.get(peer, {})))
+    if not keys:
+        return None
+    diff, low, high = paired_difference([(samples[ours][k], samples[peer][k]) for k in keys])
+    verdict = "leads" if low > 0 else "trails" if high < 0 else "ties"
+    per_task: dict[str, list[float]] = defaultdict(list)
+    for k in keys:
+        per_task[k[0]].append(samples[ours][k] - samples[peer][k])
+    tasks = sorted(((t, 100 * mean(d)) for t, d in per_task.items() if mean(d) != 0), key=lambda x: -abs(x[1]))
+    return {"peer": peer, "n": len(keys), "tasks": len(per_task), "diff": 100 * diff, "low": 100 * low,
+            "high": 100 * high, "verdict": verdict, "by_task": tasks}
+
+
+def _cell(values: list[float]) -> str:
+    low, high = wilson(min(1.0, max(0.0, mean(values))), len(values))
+    return f"{100 * mean(values):.0f} [{100 * low:.0f}–{100 * high:.0f}] ({len(values)})"
+
+
+def headline(records: list[dict], labels: dict[str, str], order: tuple[str, ...]) -> list[str]:
+    """Markdown lines: a table of all-task means with Wilson intervals per length, then one statement
+    per length on how the best ilre strategy compares with each baseline."""
+    lengths = sorted({r["length"] for r in records})
+    per_length = {n: retention_by_sample(records, n) for n in lengths}
+    names = [s for s in order if s != "full" and any(per_length[n].get(s) for n in lengths)]
+    if not names:
+        return []
+    out = ["## Headline: retention over every task run, per length", "",
+           "Each cell: mean % [95% Wilson interval] (samples = tasks x samples per task). Below the table, ilre's "
+           "best strategy at each length against each baseline on the samples both ran: the mean difference in "
+           "points with its 95% paired-bootstrap interval; it **leads** or **trails** only when that interval "
+           "excludes zero, else the samples cannot separate them (**ties**). The tasks with the largest "
+           "differences say where the gap comes from.", "",
+           "| strategy | " + " | ".join(length_label(n) for n in lengths) + " |",
+           "| --- |" + " ---: |" * len(lengths)]
+    for name in names:
+        cells = [_cell(list(per_length[n][name].values())) if per_length[n].get(name) else "–" for n in lengths]
+        out.append(f"| {labels[name]} | " + " | ".join(cells) + " |")
+    out.append("")
+    for n in lengths:
+        samples = per_length[n]
+        ours = best_ours(samples)
+        if ours is None:
+            continue
+        parts = []
+        for peer in BASELINES:
+            c = comparison(samples, ours, peer)
+            if c is None:
+                continue
+            why = ", ".join(f"{t} {d:+.0f}" for t, d in c["by_task"][:3]) or "no task differs"
+            parts.append(f"{c['verdict']} {labels[peer]} ({c['diff']:+.1f} points [{c['low']:+.1f}, {c['high']:+.1f}], "
+                         f"{c['n']} paired samples of {c['tasks']} task{'s' * (c['tasks'] != 1)}; {why})")
+        if parts:
+            out.append(f"- **{length_label(n)}**: {labels[ours]} " + "; ".join(parts) + ".")
+    return out + [""]
