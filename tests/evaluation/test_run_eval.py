@@ -12,7 +12,8 @@ import pytest
 
 from ilre.evaluation.results import write_report
 from ilre.evaluation.plan_notes import caps_notes, plan_caps, widest_caps
-from ilre.evaluation.run_eval import ATTENTION, EvalPlan, Evaluator, Record, allocate, done_cells, encode_pass, new_token_budget
+from ilre.evaluation.generation import new_token_budget
+from ilre.evaluation.run_eval import ATTENTION, EvalPlan, Evaluator, Record, allocate, done_cells, encode_pass
 
 
 def test_shared_pass_gives_the_engines_selection(engine):
