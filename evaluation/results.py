@@ -16,7 +16,7 @@ from statistics import mean
 from .headline import retention_by_sample, best_ours, comparison, headline
 from .intervals import wilson
 from .ruler import TASKS, length_label
-from .run_eval import ATTENTION, STRATEGIES, TARGET_TASKS, load_records
+from .run_eval import ATTENTION, STRATEGIES, TARGET_TASKS, load_records, run_timing
 
 LABELS = {"full": "full context", "ilre": "ILRe (DCA auto)", "ilre_nodca": "ILRe (no DCA)", "snapkv": "SnapKV",
           "lagkv": "LagKV", "reattention": "ReAttention", "locret": "Locret", "actqkv": "ActQKV",
@@ -27,15 +27,15 @@ NO_SHARED_WORDS = ("vt", "niah_paraphrase")  # tasks whose answer shares no rare
 
 def _table(rows: dict[str, dict[int, list[float]]], lengths: list[int], scale: float = 100.0, fmt: str = "{:.0f}",
            interval: bool = False) -> list[str]:
-    """One row per strategy, one column per length: mean (n), with `interval` mean [95% CI] (n)."""
+    """One row per strategy (or per strategy and dtype, keys "name|dtype"), one column per length: mean (n),
+    with `interval` mean [95% CI] (n)."""
     head = "| strategy | " + " | ".join(length_label(n) for n in lengths) + " |"
     out = [head, "| --- |" + " ---: |" * len(lengths)]
-    for name in STRATEGIES:
-        if name not in rows:
-            continue
+    for key in sorted(rows, key=lambda k: (STRATEGIES.index(k.split("|")[0]), k)):
+        name, _, dtype = key.partition("|")
         cells = []
         for n in lengths:
-            values = rows[name].get(n)
+            values = rows[key].get(n)
             if not values:
                 cells.append("–")
                 continue
@@ -44,16 +44,22 @@ def _table(rows: dict[str, dict[int, list[float]]], lengths: list[int], scale: f
                 low, high = wilson(min(1.0, max(0.0, mean(values))), len(values))
                 ci = f" [{fmt.format(scale * low)}–{fmt.format(scale * high)}]"
             cells.append(f"{fmt.format(scale * mean(values))}{ci} ({len(values)})")
-        out.append(f"| {LABELS[name]} | " + " | ".join(cells) + " |")
+        out.append(f"| {LABELS[name]}{f', {dtype}' if dtype else ''} | " + " | ".join(cells) + " |")
     return out
 
 
-def _group(records: list[dict], field: str, tasks=None) -> dict[str, dict[int, list[float]]]:
+def _group(records: list[dict], field: str, tasks=None, by_dtype: bool = False) -> dict[str, dict[int, list[float]]]:
+    """strategy -> length -> the records' values of `field`; with `by_dtype`, a strategy measured in more
+    than one dtype gets a row per dtype ("name|dtype")."""
+    dtypes: dict[str, set] = defaultdict(set)
+    for r in records:
+        dtypes[r["strategy"]].add(r.get("dtype") or "float32")
     rows: dict[str, dict[int, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in records:
         if r.get(field) is None or (tasks is not None and r["task"] not in tasks):
             continue
-        rows[r["strategy"]][r["length"]].append(float(r[field]))
+        split = by_dtype and len(dtypes[r["strategy"]]) > 1
+        rows[f"{r['strategy']}|{r.get('dtype') or 'float32'}" if split else r["strategy"]][r["length"]].append(float(r[field]))
     return rows
 
 
@@ -218,11 +224,11 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
         "- Each cell: mean in % (number of samples). `–`: not run (see the caps below).",
         "",
     ]
-    timing = meta.get("timing")
-    if timing and timing["samples"]:
+    timing = {placement: spent for placement, spent in run_timing(meta).items() if spent["samples"]}
+    if timing:
+        spent = "; ".join(f"{t['samples']} samples in {t['seconds'] / 3600:.1f} h on {placement}" for placement, t in timing.items())
         lines += [f"Wall time of the measuring runs since the timer was added (results/eval/stages.sh, stage 14 on): "
-                  f"{timing['samples']} samples in {timing['seconds'] / 3600:.1f} h on {meta.get('placement', '?')} "
-                  "(every strategy of a sample and its generations included).", ""]
+                  f"{spent} (every strategy of a sample and its generations included).", ""]
     notes = meta.get("notes", {})
     if notes:
         lines += ["## Caps and omissions", ""] + [f"- {v}" for v in notes.values()] + [""]
@@ -256,8 +262,9 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
     lines += ["## Compression wall time (s, mean per sample)", "",
               "The strategies that read the model (ILRe, SnapKV, LagKV, ReAttention, Locret, ActQKV) share one streaming "
               "pass per sample and DCA setting; each is charged the whole pass plus its own scoring and allocation. LLMLingua's time is measured inside its worker process. "
-              "A sample measured more than once in one dtype shows its fastest run.", ""]
-    lines += _table(_group(records, "compress_s"), lengths, scale=1.0, fmt="{:.2f}") + [""]
+              "A sample measured more than once in one dtype shows its fastest run. A strategy measured in more than one "
+              "compressor dtype has a row per dtype: they ran on different machines (the wall-time line above).", ""]
+    lines += _table(_group(records, "compress_s", by_dtype=True), lengths, scale=1.0, fmt="{:.2f}") + [""]
     lines += ["## Per task", ""]
     for task in tasks:
         rows = [r for r in records if r["task"] == task]

@@ -98,6 +98,7 @@ class EvalPlan:
     device: str = "auto"  # where the compressor and the generator run (models/device.py)
     dtype: str = "auto"  # the compressor's dtype; generation stays float32 on the CPU
     layer: int | str | None = None  # l_R: a number or a profile choice (fast, default, robust); None = the profile's
+    any_dtype: bool = False  # records measured in another dtype count as done (resuming on a machine without bfloat16)
 
     def __post_init__(self) -> None:
         unknown = [t for t in self.tasks + self.e2e_tasks + self.long_tasks if t not in TASKS]
@@ -321,15 +322,24 @@ def load_records(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def done_cells(records: list[dict], layers: dict[str, int], dtype: str, generates) -> set[tuple]:
+def done_cells(records: list[dict], layers: dict[str, int], dtype: str | None, generates) -> set[tuple]:
     """Keys (task, length, index, seed, strategy, budget) of the records this plan need not measure again:
-    attention strategies at their layer in `layers` and this dtype, LLMLingua's in this dtype, and with an
-    end-to-end score where `generates(strategy, task, length)` says the plan generates (a retention-only
-    record is measured again)."""
+    attention strategies at their layer in `layers` and this dtype, LLMLingua's in this dtype (any dtype
+    when `dtype` is None), and with an end-to-end score where `generates(strategy, task, length)` says the
+    plan generates (a retention-only record is measured again)."""
     return {(r["task"], r["length"], r["index"], r["seed"], r["strategy"], r["budget"]) for r in records
             if (r["strategy"] not in ATTENTION or r.get("layer") == layers[r["strategy"]])
-            and (r["strategy"] not in (*ATTENTION, *LINGUA_METHODS) or (r.get("dtype") or "float32") == dtype)
+            and (dtype is None or r["strategy"] not in (*ATTENTION, *LINGUA_METHODS) or (r.get("dtype") or "float32") == dtype)
             and (r.get("e2e") is not None or not generates(r["strategy"], r["task"], r["length"]))}
+
+
+def run_timing(meta: dict) -> dict[str, dict]:
+    """meta.json's summed wall time per placement ("cpu bfloat16" -> {samples, seconds}); an older meta's
+    single {samples, seconds} belongs to its recorded placement."""
+    timing = meta.get("timing") or {}
+    if "samples" in timing:
+        return {meta.get("placement", "?"): dict(timing)}
+    return {placement: dict(spent) for placement, spent in timing.items()}
 
 
 def run_eval(plan: EvalPlan, results_dir: Path, fresh: bool = False, progress=print) -> Path:
@@ -344,12 +354,12 @@ def run_eval(plan: EvalPlan, results_dir: Path, fresh: bool = False, progress=pr
     notes = {**earlier.get("notes", {}), **caps_notes(plan, caps)}
     evaluator = Evaluator(plan, notes)
     dtype = evaluator.engine.placement.dtype_name  # records of attention strategies at another layer or dtype are redone
-    done = done_cells(load_records(raw), evaluator.layers, dtype, evaluator.generates)
+    done = done_cells(load_records(raw), evaluator.layers, None if plan.any_dtype else dtype, evaluator.generates)
     meta = {"plan": asdict(plan), "model": evaluator.engine.model_name, "layer": evaluator.engine.layer,
             "layers": evaluator.layers,
             "placement": evaluator.engine.placement.describe(),
             "calibrated": evaluator.engine.profile.calibrated, "native_context": evaluator.native, "caps": caps, "notes": notes,
-            "timing": dict(earlier.get("timing", {"samples": 0, "seconds": 0.0}))}  # wall time of every run, summed
+            "timing": run_timing(earlier)}  # wall time of every run, summed per placement
     meta_path.write_text(json.dumps(meta, indent=2) + "\n")
     cells = plan.cells()
     try:
@@ -365,7 +375,8 @@ def run_eval(plan: EvalPlan, results_dir: Path, fresh: bool = False, progress=pr
                     f.write(json.dumps(asdict(record)) + "\n")
             summary = " ".join(f"{r.strategy}={r.retention:.2f}" + (f"/{r.e2e:.2f}" if r.e2e is not None else "") for r in records)
             elapsed = time.perf_counter() - tick
-            meta["timing"] = {"samples": meta["timing"]["samples"] + 1, "seconds": round(meta["timing"]["seconds"] + elapsed, 1)}
+            spent = meta["timing"].setdefault(meta["placement"], {"samples": 0, "seconds": 0.0})
+            spent.update(samples=spent["samples"] + 1, seconds=round(spent["seconds"] + elapsed, 1))
             progress(f"[{n}/{len(cells)}] {task} {length_label(length)} #{index}: {summary} ({elapsed:.0f} s)")
             meta_path.write_text(json.dumps({**meta, "notes": notes}, indent=2) + "\n")
     finally:

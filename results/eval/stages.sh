@@ -39,6 +39,9 @@ $ILRE --tasks $T4 --lengths 64K,128K --samples 1 --strategies locret,actqkv,actq
 # 13. fixed budgets beside ActQKV's automatic one, on the same samples (ILRe and ActQKV at 512 and 256)
 $ILRE --tasks $T4,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe --lengths 4K,8K,16K,32K --samples 3 --strategies ilre,actqkv --budget 512 --no-e2e
 $ILRE --tasks $T4,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe --lengths 4K,8K,16K,32K --samples 3 --strategies ilre,actqkv --budget 256 --no-e2e
+# Stages 14-17 ran partly on a CPU with native bfloat16 (the compressors in bfloat16) and partly on one without
+# (float32, where bfloat16 is emulated): --any-dtype keeps the other dtype's records instead of measuring them again.
+ILRE="$ILRE --any-dtype"
 # 14. the >= 10-sample run: every strategy that reads the model, StreamingLLM and RAG on all 11 tasks plus
 #     niah_paraphrase at 4K, 16K and 32K, 10 samples per cell (samples 0-2 are those of stages 9-13), retention only
 ALL=$T4,niah_multikey_2,niah_multikey_3,niah_multivalue,niah_multiquery,vt,cwe,fwe,niah_paraphrase

@@ -310,6 +310,8 @@ def run_evaluation(args: argparse.Namespace) -> int:
                 changes["long_samples"] = 0
             if args.no_e2e:
                 changes["e2e"] = False
+            if args.any_dtype:
+                changes["any_dtype"] = True
             plan = dataclasses.replace(plan, **changes)
         except ValueError as exc:
             raise CliError(str(exc)) from None

@@ -13,7 +13,7 @@ import pytest
 from ilre.evaluation.results import write_report
 from ilre.evaluation.plan_notes import caps_notes, plan_caps, widest_caps
 from ilre.evaluation.generation import new_token_budget
-from ilre.evaluation.run_eval import ATTENTION, EvalPlan, Evaluator, Record, allocate, done_cells, encode_pass
+from ilre.evaluation.run_eval import ATTENTION, EvalPlan, Evaluator, Record, allocate, done_cells, encode_pass, run_timing
 
 
 def test_shared_pass_gives_the_engines_selection(engine):
@@ -99,6 +99,18 @@ def test_a_rerun_measures_again_what_the_plan_asks_for_and_a_record_lacks():
     keys = lambda done: sorted(k[4] for k in done)  # noqa: E731
     assert keys(done_cells(records, layers, "bfloat16", lambda *_: False)) == ["ilre", "llmlingua", "locret", "rag", "snapkv"]
     assert keys(done_cells(records, layers, "bfloat16", lambda *_: True)) == ["llmlingua", "locret", "snapkv"]  # retention-only: redo
+    # --any-dtype (dtype None): lagkv's and longllmlingua's float32 records now count, the layer still matters
+    assert keys(done_cells(records, layers, None, lambda *_: False)) == ["ilre", "lagkv", "llmlingua", "locret", "longllmlingua",
+                                                                        "rag", "snapkv"]
+
+
+def test_wall_time_is_summed_per_placement_and_an_older_meta_keeps_its_own():
+    old = {"placement": "cpu bfloat16", "timing": {"samples": 288, "seconds": 4274.2}}
+    assert run_timing(old) == {"cpu bfloat16": {"samples": 288, "seconds": 4274.2}}
+    new = {"placement": "cpu float32", "timing": {"cpu bfloat16": {"samples": 2, "seconds": 9.0},
+                                                  "cpu float32": {"samples": 1, "seconds": 5.0}}}
+    assert run_timing(new) == new["timing"] and run_timing(new) is not new["timing"]
+    assert run_timing({}) == {}
 
 
 def test_report_from_records(tmp_path):
@@ -117,6 +129,23 @@ def test_report_from_records(tmp_path):
     assert "| ILRe (DCA auto) | 50 [9–91] (2) | 100 [21–100] (1) |" in every
     assert "retention on single 1-3 + multikey 1 at 16K: 100.0% (target >= 95%): met" in text
     assert (tmp_path / "results_retention.png").is_file()
+
+
+def test_wall_times_of_two_dtypes_are_not_averaged_together(tmp_path):
+    from dataclasses import asdict
+
+    rows = [Record("niah_single_1", 4096, i, 0, "ilre", 1024, 3996, 1024, 1.0, seconds, None, answers=["1"], dtype=dtype)
+            for i, (dtype, seconds) in enumerate((("bfloat16", 1.0), ("float32", 3.0), ("float32", 5.0)))]
+    rows.append(Record("niah_single_1", 4096, 0, 0, "rag", 1024, 3996, 1024, 1.0, 0.5, None, answers=["1"]))
+    (tmp_path / "raw.jsonl").write_text("".join(json.dumps(asdict(r)) + "\n" for r in rows))
+    (tmp_path / "meta.json").write_text(json.dumps({"placement": "cpu float32", "timing": {
+        "cpu bfloat16": {"samples": 1, "seconds": 3600.0}, "cpu float32": {"samples": 2, "seconds": 7200.0}}}))
+    text = write_report(tmp_path, tmp_path / "results.md", "ilre eval --test").read_text()
+    walls = text.split("## Compression wall time")[1].split("## Per task")[0]
+    assert "| ILRe (DCA auto), bfloat16 | 1.00 (1) |" in walls and "| ILRe (DCA auto), float32 | 4.00 (2) |" in walls
+    assert "| RAG (BM25) | 0.50 (1) |" in walls
+    assert "1 samples in 1.0 h on cpu bfloat16; 2 samples in 2.0 h on cpu float32" in text
+    assert "| ILRe (DCA auto) | 100 [44–100] (3) |" in text  # retention pools both dtypes
 
 
 @pytest.mark.slow
