@@ -68,8 +68,9 @@ def select_context(
     if model is None:
         raise ValueError(f"strategy: {strategy.name} needs a model")
     clock = time.perf_counter()
+    layers = score_layers(strategy, model.n_layers)
     with torch.inference_mode():
-        state = encoded() if encoded is not None else encode_context(model, context_ids, config,
+        state = encoded() if encoded is not None else encode_context(model, context_ids, config, layers,
                                                                      parts=strategy.context_parts)
     return select(model, state, query_ids, budget, strategy, {"prefill": _lap(clock)})
 
@@ -85,6 +86,9 @@ def select(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor, bud
     missing = set(strategy.context_parts) - set(state.parts)
     if missing:
         raise ValueError(f"strategy: {strategy.name} needs {sorted(missing)} that the encoded context lacks")
+    lacking = set(score_layers(strategy, model.n_layers)) - set(state.keys)
+    if lacking:
+        raise ValueError(f"strategy: {strategy.name} reads layers {sorted(lacking)} that the encoded context lacks")
     if not strategy.needs_query:  # scores from the context alone: computed once, memoised on the state
         return _choose(model, RetrievalState(state.keys, {}, dict(state.parts)), state.length, budget, strategy,
                        state.config.sink, timings, memo=state.scores)
@@ -131,8 +135,18 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
 
 
 def batchable(strategy: Strategy) -> bool:
-    """Whether the batched prefill serves the strategy: it needs the attention, a query and nothing else."""
-    return strategy.needs_attention and strategy.needs_query and not strategy.context_parts and not strategy.query_parts
+    """Whether the batched prefill serves the strategy: it needs the attention at l_R, a query and nothing else."""
+    return (strategy.needs_attention and strategy.needs_query and not strategy.context_parts and not strategy.query_parts
+            and not strategy.extra_layers)
+
+
+def score_layers(strategy: Strategy, l_r: int) -> tuple[int, ...]:
+    """The layers whose context keys the strategy reads: its extra layers, then l_R; ValueError naming
+    the option when an extra layer is not below l_R."""
+    above = [layer for layer in strategy.extra_layers if layer >= l_r]
+    if above:
+        raise ValueError(f"also_layers: every layer must be below l_R = {l_r} (got {above})")
+    return (*strategy.extra_layers, l_r)
 
 
 def _choose(model: TruncatedLM | None, state: RetrievalState | None, length: int, budget: int, strategy: Strategy,

@@ -15,7 +15,7 @@ from statistics import mean
 from .intervals import paired_difference, wilson
 from .ruler import length_label
 
-OURS = ("ilre", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto")
+OURS = ("ilre", "ilre_fast_too", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto")
 BASELINES = ("rag", "longllmlingua", "llmlingua", "streaming_llm")
 
 

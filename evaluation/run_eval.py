@@ -6,6 +6,7 @@ context, query and budget:
   full            no compression: the whole prompt goes to the model (retention 100% by construction)
   ilre            ILRe as the engine runs it (`--dca auto`: DCA on beyond the native window)
   ilre_nodca      ILRe with DCA off
+  ilre_fast_too   ILRe scoring with layer 8's attention beside l_R's (`also_layers`; the embedded model's fast layer)
   snapkv          the same layer-l_R attention (DCA auto, as the engine runs it), one kernel, plain top-k
   lagkv           LagKV: the layer-l_R K/V against the next partition's range, no query (DCA auto)
   reattention     ReAttention: pre-RoPE q.k votes and spans at l_R (DCA auto)
@@ -43,7 +44,7 @@ from pathlib import Path
 
 import torch
 
-from ..compressor.pipeline import select
+from ..compressor.pipeline import score_layers, select
 from ..compressor.prefill import ContextState, PrefillConfig, encode_context
 from ..compressor.strategies import ScoreInputs, Strategy, make_strategy
 from .baselines import rag_select
@@ -55,10 +56,12 @@ from .ruler import TASKS, RulerSample, generate_sample, length_label
 
 log = logging.getLogger(__name__)
 
-STRATEGIES = ("full", "ilre", "ilre_nodca", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto",
+STRATEGIES = ("full", "ilre", "ilre_nodca", "ilre_fast_too", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto",
               "streaming_llm", "rag", "llmlingua", "longllmlingua")
 # strategies sharing the encoded context (their records depend on l_R and the dtype): name -> (strategy, options)
-ATTENTION = {"ilre": ("ilre", {}), "ilre_nodca": ("ilre", {}), "snapkv": ("snapkv", {}), "lagkv": ("lagkv", {}),
+# ilre_fast_too: ILRe scoring with layer 8 (the embedded model's `fast` l_R) beside l_R
+ATTENTION = {"ilre": ("ilre", {}), "ilre_nodca": ("ilre", {}), "ilre_fast_too": ("ilre", {"also_layers": (8,)}),
+             "snapkv": ("snapkv", {}), "lagkv": ("lagkv", {}),
              "reattention": ("reattention", {}), "locret": ("locret", {}), "actqkv": ("actqkv", {}),
              "actqkv_auto": ("actqkv", {"auto_budget": True})}
 
@@ -159,13 +162,16 @@ class Record:
         return (self.task, self.length, self.index, self.seed, self.strategy, self.budget)
 
 
-def encode_pass(engine, sample: RulerSample, layer: int, dca: bool, parts: tuple[str, ...]) -> tuple[ContextState, float]:
-    """The sample's context encoded at `layer` with `parts` (one streaming pass) and the seconds it took."""
+def encode_pass(engine, sample: RulerSample, layer: int, dca: bool, parts: tuple[str, ...],
+                also_layers: tuple[int, ...] = ()) -> tuple[ContextState, float]:
+    """The sample's context encoded at `layer` with `parts` and the keys of `also_layers` (one streaming
+    pass) and the seconds it took."""
     start = time.perf_counter()
     config = engine.config.prefill
     prefill = PrefillConfig(config.sink, config.window, config.chunk, dca)
     with torch.inference_mode():
-        state = encode_context(engine.model_at(layer), torch.tensor(sample.context_ids), prefill, parts=parts)
+        state = encode_context(engine.model_at(layer), torch.tensor(sample.context_ids), prefill, (*also_layers, layer),
+                               parts=parts)
     return state, time.perf_counter() - start
 
 
@@ -230,9 +236,10 @@ class Evaluator:
 
         def encoded(layer: int, dca: bool) -> tuple[ContextState, float]:
             if (layer, dca) not in passes:
-                parts = tuple(sorted({p for n in strategies if n in ATTENTION and self.layers[n] == layer
-                                      for p in attention_strategy(n).context_parts}))
-                passes[layer, dca] = encode_pass(self.engine, sample, layer, dca, parts)
+                here = [attention_strategy(n) for n in strategies if n in ATTENTION and self.layers[n] == layer]
+                parts = tuple(sorted({p for s in here for p in s.context_parts}))
+                also = tuple(sorted({l for s in here for l in score_layers(s, layer)[:-1]}))
+                passes[layer, dca] = encode_pass(self.engine, sample, layer, dca, parts, also)
             return passes[layer, dca]
 
         records = []

@@ -53,6 +53,11 @@ class Strategy(ABC):
     query_parts: ClassVar[tuple[str, ...]] = ()
 
     @property
+    def extra_layers(self) -> tuple[int, ...]:
+        """Layers below l_R whose context keys and query states `score` also reads (from `state`)."""
+        return ()
+
+    @property
     def memo_key(self) -> str:
         """Identifies the strategy and its options (the key of memoised query-agnostic scores)."""
         return repr(self)

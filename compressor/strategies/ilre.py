@@ -6,25 +6,43 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ...kernels.query_scores import query_key_scores
 from ..allocation import PoolingAllocator
-from .base import ScoreInputs, Strategy
+from .base import ScoreInputs, Strategy, check_int
 
 
 @dataclass(frozen=True)
 class ILRe(Strategy):
     """Parameters: max_kernels {2,4,8} and avg_kernels {1..16} as in the paper (48 combinations).
+    also_layers: layers below l_R whose query attention joins l_R's (each scaled to sum 1 outside the
+    sink, then the element-wise max), so a token either layer singles out is scored high; () = the paper's l_R alone.
     Paper: Intermediate Layer Retrieval for context compression (ILRe)."""
 
     name = "ilre"
     max_kernels: tuple[int, ...] = (2, 4, 8)
     avg_kernels: tuple[int, ...] = tuple(range(1, 17))
+    also_layers: tuple[int, ...] = ()
     allocator: PoolingAllocator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.also_layers, (list, tuple)):
+            raise ValueError(f"also_layers: must be a list of layers (got {self.also_layers!r})")
+        for layer in self.also_layers:
+            check_int("also_layers", layer, 1, optional=False)
+        object.__setattr__(self, "also_layers", tuple(sorted(set(self.also_layers))))
         object.__setattr__(self, "allocator", PoolingAllocator(self.max_kernels, self.avg_kernels))
 
+    @property
+    def extra_layers(self) -> tuple[int, ...]:
+        return self.also_layers
+
     def score(self, inputs: ScoreInputs) -> torch.Tensor:
-        return inputs.attention
+        """A^C (L,) at l_R, or with also_layers the max over layers of each layer's A^C / its sum."""
+        if not self.also_layers:
+            return inputs.attention
+        state = inputs.state
+        per_layer = [inputs.attention] + [query_key_scores(state.queries[l], state.keys[l]) for l in self.also_layers]
+        return torch.stack([a / a[inputs.sink:].sum().clamp_min(1e-30) for a in per_layer]).amax(dim=0)
 
     def allocate(self, scores: torch.Tensor, budget: int) -> torch.Tensor:
         return self.allocator.allocate(scores, budget)

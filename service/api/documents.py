@@ -43,10 +43,11 @@ def is_document_id(value: str) -> bool:
     return len(value) == DOCUMENT_ID_CHARS and all(c in "0123456789abcdef" for c in value)
 
 
-def state_key(layer: int, prefill: PrefillConfig, dtype: str, parts: tuple[str, ...] = ()) -> str:
-    """The prefill settings a ContextState depends on besides the IDs (and the extra parts it
-    holds for some strategies, e.g. values for lagkv), as one string."""
-    extra = "".join(f"-{part}" for part in sorted(parts))
+def state_key(layer: int, prefill: PrefillConfig, dtype: str, parts: tuple[str, ...] = (),
+              also_layers: tuple[int, ...] = ()) -> str:
+    """The prefill settings a ContextState depends on besides the IDs (and the extra parts and
+    lower layers' keys it holds for some strategies, e.g. values for lagkv), as one string."""
+    extra = "".join(f"-{part}" for part in sorted(parts)) + "".join(f"-k{l}" for l in sorted(also_layers))
     return f"l{layer}-s{prefill.sink}-w{prefill.window or 0}-c{prefill.chunk}-dca{int(prefill.dca)}-{dtype}{extra}"
 
 

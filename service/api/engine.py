@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 
 from ...compressor.batched_prefill import fits_one_chunk
-from ...compressor.pipeline import Selection, SelectionJob, batchable, select_context, select_contexts
+from ...compressor.pipeline import Selection, SelectionJob, batchable, score_layers, select_context, select_contexts
 from ...compressor.prefill import ContextState, PrefillConfig, encode_context
 from ...compressor.strategies import Strategy
 from ...models.device import resolve_placement
@@ -224,14 +224,14 @@ class Engine:
     def _select(self, job: "_Job") -> list[Selection]:
         """One selection per query, all against one encoded context from the document cache."""
         model, prefill = job.model, job.prefill
-        parts = job.strategy.context_parts
-        key = state_key(job.layer, prefill, self.placement.dtype_name, parts)
+        parts, layers = job.strategy.context_parts, score_layers(job.strategy, job.layer)
+        key = state_key(job.layer, prefill, self.placement.dtype_name, parts, layers[:-1])
         encoded: list[ContextState] = []
 
         def state() -> ContextState:
             if not encoded:
                 encoded.append(self.documents.state(
-                    job.document_id, key, lambda: encode_context(model, job.context_ids, prefill, parts=parts),
+                    job.document_id, key, lambda: encode_context(model, job.context_ids, prefill, layers, parts=parts),
                     lambda tensors: ContextState.from_tensors(model, prefill, tensors)))
             return encoded[0]
 
@@ -243,6 +243,11 @@ class Engine:
         start = time.perf_counter()
         strategy = request.build_strategy()
         layer = self.strategy_layer(strategy, request.layer)
+        try:
+            score_layers(strategy, layer)
+        except ValueError as exc:
+            field_name, _, message = str(exc).partition(": ")
+            raise InputError(field_name, message) from None
         if request.document_id is not None:
             doc = request.document_id
             context_ids = self.documents.ids(doc)

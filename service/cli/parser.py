@@ -129,7 +129,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--quick", action="store_true", help="2 tasks x 1 sample x 4K, 4 strategies, short generations (minutes)")
     evaluate.add_argument("--tasks", help="comma-separated RULER tasks (default: all 11)")
     evaluate.add_argument("--lengths", help="comma-separated lengths, e.g. 4K,16K,128K (default 4K..128K)")
-    evaluate.add_argument("--strategies", help="comma-separated: full, ilre, ilre_nodca, snapkv, lagkv, reattention, locret, actqkv, actqkv_auto, "
+    evaluate.add_argument("--strategies", help="comma-separated: full, ilre, ilre_nodca, ilre_fast_too, snapkv, lagkv, reattention, locret, actqkv, actqkv_auto, "
                           "streaming_llm, rag, llmlingua, longllmlingua")
     evaluate.add_argument("--samples", type=int, help="samples per task and length")
     evaluate.add_argument("--budget", type=int, help="context tokens kept by every strategy (default 1024)")

@@ -158,6 +158,25 @@ def test_cached_results_equal_uncached(engine, strategy):
         assert cache.stats.hits["state", "local"] == 2 and cache.stats.misses["state", "local"] == 1
 
 
+def test_a_lower_layers_keys_are_cached_under_their_own_key(engine):
+    two = {"also_layers": [engine.layer - 1]}
+    request = CompressRequest(context=long_text(), query=QUESTIONS[1], budget=200, strategy_options=two)
+    kept = engine.documents
+    try:
+        engine.documents = DocumentCache(0)
+        baseline = comparable(engine.compress(request))
+        cache = fresh(engine)
+        plain = comparable(engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], budget=200)))
+        first, second = comparable(engine.compress(request)), comparable(engine.compress(request))
+    finally:
+        engine.documents = kept
+    assert first == second == baseline  # encoded once with the lower layer's keys, then reused
+    assert cache.stats.misses["state", "local"] == 2 and cache.stats.hits["state", "local"] == 1
+    assert plain["kept_indices"] != first["kept_indices"]  # the lower layer's attention changed the choice
+    with pytest.raises(InputError, match=f"also_layers: every layer must be below l_R = {engine.layer}"):
+        engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], strategy_options={"also_layers": [engine.layer]}))
+
+
 def test_several_queries_in_one_request_equal_separate_requests(engine, uncached):
     separate = [comparable(uncached.compress(CompressRequest(context=long_text(), query=q, budget=150)))
                 for q in QUESTIONS]
