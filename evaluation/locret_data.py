@@ -108,7 +108,8 @@ def build_example(model: TruncatedLM, tokenizer, context_ids: list[int], query_i
         labels = dense_answer_logits(model, ids, n, slice(n + len(query_ids), ids.numel())).transpose(0, 1)
     in_context = [tokenizer(" " + a, add_special_tokens=False).input_ids for a in answers]
     in_context += [tokenizer(a, add_special_tokens=False).input_ids for a in answers]
-    return Example(features.cpu(), labels.cpu().contiguous(), _answer_positions(context_ids, in_context), source)
+    # cloned outside inference mode: training reads them under autograd, and .cpu() copies nothing on a CPU
+    return Example(features.cpu().clone(), labels.cpu().clone(), _answer_positions(context_ids, in_context), source)
 
 
 def build_examples(model: TruncatedLM, tokenizer, plan: DataPlan, config: PrefillConfig, progress=None) -> list[Example]:
