@@ -49,6 +49,8 @@ S14=ilre,snapkv,lagkv,reattention,locret,actqkv,actqkv_auto,streaming_llm,rag
 $ILRE --tasks $ALL --lengths 4K,16K,32K --samples 10 --strategies $S14 --no-e2e
 # 15. the target tasks at 64K and 128K, 5 samples per cell
 $ILRE --tasks $T4 --lengths 64K,128K --samples 5 --strategies $S14 --no-e2e
+# 15b. ILRe scoring with layer 8's attention beside l_R's (ilre_fast_too) on stage 14's samples, to keep or drop it
+$ILRE --tasks $ALL --lengths 4K,16K,32K --samples 10 --strategies ilre_fast_too --no-e2e
 # 16. end to end on the target tasks at the new l_R (ILRe; the 4K full-context records are layer-free), and ILRe
 #     without DCA beside it
 $ILRE --tasks $T4 --lengths 4K,8K,16K,32K --samples 3 --strategies ilre --max-new-tokens 32

@@ -246,8 +246,7 @@ class Engine:
         try:
             score_layers(strategy, layer)
         except ValueError as exc:
-            field_name, _, message = str(exc).partition(": ")
-            raise InputError(field_name, message) from None
+            raise InputError.from_error(exc, "strategy_options") from None
         if request.document_id is not None:
             doc = request.document_id
             context_ids = self.documents.ids(doc)

@@ -26,6 +26,13 @@ class InputError(ValueError):
         super().__init__(f"{field_name}: {message}")
         self.field = field_name
 
+    @classmethod
+    def from_error(cls, exc: Exception, fallback_field: str) -> "InputError":
+        """An error whose text reads "field: message" (the compressor's convention), or all of it under
+        `fallback_field` when it names no field."""
+        field_name, _, message = str(exc).partition(": ")
+        return cls(field_name, message) if message else cls(fallback_field, str(exc))
+
 
 class NotFoundError(InputError):
     """A request names something the service does not hold (an unknown or evicted document_id)."""
@@ -132,8 +139,7 @@ class CompressRequest:
         try:
             return make_strategy(self.strategy, self.strategy_options)
         except (TypeError, ValueError) as exc:
-            field_name, _, message = str(exc).partition(": ")
-            raise InputError(field_name if message else "strategy_options", message or str(exc)) from None
+            raise InputError.from_error(exc, "strategy_options") from None
 
     @classmethod
     def from_json(cls, data: Any, defaults: dict[str, Any] | None = None) -> "CompressRequest":
