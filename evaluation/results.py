@@ -64,6 +64,14 @@ def _group(records: list[dict], field: str, tasks=None, by_dtype: bool = False) 
     return rows
 
 
+def _ahead(c: dict) -> str:
+    """A target "ahead" verdict of a paired comparison: met on a positive mean, marked when its interval
+    excludes zero (a lead) and not when it does not (a tie on these samples)."""
+    if c["diff"] <= 0:
+        return "NOT met"
+    return "met (interval excludes zero)" if c["low"] > 0 else "met on the mean; the interval includes zero (a tie)"
+
+
 def target_checks(records: list[dict]) -> list[str]:
     """The quality targets, each marked met / not met from the data (only where data exists)."""
     lines = []
@@ -88,9 +96,7 @@ def target_checks(records: list[dict]) -> list[str]:
             if c is not None:
                 lines.append(f"- Best ilre strategy ({LABELS[ours]}) ahead of {LABELS[peer]} on the all-task mean at "
                              f"{length_label(n)}: {c['diff']:+.1f} points [{c['low']:+.1f}, {c['high']:+.1f}] over "
-                             f"{c['n']} paired samples of {c['tasks']} tasks: "
-                             f"{'met' if c['diff'] > 0 else 'NOT met'}"
-                             f"{' (interval excludes zero)' if c['low'] > 0 else ''}")
+                             f"{c['n']} paired samples of {c['tasks']} tasks: {_ahead(c)}")
     unshared = [r for r in records if r["task"] in NO_SHARED_WORDS]
     for n in sorted({r["length"] for r in unshared}):
         samples = retention_by_sample(unshared, n)
@@ -99,7 +105,7 @@ def target_checks(records: list[dict]) -> list[str]:
         if c is not None:
             lines.append(f"- No-shared-words tasks ({', '.join(NO_SHARED_WORDS)}) at {length_label(n)}: {LABELS[ours]} vs "
                          f"RAG (BM25) {c['diff']:+.1f} points [{c['low']:+.1f}, {c['high']:+.1f}] over {c['n']} samples: "
-                         f"{'met' if c['diff'] > 0 else 'NOT met'}")
+                         f"{_ahead(c)}")
     e2e = _group(records, "e2e", TARGET_TASKS)
     full4 = e2e.get("full", {}).get(4096)
     for n in (16384, 32768):

@@ -53,3 +53,11 @@ def test_headline_states_each_length():
     assert "| ILRe (DCA auto) | 100 [72–100] (10) | 100 [51–100] (4) |" in text
     assert "- **16K**: ILRe (DCA auto) leads RAG (BM25) (+100.0 points [+100.0, +100.0], 10 paired samples of 1 task" in text
     assert "- **32K**: ILRe (DCA auto) ties RAG (BM25) (+0.0 points [+0.0, +0.0], 4 paired samples of 1 task; no task differs)" in text
+
+
+def test_a_target_is_met_as_a_lead_only_when_the_interval_excludes_zero():
+    from ilre.evaluation.results import _ahead
+
+    assert _ahead({"diff": 10.0, "low": 2.0}) == "met (interval excludes zero)"
+    assert "a tie" in _ahead({"diff": 40.0, "low": 0.0})  # 3 samples: [+0, +60] is no lead
+    assert _ahead({"diff": 0.0, "low": -5.0}) == "NOT met"
