@@ -69,7 +69,7 @@ def _ahead(c: dict) -> str:
     excludes zero (a lead) and not when it does not (a tie on these samples)."""
     if c["diff"] <= 0:
         return "NOT met"
-    return "met (interval excludes zero)" if c["low"] > 0 else "met on the mean; the interval includes zero (a tie)"
+    return "met (interval excludes zero)" if c["verdict"] == "leads" else "met on the mean; the interval includes zero (a tie)"
 
 
 def target_checks(records: list[dict]) -> list[str]:

@@ -58,6 +58,9 @@ def test_headline_states_each_length():
 def test_a_target_is_met_as_a_lead_only_when_the_interval_excludes_zero():
     from ilre.evaluation.results import _ahead
 
-    assert _ahead({"diff": 10.0, "low": 2.0}) == "met (interval excludes zero)"
-    assert "a tie" in _ahead({"diff": 40.0, "low": 0.0})  # 3 samples: [+0, +60] is no lead
-    assert _ahead({"diff": 0.0, "low": -5.0}) == "NOT met"
+    lead = comparison({"ilre": {("vt", 0, i): 1.0 for i in range(10)}, "rag": {("vt", 0, i): 0.0 for i in range(10)}},
+                      "ilre", "rag")
+    assert _ahead(lead) == "met (interval excludes zero)"
+    few = {"ilre": {("vt", 0, 0): 1.0, ("vt", 0, 1): 0.0}, "rag": {("vt", 0, 0): 0.0, ("vt", 0, 1): 0.0}}
+    assert "a tie" in _ahead(comparison(few, "ilre", "rag"))  # +50 on 2 samples, [+0, +100]: no lead
+    assert _ahead(comparison(few, "rag", "ilre")) == "NOT met"
