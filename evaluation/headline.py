@@ -17,6 +17,7 @@ from .ruler import length_label
 
 OURS = ("ilre", "ilre_fast_too", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto")
 BASELINES = ("rag", "longllmlingua", "llmlingua", "streaming_llm")
+VARIANTS = {"ilre_fast_too": "ilre", "ilre_nodca": "ilre"}  # an option of a strategy -> the strategy without it
 
 
 def retention_by_sample(records: list[dict], length: int) -> dict[str, dict[tuple, float]]:
@@ -96,3 +97,27 @@ def headline(records: list[dict], labels: dict[str, str], order: tuple[str, ...]
         if parts:
             out.append(f"- **{length_label(n)}**: {labels[ours]} " + "; ".join(parts) + ".")
     return out + [""]
+
+
+def variant_section(records: list[dict], labels: dict[str, str], groups: dict[str, tuple[str, ...]]) -> list[str]:
+    """Markdown lines: each option of a strategy (VARIANTS) against the strategy without it, per length, on
+    every task and on each named group of tasks: the paired mean difference with its bootstrap interval,
+    and the tasks that move it. An option is kept only where this says it leads."""
+    rows = []
+    for variant, base in VARIANTS.items():
+        for n in sorted({r["length"] for r in records if r["strategy"] == variant}):
+            for group, tasks in {"every task": (), **groups}.items():
+                picked = [r for r in records if not tasks or r["task"] in tasks]
+                c = comparison(retention_by_sample(picked, n), variant, base)
+                if c is None:
+                    continue
+                why = ", ".join(f"{t} {d:+.0f}" for t, d in c["by_task"][:3]) or "no task differs"
+                rows.append(f"| {labels[variant]} vs {labels[base]} | {length_label(n)} | {group} | {c['diff']:+.1f} "
+                            f"[{c['low']:+.1f}, {c['high']:+.1f}] | {c['n']} | {c['verdict']} | {why} |")
+    if not rows:
+        return []
+    return ["## Options against the strategy without them", "",
+            "Each row: the option's retention minus the plain strategy's on the samples both ran, in points, with its "
+            "95% paired-bootstrap interval; **leads** / **trails** only when the interval excludes zero.", "",
+            "| option | length | tasks | difference | pairs | verdict | largest per-task differences |",
+            "| --- | --- | --- | ---: | ---: | --- | --- |", *rows, ""]

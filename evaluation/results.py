@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from statistics import mean
 
-from .headline import retention_by_sample, best_ours, comparison, headline
+from .headline import retention_by_sample, best_ours, comparison, headline, variant_section
 from .intervals import wilson
 from .ruler import TASKS, length_label
 from .run_eval import ATTENTION, STRATEGIES, TARGET_TASKS, load_records, run_timing
@@ -243,6 +243,7 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
     if checks:
         lines += ["## Targets", ""] + checks + [""]
     lines += headline(records, LABELS, STRATEGIES)
+    lines += variant_section(records, LABELS, {"no shared words": NO_SHARED_WORDS})
     hand = results_dir / "notes.md"
     if hand.is_file():
         lines += [hand.read_text().strip(), ""]

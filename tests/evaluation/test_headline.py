@@ -64,3 +64,17 @@ def test_a_target_is_met_as_a_lead_only_when_the_interval_excludes_zero():
     few = {"ilre": {("vt", 0, 0): 1.0, ("vt", 0, 1): 0.0}, "rag": {("vt", 0, 0): 0.0, ("vt", 0, 1): 0.0}}
     assert "a tie" in _ahead(comparison(few, "ilre", "rag"))  # +50 on 2 samples, [+0, +100]: no lead
     assert _ahead(comparison(few, "rag", "ilre")) == "NOT met"
+
+
+def test_an_option_is_compared_with_the_strategy_without_it():
+    from ilre.evaluation.headline import variant_section
+
+    records = (_records("ilre", [0.0] * 10, task="vt") + _records("ilre_fast_too", [1.0] * 10, task="vt")
+               + _records("ilre", [1.0] * 10) + _records("ilre_fast_too", [1.0] * 10)
+               + _records("ilre", [1.0] * 3, length=4096) + _records("rag", [0.0] * 3, length=4096))
+    text = "\n".join(variant_section(records, LABELS, {"no shared words": ("vt",)}))
+    assert "| ILRe + layer 8 vs ILRe (DCA auto) | 16K | every task | +50.0 [" in text
+    assert "| 20 | leads | vt +100 |" in text
+    assert "| ILRe + layer 8 vs ILRe (DCA auto) | 16K | no shared words | +100.0 [+100.0, +100.0] | 10 | leads | vt +100 |" in text
+    assert "4K" not in text  # the option did not run there: nothing to compare
+    assert variant_section(_records("ilre", [1.0] * 3), LABELS, {}) == []
