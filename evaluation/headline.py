@@ -106,11 +106,13 @@ def variant_section(records: list[dict], labels: dict[str, str], groups: dict[st
     rows = []
     for variant, base in VARIANTS.items():
         for n in sorted({r["length"] for r in records if r["strategy"] == variant}):
-            for group, tasks in {"every task": (), **groups}.items():
+            shown = None
+            for group, tasks in {"all tasks both ran": (), **groups}.items():
                 picked = [r for r in records if not tasks or r["task"] in tasks]
                 c = comparison(retention_by_sample(picked, n), variant, base)
-                if c is None:
+                if c is None or c == shown:  # a group that is every task both ran adds nothing
                     continue
+                shown = shown or c
                 why = ", ".join(f"{t} {d:+.0f}" for t, d in c["by_task"][:3]) or "no task differs"
                 rows.append(f"| {labels[variant]} vs {labels[base]} | {length_label(n)} | {group} | {c['diff']:+.1f} "
                             f"[{c['low']:+.1f}, {c['high']:+.1f}] | {c['n']} | {c['verdict']} | {why} |")

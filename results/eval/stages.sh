@@ -55,5 +55,8 @@ $ILRE --tasks $ALL --lengths 4K,16K,32K --samples 10 --strategies ilre_fast_too 
 #     without DCA beside it
 $ILRE --tasks $T4 --lengths 4K,8K,16K,32K --samples 3 --strategies ilre --max-new-tokens 32
 $ILRE --tasks $T4 --lengths 16K,32K --samples 2 --strategies ilre_nodca --no-e2e
+# 16b. the no-shared-words group at 8K too (10 samples), so its comparison with RAG has samples at every length
+#      stage 14 skipped
+$ILRE --tasks vt,niah_paraphrase --lengths 8K --samples 10 --strategies ilre,ilre_fast_too,locret,rag --no-e2e
 # 17. LongLLMLingua (bfloat16, like the compressors) on every task at 16K and 32K, 5 samples per cell
 $ILRE --tasks $ALL --lengths 16K,32K --samples 5 --strategies longllmlingua --no-e2e --lingua-max-length 32768

@@ -73,8 +73,10 @@ def test_an_option_is_compared_with_the_strategy_without_it():
                + _records("ilre", [1.0] * 10) + _records("ilre_fast_too", [1.0] * 10)
                + _records("ilre", [1.0] * 3, length=4096) + _records("rag", [0.0] * 3, length=4096))
     text = "\n".join(variant_section(records, LABELS, {"no shared words": ("vt",)}))
-    assert "| ILRe + layer 8 vs ILRe (DCA auto) | 16K | every task | +50.0 [" in text
+    assert "| ILRe + layer 8 vs ILRe (DCA auto) | 16K | all tasks both ran | +50.0 [" in text
     assert "| 20 | leads | vt +100 |" in text
     assert "| ILRe + layer 8 vs ILRe (DCA auto) | 16K | no shared words | +100.0 [+100.0, +100.0] | 10 | leads | vt +100 |" in text
     assert "4K" not in text  # the option did not run there: nothing to compare
+    only_vt = variant_section(records[:20], LABELS, {"no shared words": ("vt",)})
+    assert sum(line.startswith("| ILRe + layer 8") for line in only_vt) == 1  # the group is all it ran: one row
     assert variant_section(_records("ilre", [1.0] * 3), LABELS, {}) == []
