@@ -54,6 +54,7 @@ $ILRE --tasks $ALL --lengths 4K,16K,32K --samples 10 --strategies ilre_fast_too 
 # 16. end to end on the target tasks at the new l_R (ILRe; the 4K full-context records are layer-free), and ILRe
 #     without DCA beside it
 $ILRE --tasks $T4 --lengths 4K,8K,16K,32K --samples 3 --strategies ilre --max-new-tokens 32
+$ILRE --tasks $T4 --lengths 4K --samples 3 --strategies full --max-new-tokens 32   # the reference on the same 3 samples
 $ILRE --tasks $T4 --lengths 16K,32K --samples 2 --strategies ilre_nodca --no-e2e
 # 16b. the no-shared-words group at 8K too (10 samples), so its comparison with RAG has samples at every length
 #      stage 14 skipped
