@@ -17,6 +17,7 @@ from .ruler import length_label
 
 OURS = ("ilre", "ilre_fast_too", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto")
 BASELINES = ("rag", "longllmlingua", "llmlingua", "streaming_llm")
+DEFAULT = "ilre"  # the strategy a request gets when it names none
 VARIANTS = {"ilre_fast_too": "ilre", "ilre_nodca": "ilre"}  # an option of a strategy -> the strategy without it
 
 
@@ -56,6 +57,16 @@ def comparison(samples: dict[str, dict[tuple, float]], ours: str, peer: str) -> 
             "high": 100 * high, "verdict": verdict, "by_task": tasks}
 
 
+def gap(c: dict, unit: str = "") -> str:
+    """A comparison's mean difference and its interval, in points: "+12.5 [+7.7, +17.5]" (unit after the mean)."""
+    return f"{c['diff']:+.1f}{unit} [{c['low']:+.1f}, {c['high']:+.1f}]"
+
+
+def why(c: dict, top: int = 3) -> str:
+    """The tasks that move a comparison most: "vt +44, cwe +23"."""
+    return ", ".join(f"{t} {d:+.0f}" for t, d in c["by_task"][:top]) or "no task differs"
+
+
 def _cell(values: list[float]) -> str:
     low, high = wilson(min(1.0, max(0.0, mean(values))), len(values))
     return f"{100 * mean(values):.0f} [{100 * low:.0f}–{100 * high:.0f}] ({len(values)})"
@@ -71,7 +82,7 @@ def headline(records: list[dict], labels: dict[str, str], order: tuple[str, ...]
         return []
     out = ["## Headline: retention over every task run, per length", "",
            "Each cell: mean % [95% Wilson interval] (samples = tasks x samples per task). Below the table, ilre's "
-           "best strategy at each length against each baseline on the samples both ran: the mean difference in "
+           "best strategy at each length (and the default, ILRe, where another is best) against each baseline on the samples both ran: the mean difference in "
            "points with its 95% paired-bootstrap interval; it **leads** or **trails** only when that interval "
            "excludes zero, else the samples cannot separate them (**ties**). The tasks with the largest "
            "differences say where the gap comes from.", "",
@@ -83,25 +94,25 @@ def headline(records: list[dict], labels: dict[str, str], order: tuple[str, ...]
     out.append("")
     for n in lengths:
         samples = per_length[n]
-        ours = best_ours(samples)
-        if ours is None:
+        best = best_ours(samples)
+        if best is None:
             continue
-        parts = []
-        for peer in BASELINES:
-            c = comparison(samples, ours, peer)
-            if c is None:
-                continue
-            why = ", ".join(f"{t} {d:+.0f}" for t, d in c["by_task"][:3]) or "no task differs"
-            parts.append(f"{c['verdict']} {labels[peer]} ({c['diff']:+.1f} points [{c['low']:+.1f}, {c['high']:+.1f}], "
-                         f"{c['n']} paired samples of {c['tasks']} task{'s' * (c['tasks'] != 1)}; {why})")
-        if parts:
-            out.append(f"- **{length_label(n)}**: {labels[ours]} " + "; ".join(parts) + ".")
+        for ours in dict.fromkeys([best] + [DEFAULT] * bool(samples.get(DEFAULT))):  # the default too, when another is best
+            parts = []
+            for peer in BASELINES:
+                c = comparison(samples, ours, peer)
+                if c is not None:
+                    parts.append(f"{c['verdict']} {labels[peer]} ({gap(c, ' points')}, {c['n']} paired "
+                                 f"samples of {c['tasks']} task{'s' * (c['tasks'] != 1)}; {why(c)})")
+            if parts:
+                role = "" if ours == best else " (the default)"
+                out.append(f"- **{length_label(n)}**: {labels[ours]}{role} " + "; ".join(parts) + ".")
     return out + [""]
 
 
 def variant_section(records: list[dict], labels: dict[str, str], groups: dict[str, tuple[str, ...]]) -> list[str]:
     """Markdown lines: each option of a strategy (VARIANTS) against the strategy without it, per length, on
-    every task and on each named group of tasks: the paired mean difference with its bootstrap interval,
+    all the tasks both ran and on each named group of tasks: the paired mean difference with its bootstrap interval,
     and the tasks that move it. An option is kept only where this says it leads."""
     rows = []
     for variant, base in VARIANTS.items():
@@ -113,9 +124,8 @@ def variant_section(records: list[dict], labels: dict[str, str], groups: dict[st
                 if c is None or c == shown:  # a group that is every task both ran adds nothing
                     continue
                 shown = shown or c
-                why = ", ".join(f"{t} {d:+.0f}" for t, d in c["by_task"][:3]) or "no task differs"
-                rows.append(f"| {labels[variant]} vs {labels[base]} | {length_label(n)} | {group} | {c['diff']:+.1f} "
-                            f"[{c['low']:+.1f}, {c['high']:+.1f}] | {c['n']} | {c['verdict']} | {why} |")
+                rows.append(f"| {labels[variant]} vs {labels[base]} | {length_label(n)} | {group} | {gap(c)} | {c['n']} "
+                            f"| {c['verdict']} | {why(c)} |")
     if not rows:
         return []
     return ["## Options against the strategy without them", "",

@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from statistics import mean
 
-from .headline import retention_by_sample, best_ours, comparison, headline, variant_section
+from .headline import best_ours, comparison, gap, headline, retention_by_sample, variant_section
 from .intervals import wilson
 from .ruler import TASKS, length_label
 from .run_eval import ATTENTION, STRATEGIES, TARGET_TASKS, load_records, run_timing
@@ -95,7 +95,7 @@ def target_checks(records: list[dict]) -> list[str]:
             c = comparison(samples, ours, peer) if ours else None
             if c is not None:
                 lines.append(f"- Best ilre strategy ({LABELS[ours]}) ahead of {LABELS[peer]} on the all-task mean at "
-                             f"{length_label(n)}: {c['diff']:+.1f} points [{c['low']:+.1f}, {c['high']:+.1f}] over "
+                             f"{length_label(n)}: {gap(c, ' points')} over "
                              f"{c['n']} paired samples of {c['tasks']} tasks: {_ahead(c)}")
     unshared = [r for r in records if r["task"] in NO_SHARED_WORDS]
     for n in sorted({r["length"] for r in unshared}):
@@ -104,7 +104,7 @@ def target_checks(records: list[dict]) -> list[str]:
         c = comparison(samples, ours, "rag") if ours else None
         if c is not None:
             lines.append(f"- No-shared-words tasks ({', '.join(NO_SHARED_WORDS)}) at {length_label(n)}: {LABELS[ours]} vs "
-                         f"RAG (BM25) {c['diff']:+.1f} points [{c['low']:+.1f}, {c['high']:+.1f}] over {c['n']} samples: "
+                         f"RAG (BM25) {gap(c, ' points')} over {c['n']} samples: "
                          f"{_ahead(c)}")
     e2e = _group(records, "e2e", TARGET_TASKS)
     full4 = e2e.get("full", {}).get(4096)
