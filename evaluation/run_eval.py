@@ -6,7 +6,8 @@ context, query and budget:
   full            no compression: the whole prompt goes to the model (retention 100% by construction)
   ilre            ILRe as the engine runs it (`--dca auto`: DCA on beyond the native window)
   ilre_nodca      ILRe with DCA off
-  ilre_fast_too   ILRe scoring with layer 8's attention beside l_R's (`also_layers`; the embedded model's fast layer)
+  ilre_fast_too   ILRe scoring with layer 8's attention beside l_R's at equal weight (`also_layers`, `also_weight` 1)
+  ilre_fast_half  the same with layer 8's attention at half weight (`also_layers` alone: `also_weight` 0.5 is its default)
   snapkv          the same layer-l_R attention (DCA auto, as the engine runs it), one kernel, plain top-k
   lagkv           LagKV: the layer-l_R K/V against the next partition's range, no query (DCA auto)
   reattention     ReAttention: pre-RoPE q.k votes and spans at l_R (DCA auto)
@@ -56,11 +57,12 @@ from .ruler import TASKS, RulerSample, generate_sample, length_label
 
 log = logging.getLogger(__name__)
 
-STRATEGIES = ("full", "ilre", "ilre_nodca", "ilre_fast_too", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto",
+STRATEGIES = ("full", "ilre", "ilre_nodca", "ilre_fast_too", "ilre_fast_half", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto",
               "streaming_llm", "rag", "llmlingua", "longllmlingua")
 # strategies sharing the encoded context (their records depend on l_R and the dtype): name -> (strategy, options)
 # ilre_fast_too: ILRe scoring with layer 8 (the embedded model's `fast` l_R) beside l_R
-ATTENTION = {"ilre": ("ilre", {}), "ilre_nodca": ("ilre", {}), "ilre_fast_too": ("ilre", {"also_layers": (8,)}),
+ATTENTION = {"ilre": ("ilre", {}), "ilre_nodca": ("ilre", {}), "ilre_fast_too": ("ilre", {"also_layers": (8,), "also_weight": 1.0}),
+             "ilre_fast_half": ("ilre", {"also_layers": (8,), "also_weight": 0.5}),
              "snapkv": ("snapkv", {}), "lagkv": ("lagkv", {}),
              "reattention": ("reattention", {}), "locret": ("locret", {}), "actqkv": ("actqkv", {}),
              "actqkv_auto": ("actqkv", {"auto_budget": True})}

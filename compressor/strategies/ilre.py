@@ -16,12 +16,15 @@ class ILRe(Strategy):
     """Parameters: max_kernels {2,4,8} and avg_kernels {1..16} as in the paper (48 combinations).
     also_layers: layers below l_R whose query attention joins l_R's (each scaled to sum 1 outside the
     sink, then the element-wise max), so a token either layer singles out is scored high; () = the paper's l_R alone.
+    also_weight: the factor on also_layers' scaled attention before the max (0.5: measured ahead of 1, equal
+    footing with l_R, which loses needles named by a synonym; results/eval/notes.md, stage 18).
     Paper: Intermediate Layer Retrieval for context compression (ILRe)."""
 
     name = "ilre"
     max_kernels: tuple[int, ...] = (2, 4, 8)
     avg_kernels: tuple[int, ...] = tuple(range(1, 17))
     also_layers: tuple[int, ...] = ()
+    also_weight: float = 0.5
     allocator: PoolingAllocator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -30,6 +33,9 @@ class ILRe(Strategy):
         for layer in self.also_layers:
             check_int("also_layers", layer, 1, optional=False)
         object.__setattr__(self, "also_layers", tuple(sorted(set(self.also_layers))))
+        weight = self.also_weight
+        if isinstance(weight, bool) or not isinstance(weight, (int, float)) or not 0 < weight <= 1:
+            raise ValueError(f"also_weight: must be a number > 0 and <= 1 (got {weight!r})")
         object.__setattr__(self, "allocator", PoolingAllocator(self.max_kernels, self.avg_kernels))
 
     @property
@@ -37,12 +43,15 @@ class ILRe(Strategy):
         return self.also_layers
 
     def score(self, inputs: ScoreInputs) -> torch.Tensor:
-        """A^C (L,) at l_R, or with also_layers the max over layers of each layer's A^C / its sum."""
+        """A^C (L,) at l_R, or with also_layers the max over layers of each layer's A^C / its sum (the
+        lower layers' times also_weight)."""
         if not self.also_layers:
             return inputs.attention
         state = inputs.state
         per_layer = [inputs.attention] + [query_key_scores(state.queries[l], state.keys[l]) for l in self.also_layers]
-        return torch.stack([a / a[inputs.sink:].sum().clamp_min(1e-30) for a in per_layer]).amax(dim=0)
+        scaled = torch.stack([a / a[inputs.sink:].sum().clamp_min(1e-30) for a in per_layer])
+        scaled[1:] *= self.also_weight
+        return scaled.amax(dim=0)
 
     def allocate(self, scores: torch.Tensor, budget: int) -> torch.Tensor:
         return self.allocator.allocate(scores, budget)

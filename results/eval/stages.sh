@@ -61,3 +61,7 @@ $ILRE --tasks $T4 --lengths 16K,32K --samples 2 --strategies ilre_nodca --no-e2e
 $ILRE --tasks vt,niah_paraphrase --lengths 8K --samples 10 --strategies ilre,ilre_fast_too,locret,rag --no-e2e
 # 17. LongLLMLingua (bfloat16, like the compressors) on every task at 16K and 32K, 5 samples per cell
 $ILRE --tasks $ALL --lengths 16K,32K --samples 5 --strategies longllmlingua --no-e2e --lingua-max-length 32768
+# 18. `also_weight`: layer 8's attention at half weight beside l_R's, on stage 14's samples (to keep or drop it),
+#     and on stage 16b's no-shared-words samples at 8K
+$ILRE --tasks $ALL --lengths 4K,16K,32K --samples 10 --strategies ilre_fast_half --no-e2e
+$ILRE --tasks vt,niah_paraphrase --lengths 8K --samples 10 --strategies ilre_fast_half --no-e2e

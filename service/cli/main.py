@@ -290,7 +290,8 @@ def run_evaluation(args: argparse.Namespace) -> int:
     _check_placement(args)
     plan = QUICK_PLAN if args.quick else FULL_PLAN
     results_dir = Path(args.results_dir or ("results/eval-quick" if args.quick else "results/eval"))
-    output = Path(args.output or (results_dir / "results.md" if args.quick else "docs/results.md"))
+    own_dir = args.quick or args.results_dir is not None  # a page of its own beside its raw results
+    output = Path(args.output or (results_dir / "results.md" if own_dir else "docs/results.md"))
     command = _eval_command(args)
     if not args.report_only:
         try:

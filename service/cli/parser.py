@@ -142,7 +142,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--layer", type=layer_arg, help="l_R of the attention strategies: a number or a profile choice "
                           "(fast, default, robust; default: the profile's)")
     evaluate.add_argument("--results-dir", help="raw JSONL + meta (default results/eval, results/eval-quick with --quick)")
-    evaluate.add_argument("--output", help="the results page (default docs/results.md; with --quick, RESULTS_DIR/results.md)")
+    evaluate.add_argument("--output", help="the results page (default docs/results.md; with --quick or --results-dir, "
+                          "RESULTS_DIR/results.md)")
     evaluate.add_argument("--report-only", action="store_true", help="only regenerate the page from the raw results")
     evaluate.add_argument("--fresh", action="store_true", help="discard earlier raw results instead of resuming")
     evaluate.add_argument("--any-dtype", action="store_true", help="keep records measured in another compressor dtype "

@@ -22,14 +22,15 @@ def model():
     return load_truncated(tiny_checkpoint("qwen2"), N_LAYERS)
 
 
-def reference_kept(context, query, config: PrefillConfig, layers: tuple[int, ...], budget: int) -> list[int]:
-    """Each layer's A^C from a dense masked prefill, scaled to sum 1 outside the sink, element-wise max,
-    then Algorithm 1 loop by loop after the sink."""
+def reference_kept(context, query, config: PrefillConfig, layers: tuple[int, ...], budget: int,
+                   weight: float = 1.0) -> list[int]:
+    """Each layer's A^C from a dense masked prefill, scaled to sum 1 outside the sink (and by `weight` below
+    the last layer, l_R), element-wise max, then Algorithm 1 loop by loop after the sink."""
     per_layer = []
     for layer in layers:
         keys, queries = dense_prefill(model(), context, query, config, layer)
         scores = dense_scores(queries, keys)
-        per_layer.append(scores / scores[config.sink:].sum())
+        per_layer.append(scores / scores[config.sink:].sum() * (1.0 if layer == layers[-1] else weight))
     combined = torch.stack(per_layer).amax(dim=0)[config.sink:].tolist()
     picked = literal_algorithm1(combined, budget - config.sink, *KERNELS)
     return list(range(config.sink)) + [i + config.sink for i in picked]
@@ -40,9 +41,22 @@ def reference_kept(context, query, config: PrefillConfig, layers: tuple[int, ...
 def test_also_layers_match_the_dense_reference(config, also, budget):
     context, query = random_ids(LENGTH, seed=4), random_ids(N_QUERY, seed=5)
     strategy = make_strategy("ilre", {"max_kernels": list(KERNELS[0]), "avg_kernels": list(KERNELS[1]),
-                                      "also_layers": list(also)})
+                                      "also_layers": list(also)})  # also_weight 0.5, the default
     kept = select_context(model(), context, query, budget, strategy, config).kept.tolist()
-    assert kept == reference_kept(context, query, config, (*also, N_LAYERS), budget)
+    assert kept == reference_kept(context, query, config, (*also, N_LAYERS), budget, 0.5)
+
+
+@pytest.mark.parametrize("weight", [1.0, 0.1])
+def test_also_weight_scales_the_lower_layers_against_the_dense_reference(weight):
+    context, query = random_ids(LENGTH, seed=8), random_ids(N_QUERY, seed=9)
+    config = PrefillConfig(sink=4, window=8, chunk=16, dca=True)
+    strategy = make_strategy("ilre", {"max_kernels": list(KERNELS[0]), "avg_kernels": list(KERNELS[1]),
+                                      "also_layers": [1, 2], "also_weight": weight})
+    kept = select_context(model(), context, query, 20, strategy, config).kept.tolist()
+    assert kept == reference_kept(context, query, config, (1, 2, N_LAYERS), 20, weight)
+    other = make_strategy("ilre", {"max_kernels": list(KERNELS[0]), "avg_kernels": list(KERNELS[1]), "also_layers": [1, 2],
+                                   "also_weight": 0.5 if weight == 1.0 else 1.0})
+    assert kept != select_context(model(), context, query, 20, other, config).kept.tolist()  # the weight changed the choice
 
 
 def test_without_also_layers_the_scores_are_l_r_attention_alone():
@@ -58,6 +72,9 @@ def test_bad_layers_name_the_option():
         make_strategy("ilre", {"also_layers": [0]})
     with pytest.raises(ValueError, match="also_layers: must be a list"):
         make_strategy("ilre", {"also_layers": 3})
+    for weight in (0, 1.5, "half", True):
+        with pytest.raises(ValueError, match=r"also_weight: must be a number > 0 and <= 1"):
+            make_strategy("ilre", {"also_layers": [1], "also_weight": weight})
     strategy = make_strategy("ilre", {"also_layers": [N_LAYERS]})
     with pytest.raises(ValueError, match=f"also_layers: every layer must be below l_R = {N_LAYERS}"):
         select_context(model(), random_ids(LENGTH, seed=1), random_ids(N_QUERY, seed=2), 20, strategy, PrefillConfig(sink=4, window=8, chunk=16))

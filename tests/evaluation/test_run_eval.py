@@ -180,3 +180,18 @@ def test_wilson_intervals_on_known_cases():
     assert high - low < wilson(0.5, 10)[1] - wilson(0.5, 10)[0]  # narrows with n
     with pytest.raises(ValueError, match="n: must be >= 1"):
         wilson(0.5, 0)
+
+
+def test_a_results_dir_of_its_own_gets_its_page_beside_it(tmp_path):
+    """`--results-dir` without `--output` writes RESULTS_DIR/results.md and leaves docs/results.md alone."""
+    ilre = Path(sys.executable).with_name("ilre")
+    results = tmp_path / "explore"
+    results.mkdir()
+    lines = (Path(__file__).parents[2] / "results/eval/raw.jsonl").read_text().splitlines()[:40]
+    (results / "raw.jsonl").write_text("\n".join(lines) + "\n")
+    done = subprocess.run([str(ilre), "eval", "--report-only", "--results-dir", str(results)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert json.loads(done.stdout)["report"] == str(results / "results.md")
+    assert "## Headline" in (results / "results.md").read_text()
+    assert not (tmp_path / "docs").exists()
