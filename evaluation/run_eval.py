@@ -60,7 +60,7 @@ log = logging.getLogger(__name__)
 STRATEGIES = ("full", "ilre", "ilre_nodca", "ilre_fast_too", "ilre_fast_half", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto",
               "streaming_llm", "rag", "llmlingua", "longllmlingua")
 # strategies sharing the encoded context (their records depend on l_R and the dtype): name -> (strategy, options)
-# ilre_fast_too: ILRe scoring with layer 8 (the embedded model's `fast` l_R) beside l_R
+# ilre_fast_too / ilre_fast_half: ILRe scoring with layer 8 (the embedded model's `fast` l_R) beside l_R at weight 1 / 0.5
 ATTENTION = {"ilre": ("ilre", {}), "ilre_nodca": ("ilre", {}), "ilre_fast_too": ("ilre", {"also_layers": (8,), "also_weight": 1.0}),
              "ilre_fast_half": ("ilre", {"also_layers": (8,), "also_weight": 0.5}),
              "snapkv": ("snapkv", {}), "lagkv": ("lagkv", {}),
