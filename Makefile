@@ -7,7 +7,7 @@ STUBS  := proto/ilre/v1/compressor_pb2.py
 # llama.cpp's llama-server, the real engine of the sidecar tests: built once per machine, outside the repo
 ILRE_CACHE_DIR    ?= $(HOME)/.cache/ilre
 LLAMA_CPP_VERSION := 11434.0.0
-LLAMA_SERVER      := $(ILRE_CACHE_DIR)/llama-cpp-$(LLAMA_CPP_VERSION)/bin/llama-server
+LLAMA_SERVER      := $(ILRE_CACHE_DIR)/llama-cpp-$(LLAMA_CPP_VERSION)-portable/bin/llama-server
 
 # the venv's bin/ first: redis-server and cmake may be installed there (deploy/test-tools.sh)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)

