@@ -36,12 +36,16 @@ def reference_kept(context, query, config: PrefillConfig, layers: tuple[int, ...
     return list(range(config.sink)) + [i + config.sink for i in picked]
 
 
+def ilre_with(**options):
+    """The ILRe strategy with the test's pooling kernels and the given options."""
+    return make_strategy("ilre", {"max_kernels": list(KERNELS[0]), "avg_kernels": list(KERNELS[1]), **options})
+
+
 @pytest.mark.parametrize("config", [PrefillConfig(sink=4, window=8, chunk=16), PrefillConfig(sink=4, window=8, chunk=16, dca=True)])
 @pytest.mark.parametrize("also, budget", [((1,), 20), ((1, 2), 33), ((2,), 9)])
 def test_also_layers_match_the_dense_reference(config, also, budget):
     context, query = random_ids(LENGTH, seed=4), random_ids(N_QUERY, seed=5)
-    strategy = make_strategy("ilre", {"max_kernels": list(KERNELS[0]), "avg_kernels": list(KERNELS[1]),
-                                      "also_layers": list(also)})  # also_weight 0.5, the default
+    strategy = ilre_with(also_layers=list(also))  # also_weight 0.5, the default
     kept = select_context(model(), context, query, budget, strategy, config).kept.tolist()
     assert kept == reference_kept(context, query, config, (*also, N_LAYERS), budget, 0.5)
 
@@ -50,19 +54,17 @@ def test_also_layers_match_the_dense_reference(config, also, budget):
 def test_also_weight_scales_the_lower_layers_against_the_dense_reference(weight):
     context, query = random_ids(LENGTH, seed=8), random_ids(N_QUERY, seed=9)
     config = PrefillConfig(sink=4, window=8, chunk=16, dca=True)
-    strategy = make_strategy("ilre", {"max_kernels": list(KERNELS[0]), "avg_kernels": list(KERNELS[1]),
-                                      "also_layers": [1, 2], "also_weight": weight})
+    strategy = ilre_with(also_layers=[1, 2], also_weight=weight)
     kept = select_context(model(), context, query, 20, strategy, config).kept.tolist()
     assert kept == reference_kept(context, query, config, (1, 2, N_LAYERS), 20, weight)
-    other = make_strategy("ilre", {"max_kernels": list(KERNELS[0]), "avg_kernels": list(KERNELS[1]), "also_layers": [1, 2],
-                                   "also_weight": 0.5 if weight == 1.0 else 1.0})
+    other = ilre_with(also_layers=[1, 2], also_weight=0.5 if weight == 1.0 else 1.0)
     assert kept != select_context(model(), context, query, 20, other, config).kept.tolist()  # the weight changed the choice
 
 
 def test_without_also_layers_the_scores_are_l_r_attention_alone():
     context, query = random_ids(LENGTH, seed=6), random_ids(N_QUERY, seed=7)
     config = PrefillConfig(sink=4, window=8, chunk=16)
-    plain = make_strategy("ilre", {"max_kernels": list(KERNELS[0]), "avg_kernels": list(KERNELS[1])})
+    plain = ilre_with()
     assert select_context(model(), context, query, 20, plain, config).kept.tolist() == \
         reference_kept(context, query, config, (N_LAYERS,), 20)
 

@@ -13,6 +13,7 @@ from ilre.service.client import AsyncClient
 from ilre.service.api.messages import CompressRequest
 from ilre.service.server import ServiceThread
 
+from ..conftest import DTYPE
 from .conftest import QUERY, WorkerProcess, comparable, context, service_config
 
 CLIENTS, PER_CLIENT = 32, 4
@@ -62,7 +63,7 @@ def test_load_in_process(engine, wanted):
 def test_load_in_process_with_batched_prefill(wanted):
     # short requests of one queue batch share a prefill (batch_tokens on, the default on GPUs):
     # every answer is still exactly the one-by-one answer
-    batched = Engine(EngineConfig(dtype="float32", batch_tokens=16384))  # as the session engine (tests/conftest.py)
+    batched = Engine(EngineConfig(dtype=DTYPE, batch_tokens=16384))  # as the session engine
     with ServiceThread(service_config(max_queue=64, max_batch=16, max_wait_ms=20.0), batched) as svc:
         check(run_load(f"127.0.0.1:{svc.grpc_port}"), wanted)
         sizes = {s.name: s.value for s in svc.service.metrics.batch_size.collect()[0].samples}
