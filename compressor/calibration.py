@@ -9,9 +9,16 @@ from __future__ import annotations
 
 import torch
 
+import math
+
 from ..kernels.query_scores import query_key_scores
-from .prefill import RetrievalState
+from .allocation import PoolingAllocator
+from .cascade import pick_candidates, recent_share
+from .prefill import PrefillConfig, RetrievalState
 from .strategies import Strategy
+
+CANDIDATE_FACTORS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0)  # candidates per budget token the cascade's calibration weighs
+COST_CAP = 1.3  # the cascade's prefill at most this much of plain ILRe at the coarse layer
 
 
 def needle_kept(kept: torch.Tensor, needle: tuple[int, int]) -> bool:
@@ -60,3 +67,28 @@ def pick_layers(short: dict[int, float], long: dict[int, float] | None = None) -
     default = min(tied, key=lambda l: (-long.get(l, 0.0), l))
     robust = min(long, key=lambda l: (-long[l], -short.get(l, 0.0), l))
     return {"fast": fast, "default": default, "robust": robust}
+
+
+def candidate_hits(state: RetrievalState, needle: tuple[int, int], budget: int, config: PrefillConfig, coarse: int,
+                   factors: tuple[float, ...], allocator: PoolingAllocator) -> dict[float, bool]:
+    """For each candidate factor: is the whole needle among the cascade's candidates picked by layer
+    `coarse`'s attention (the sink, the recent tokens, Algorithm 1 at factor x budget)?"""
+    scores = query_key_scores(state.queries[coarse], state.keys[coarse])  # (L,)
+    out = {}
+    for factor in factors:
+        count = math.ceil(factor * budget)
+        kept = pick_candidates(scores, count, config.sink, recent_share(count, config), allocator)
+        out[factor] = needle_kept(kept.cpu(), needle)
+    return out
+
+
+def cascade_cost(coarse: int, l_r: int, factor: float, budget: int, length: int) -> float:
+    """The cascade's prefill relative to plain ILRe at the coarse layer on `length` tokens, counted in
+    layer-tokens: coarse layers over the context, l_R layers over its factor x budget candidates."""
+    return (coarse * length + l_r * min(length, math.ceil(factor * budget))) / (coarse * length)
+
+
+def pick_candidate_factor(costs: dict[float, float], cap: float = COST_CAP) -> float:
+    """The largest factor whose cost stays within `cap` (the smallest factor when none does)."""
+    within = [f for f, cost in costs.items() if cost <= cap]
+    return max(within) if within else min(costs)

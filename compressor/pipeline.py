@@ -18,6 +18,7 @@ import torch
 from ..kernels.query_scores import query_key_scores
 from ..models.llama import TruncatedLM
 from .batched_prefill import batched_prefill, fits_one_chunk
+from .cascade import candidate_prefill, pick_candidates, recent_share
 from .prefill import ContextState, PrefillConfig, RetrievalState, encode_context, prefill_query
 from .strategies import ScoreInputs, Strategy
 
@@ -63,6 +64,7 @@ def select_context(
     length = context_ids.numel()
     if length <= budget:
         return Selection(torch.arange(length), passthrough=True)
+    strategy = strategy.for_context(length, budget)
     if not strategy.needs_attention:
         return _choose(None, None, length, budget, strategy, config.sink, {})
     if model is None:
@@ -72,14 +74,15 @@ def select_context(
     with torch.inference_mode():
         state = encoded() if encoded is not None else encode_context(model, context_ids, config, layers,
                                                                      parts=strategy.context_parts)
-    return select(model, state, query_ids, budget, strategy, {"prefill": _lap(clock)})
+    return select(model, state, query_ids, budget, strategy, {"prefill": _lap(clock)}, context_ids)
 
 
 def select(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor, budget: int, strategy: Strategy,
-           timings: dict[str, float] | None = None) -> Selection:
+           timings: dict[str, float] | None = None, context_ids: torch.Tensor | None = None) -> Selection:
     """The query-dependent part: the query chunk against an encoded context, scoring, allocation.
     Any number of queries may be selected from one ContextState, one after another; `timings`
-    (ms so far, e.g. the context's "prefill") are carried into the Selection."""
+    (ms so far, e.g. the context's "prefill") are carried into the Selection. A cascade
+    (`strategy.cascade_layer`) also runs its candidates, which needs the context's ids (L,)."""
     timings = dict(timings or {})
     if state.length <= budget:
         return Selection(torch.arange(state.length), timings, passthrough=True)
@@ -95,8 +98,30 @@ def select(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor, bud
     clock = time.perf_counter()
     with torch.inference_mode():
         retrieval = prefill_query(model, state, query_ids, strategy.query_parts)
+        attention = coarse = None
+        if strategy.cascade_layer is not None:
+            if context_ids is None:
+                raise ValueError(f"context_ids: {strategy.name} runs its candidates again and needs the context's ids")
+            attention, coarse = _cascade_attention(model, state, retrieval, context_ids, query_ids, budget, strategy)
     timings["prefill"] = round(timings.get("prefill", 0.0) + _lap(clock), 3)
-    return _choose(model, retrieval, state.length, budget, strategy, state.config.sink, timings)
+    return _choose(model, retrieval, state.length, budget, strategy, state.config.sink, timings,
+                   attention=attention, coarse=coarse)
+
+
+def _cascade_attention(model: TruncatedLM, state: ContextState, retrieval: RetrievalState, context_ids: torch.Tensor,
+                       query_ids: torch.Tensor, budget: int, strategy: Strategy) -> tuple[torch.Tensor, torch.Tensor]:
+    """A^C (L,) of a cascade at l_R and at its coarse layer: the coarse layer's attention picks the
+    candidates, which run to l_R with the query; l_R's attention is over them, zero elsewhere
+    (compressor/cascade.py)."""
+    coarse = strategy.cascade_layer
+    scores = query_key_scores(retrieval.queries[coarse], state.keys[coarse])  # (L,)
+    count = strategy.candidate_count(budget)
+    config = state.config
+    candidates = pick_candidates(scores, count, config.sink, recent_share(count, config), strategy.allocator)
+    keys, queries = candidate_prefill(model, context_ids, candidates, query_ids, config)
+    attention = torch.zeros(state.length, device=scores.device)
+    attention[candidates] = query_key_scores(queries, keys)
+    return attention, scores
 
 
 def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config: PrefillConfig,
@@ -113,7 +138,8 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
         if done is not None:
             done(i, selection)
 
-    short = [i for i, job in enumerate(jobs) if batch_tokens > 0 and model is not None and batchable(job.strategy)
+    strategies = [job.strategy.for_context(job.context_ids.numel(), job.budget) for job in jobs]
+    short = [i for i, job in enumerate(jobs) if batch_tokens > 0 and model is not None and batchable(strategies[i])
              and job.budget < job.context_ids.numel() and fits_one_chunk(job.context_ids.numel(), config)]
     short.sort(key=lambda i: jobs[i].context_ids.numel())
     while short:
@@ -126,7 +152,7 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
         prefill_ms = _lap(clock)
         for i, state in zip(group, states):
             job = jobs[i]
-            finished(i, _choose(model, state, job.context_ids.numel(), job.budget, job.strategy, config.sink,
+            finished(i, _choose(model, state, job.context_ids.numel(), job.budget, strategies[i], config.sink,
                                 {"prefill": prefill_ms}))
     for i, job in enumerate(jobs):
         if out[i] is None:
@@ -137,12 +163,17 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
 def batchable(strategy: Strategy) -> bool:
     """Whether the batched prefill serves the strategy: it needs the attention at l_R, a query and nothing else."""
     return (strategy.needs_attention and strategy.needs_query and not strategy.context_parts and not strategy.query_parts
-            and not strategy.extra_layers)
+            and not strategy.extra_layers and strategy.cascade_layer is None)
 
 
 def score_layers(strategy: Strategy, l_r: int) -> tuple[int, ...]:
-    """The layers whose context keys the strategy reads: its extra layers, then l_R; ValueError naming
-    the option when an extra layer is not below l_R."""
+    """The layers whose context keys the encoded context holds for the strategy: its extra layers, then
+    l_R; for a cascade its coarse layer alone. ValueError naming the option when one is not below l_R."""
+    coarse = strategy.cascade_layer
+    if coarse is not None:
+        if coarse >= l_r:
+            raise ValueError(f"coarse_layer: must be below l_R = {l_r}, the layer that ranks the candidates (got {coarse})")
+        return (coarse,)
     above = [layer for layer in strategy.extra_layers if layer >= l_r]
     if above:
         raise ValueError(f"also_layers: every layer must be below l_R = {l_r} (got {above})")
@@ -150,18 +181,20 @@ def score_layers(strategy: Strategy, l_r: int) -> tuple[int, ...]:
 
 
 def _choose(model: TruncatedLM | None, state: RetrievalState | None, length: int, budget: int, strategy: Strategy,
-            sink: int, timings: dict[str, float], memo: dict[str, torch.Tensor] | None = None) -> Selection:
-    """Score (A^C at l_R when the state holds the query) and allocate: the sink + budget - S tokens.
-    `memo`: where a query-agnostic strategy's scores for this context are kept between queries."""
+            sink: int, timings: dict[str, float], memo: dict[str, torch.Tensor] | None = None,
+            attention: torch.Tensor | None = None, coarse: torch.Tensor | None = None) -> Selection:
+    """Score (A^C at l_R when the state holds the query, unless `attention` (L,) is given; `coarse`: a
+    cascade's A^C at its coarse layer) and allocate: the sink + budget - S tokens. `memo`: where a
+    query-agnostic strategy's scores for this context are kept between queries."""
     clock = time.perf_counter()
     with torch.inference_mode():
         scores = memo.get(strategy.memo_key) if memo is not None else None
         if scores is None:
-            attention = None
-            if state is not None and model is not None and state.queries:
+            if attention is None and state is not None and model is not None and state.queries:
                 layer = model.n_layers
                 attention = query_key_scores(state.queries[layer], state.keys[layer])
-            scores = strategy.score(ScoreInputs(length=length, attention=attention, state=state, sink=sink, budget=budget))
+            scores = strategy.score(ScoreInputs(length=length, attention=attention, state=state, sink=sink, budget=budget,
+                                                coarse_attention=coarse))
             if memo is not None:
                 memo[strategy.memo_key] = scores
         timings["score"] = _lap(clock)

@@ -19,7 +19,8 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from ..compressor.calibration import pick_layers, recall_by_layer
+from ..compressor.calibration import (CANDIDATE_FACTORS, COST_CAP, candidate_hits, cascade_cost, pick_candidate_factor,
+                                      pick_layer, pick_layers, recall_by_layer)
 from ..compressor.prefill import PrefillConfig, streaming_prefill
 from ..compressor.strategies import make_strategy
 from ..models.device import Placement
@@ -55,11 +56,14 @@ QUICK_PLAN = CalibrationPlan(lengths=(2048,), digits=(8, 32), depths=4, long_len
 
 
 def grid_hits(truncated, tokenizer, plan: CalibrationPlan, config: PrefillConfig, strategies: dict, layers: tuple[int, ...],
-              distractors: int, label: str) -> dict[str, torch.Tensor]:
+              distractors: int, label: str, coarse: int | None = None) -> dict[str, torch.Tensor]:
     """Whole-needle hits (lengths, digits, depths, layers) per strategy over the plan's passkey grid,
-    one streaming pass per sample serving every layer."""
+    one streaming pass per sample serving every layer; with a `coarse` layer also "candidates":
+    (lengths, digits, depths, CANDIDATE_FACTORS), the needle among the cascade's candidates."""
     grid = list(itertools.product(plan.lengths, plan.digits, range(plan.depths)))
     hits = {name: torch.zeros(len(plan.lengths), len(plan.digits), plan.depths, len(layers)) for name in strategies}
+    if coarse is not None:
+        hits["candidates"] = torch.zeros(len(plan.lengths), len(plan.digits), plan.depths, len(CANDIDATE_FACTORS))
     for length, digits, depth in tqdm(grid, desc=label, unit="sample", file=sys.stderr):
         sample = make_passkey_sample(tokenizer, length, depth / plan.depths, digits, seed=plan.seed,
                                      distractors=distractors)
@@ -67,10 +71,40 @@ def grid_hits(truncated, tokenizer, plan: CalibrationPlan, config: PrefillConfig
             state = streaming_prefill(truncated, torch.tensor(sample.context_ids), torch.tensor(sample.query_ids),
                                       config, layers)
             recalls = recall_by_layer(state, sample.needle, plan.budget, config.sink, strategies)
+            if coarse is not None:
+                found = candidate_hits(state, sample.needle, plan.budget, config, coarse, CANDIDATE_FACTORS,
+                                       strategies["multi"].allocator)
         at = (plan.lengths.index(length), plan.digits.index(digits), depth)
         for name, per_layer in recalls.items():
             hits[name][at] = torch.tensor([float(per_layer[l]) for l in layers])
+        if coarse is not None:
+            hits["candidates"][at] = torch.tensor([float(found[f]) for f in CANDIDATE_FACTORS])
     return hits
+
+
+def cascade_details(coarse: int, l_r: int, plan: CalibrationPlan, candidates: torch.Tensor,
+                    kept_at_l_r: torch.Tensor) -> dict:
+    """The cascade's calibrated options and what chose them. candidates: (..., factors) needle among the
+    candidates per long sample; kept_at_l_r: (...) the needle kept by plain ILRe at l_R per long sample.
+    The candidate factor is the largest whose cost at the longest long length stays within COST_CAP
+    of plain ILRe at the coarse layer; the recall columns show what each factor would lose."""
+    longest = max(plan.long_lengths)
+    costs = {f: round(cascade_cost(coarse, l_r, f, plan.budget, longest), 3) for f in CANDIDATE_FACTORS}
+    factor = pick_candidate_factor(costs)
+    held = candidates[kept_at_l_r.bool()]  # (samples l_R keeps, factors)
+    return {
+        "strategies": {"cascade": {"coarse_layer": coarse, "candidates": factor, "coarse_weight": 0.5}},
+        "cascade": {
+            "method": f"coarse layer = fast; candidates = the largest factor (of {list(CANDIDATE_FACTORS)}) whose prefill "
+                      f"at {longest} tokens costs at most {COST_CAP}x plain ILRe at the coarse layer (layer-tokens); "
+                      "coarse_weight 0.5 (stage 18 of the evaluation)",
+            "costs": {str(f): c for f, c in costs.items()},
+            "candidate_recall_long": {str(f): round(float(v), 4) for f, v in zip(CANDIDATE_FACTORS, candidates.mean(
+                dim=tuple(range(candidates.dim() - 1))))},
+            "kept_by_l_r_among_candidates": {str(f): round(float(v), 4) for f, v in zip(
+                CANDIDATE_FACTORS, held.mean(dim=0) if len(held) else torch.zeros(len(CANDIDATE_FACTORS)))},
+        },
+    }
 
 
 def run_calibration(model: str | None, plan: CalibrationPlan, profile_dir: Path = PROFILE_DIR,
@@ -95,9 +129,11 @@ def run_calibration(model: str | None, plan: CalibrationPlan, profile_dir: Path 
     recall = {name: h.mean(dim=(0, 1, 2)) for name, h in hits.items()}  # (layers,)
     per_layer = lambda r: {l: round(float(r[l - 1]), 4) for l in layers}  # noqa: E731
     long_hits, long_recall = {}, {}
+    coarse = pick_layer(per_layer(recall["multi"]))  # `fast`: the cascade's coarse layer
     if plan.long_lengths:
         long_hits = grid_hits(truncated, tokenizer, plan.long_grid(), replace(config, dca=True), strategies, layers,
-                              plan.distractors, f"calibrate {checkpoint.name} (long, DCA)")
+                              plan.distractors, f"calibrate {checkpoint.name} (long, DCA)", coarse)
+        candidates = long_hits.pop("candidates")
         long_recall = {name: h.mean(dim=(0, 1, 2)) for name, h in long_hits.items()}
     choices = pick_layers(per_layer(recall["multi"]), per_layer(long_recall["multi"]) if long_recall else None)
     layer = choices["default"]
@@ -118,6 +154,9 @@ def run_calibration(model: str | None, plan: CalibrationPlan, profile_dir: Path 
     if long_recall:
         details["recall_long_multi"] = per_layer(long_recall["multi"])
         details["recall_long_single"] = per_layer(long_recall["single"])
+        if coarse < layer:
+            details.update(cascade_details(coarse, layer, plan, candidates, long_hits["multi"][..., layer - 1]))
+            details["cost"]["cascade"] = details["cascade"]["costs"][str(details["strategies"]["cascade"]["candidates"])]
     profile = Profile(checkpoint.name, layer, True, details)
     path = save_profile(profile, profile_dir)
     print(f"l_R = {layer} (choices {choices}; multi-kernel recall {float(recall['multi'][layer - 1]):.3f}"

@@ -15,10 +15,10 @@ from statistics import mean
 from .intervals import paired_difference, wilson
 from .ruler import length_label
 
-OURS = ("ilre", "ilre_fast_too", "ilre_fast_half", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto")
+OURS = ("cascade", "ilre", "ilre_fast_too", "ilre_fast_half", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto")
 BASELINES = ("rag", "longllmlingua", "llmlingua", "streaming_llm")
-DEFAULT = "ilre"  # the strategy a request gets when it names none
-VARIANTS = {"ilre_fast_too": "ilre", "ilre_fast_half": "ilre", "ilre_nodca": "ilre"}  # an option of a strategy -> the strategy without it
+DEFAULT = "cascade"  # the strategy a request gets when it names none
+VARIANTS = {"cascade": "ilre", "ilre_fast_too": "ilre", "ilre_fast_half": "ilre", "ilre_nodca": "ilre"}  # an option of a strategy -> the strategy without it
 
 
 def retention_by_sample(records: list[dict], length: int) -> dict[str, dict[tuple, float]]:

@@ -18,7 +18,7 @@ from .intervals import wilson
 from .ruler import TASKS, length_label
 from .run_eval import ATTENTION, STRATEGIES, TARGET_TASKS, load_records, run_timing
 
-LABELS = {"full": "full context", "ilre": "ILRe (DCA auto)", "ilre_nodca": "ILRe (no DCA)",
+LABELS = {"full": "full context", "cascade": "ILRe cascade (the default)", "ilre": "ILRe (DCA auto)", "ilre_nodca": "ILRe (no DCA)",
           "ilre_fast_too": "ILRe + layer 8", "ilre_fast_half": "ILRe + layer 8 at half weight",
           "snapkv": "SnapKV",
           "lagkv": "LagKV", "reattention": "ReAttention", "locret": "Locret", "actqkv": "ActQKV",

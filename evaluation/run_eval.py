@@ -57,11 +57,11 @@ from .ruler import TASKS, RulerSample, generate_sample, length_label
 
 log = logging.getLogger(__name__)
 
-STRATEGIES = ("full", "ilre", "ilre_nodca", "ilre_fast_too", "ilre_fast_half", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto",
+STRATEGIES = ("full", "cascade", "ilre", "ilre_nodca", "ilre_fast_too", "ilre_fast_half", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto",
               "streaming_llm", "rag", "llmlingua", "longllmlingua")
 # strategies sharing the encoded context (their records depend on l_R and the dtype): name -> (strategy, options)
 # ilre_fast_too / ilre_fast_half: ILRe scoring with layer 8 (the embedded model's `fast` l_R) beside l_R at weight 1 / 0.5
-ATTENTION = {"ilre": ("ilre", {}), "ilre_nodca": ("ilre", {}), "ilre_fast_too": ("ilre", {"also_layers": (8,), "also_weight": 1.0}),
+ATTENTION = {"cascade": ("cascade", {}), "ilre": ("ilre", {}), "ilre_nodca": ("ilre", {}), "ilre_fast_too": ("ilre", {"also_layers": (8,), "also_weight": 1.0}),
              "ilre_fast_half": ("ilre", {"also_layers": (8,), "also_weight": 0.5}),
              "snapkv": ("snapkv", {}), "lagkv": ("lagkv", {}),
              "reattention": ("reattention", {}), "locret": ("locret", {}), "actqkv": ("actqkv", {}),
@@ -165,15 +165,15 @@ class Record:
 
 
 def encode_pass(engine, sample: RulerSample, layer: int, dca: bool, parts: tuple[str, ...],
-                also_layers: tuple[int, ...] = ()) -> tuple[ContextState, float]:
-    """The sample's context encoded at `layer` with `parts` and the keys of `also_layers` (one streaming
-    pass) and the seconds it took."""
+                also_layers: tuple[int, ...] = (), model_layer: int | None = None) -> tuple[ContextState, float]:
+    """The sample's context encoded up to `layer` with `parts` and the keys of `also_layers` (one streaming
+    pass, by the model truncated at `model_layer`, default `layer`) and the seconds it took."""
     start = time.perf_counter()
     config = engine.config.prefill
     prefill = PrefillConfig(config.sink, config.window, config.chunk, dca)
     with torch.inference_mode():
-        state = encode_context(engine.model_at(layer), torch.tensor(sample.context_ids), prefill, (*also_layers, layer),
-                               parts=parts)
+        state = encode_context(engine.model_at(model_layer or layer), torch.tensor(sample.context_ids), prefill,
+                               (*also_layers, layer), parts=parts)
     return state, time.perf_counter() - start
 
 
@@ -195,7 +195,7 @@ class Evaluator:
         self.notes = notes
         self.engine = Engine(EngineConfig(model=plan.model, device=plan.device, dtype=plan.dtype, layer=plan.layer))
         # the layer each attention row runs at: l_R, or for Locret the layer of its stored head (as the engine does)
-        self.layers = {name: self.engine.strategy_layer(attention_strategy(name), plan.layer) for name in ATTENTION}
+        self.layers = {name: self.engine.strategy_layer(self.strategy(name), plan.layer) for name in ATTENTION}
         self.tokenizer = self.engine.tokenizer
         self.native = self.engine.spec.native_context
         self.dtype = self.engine.placement.dtype_name  # the compressors' dtype, LLMLingua's included
@@ -234,15 +234,21 @@ class Evaluator:
         plan, tok = self.plan, self.tokenizer
         budget, sink = plan.budget, self.engine.config.prefill.sink
         total = len(sample.context_ids) + len(sample.query_ids)
-        passes: dict[tuple[int, bool], tuple[ContextState, float]] = {}
+        passes: dict[tuple[int, bool, int | None], tuple[ContextState, float]] = {}
+        length = len(sample.context_ids)
 
-        def encoded(layer: int, dca: bool) -> tuple[ContextState, float]:
-            if (layer, dca) not in passes:
-                here = [attention_strategy(n) for n in strategies if n in ATTENTION and self.layers[n] == layer]
+        def encoded(layer: int, dca: bool, coarse: int | None) -> tuple[ContextState, float]:
+            """One pass per layer shared by the strategies that read l_R; a cascade's (coarse layer only) of its own."""
+            if (layer, dca, coarse) not in passes:
+                if coarse is not None:
+                    passes[layer, dca, coarse] = encode_pass(self.engine, sample, coarse, dca, (), (), model_layer=layer)
+                    return passes[layer, dca, coarse]
+                here = [s for s in (self.strategy(n, length) for n in strategies if n in ATTENTION and self.layers[n] == layer)
+                        if s.cascade_layer is None]
                 parts = tuple(sorted({p for s in here for p in s.context_parts}))
                 also = tuple(sorted({l for s in here for l in score_layers(s, layer)[:-1]}))
-                passes[layer, dca] = encode_pass(self.engine, sample, layer, dca, parts, also)
-            return passes[layer, dca]
+                passes[layer, dca, None] = encode_pass(self.engine, sample, layer, dca, parts, also)
+            return passes[layer, dca, coarse]
 
         records = []
         for name in strategies:
@@ -255,10 +261,11 @@ class Evaluator:
                 seconds = 0.0
             elif name in ATTENTION:
                 dca = name != "ilre_nodca" and total > self.native  # the engine's --dca auto
-                state, pass_s = encoded(self.layers[name], dca)
+                strategy = self.strategy(name, length)
+                state, pass_s = encoded(self.layers[name], dca, strategy.cascade_layer)
                 tick = time.perf_counter()
                 kept = select(self.engine.model_at(self.layers[name]), state, torch.tensor(sample.query_ids), budget,
-                              attention_strategy(name)).kept.tolist()
+                              strategy, context_ids=torch.tensor(sample.context_ids)).kept.tolist()
                 seconds = pass_s + time.perf_counter() - tick
             elif name == "streaming_llm":
                 kept = allocate(name, None, len(sample.context_ids), budget, sink)
@@ -301,6 +308,12 @@ class Evaluator:
                 record.e2e = score(prediction, sample.answers, sample.metric)
             records.append(record)
         return records
+
+    def strategy(self, name: str, length: int | None = None) -> Strategy:
+        """The strategy an attention row runs, with the profile's options (as the engine's requests get
+        them) and, given the context's length, as it runs there (a cascade covering it is plain ILRe)."""
+        strategy = self.engine.with_profile(attention_strategy(name))
+        return strategy if length is None else strategy.for_context(length, self.plan.budget)
 
     def generates(self, name: str, task: str, length: int) -> bool:
         """Whether the plan scores this strategy end to end on this task and length."""

@@ -21,13 +21,13 @@ QUERY_TEMPLATE = "\nQuestion: {query}\nAnswer:"
 @dataclass
 class DocumentCompression:
     """ratio: kept share of each document (default 0.3) unless `budget` (context tokens over all the
-    documents) is given; strategy: ilre, snapkv, streaming_llm; query_template: how the user's
+    documents) is given; strategy: a strategy name (None: the server's default, the cascade); query_template: how the user's
     question becomes ILRe's query (question plus answer prefix)."""
 
     target: str | None = None
     ratio: float | None = None
     budget: int | None = None
-    strategy: str = "ilre"
+    strategy: str | None = None
     query_template: str = QUERY_TEMPLATE
     api_key: str | None = None
     timeout_s: float = 300.0
@@ -42,7 +42,9 @@ class DocumentCompression:
             if not text.strip():
                 results.append(None)
                 continue
-            fields: dict[str, Any] = {"context": text, "query": question, "strategy": self.strategy, **share}
+            fields: dict[str, Any] = {"context": text, "query": question, **share}
+            if self.strategy is not None:
+                fields["strategy"] = self.strategy
             results.append(self._send(fields))
         return results
 

@@ -12,12 +12,13 @@ from .backend import QUERY_TEMPLATE, DocumentCompression
 
 class CompressionOptions(BaseModel):
     """target: "HOST:PORT" (gRPC), "http://HOST:PORT" (HTTP) or None (in process, embedded model);
-    ratio (default 0.3 per document) or budget (tokens over all documents); strategy; api_key."""
+    ratio (default 0.3 per document) or budget (tokens over all documents); strategy (None: the
+    server's default); api_key."""
 
     target: Optional[str] = None
     ratio: Optional[float] = None
     budget: Optional[int] = None
-    strategy: str = "ilre"
+    strategy: Optional[str] = None  # None: the server's default
     query_template: str = QUERY_TEMPLATE
     api_key: Optional[str] = None
     timeout_s: float = 300.0

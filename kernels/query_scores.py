@@ -35,3 +35,11 @@ def query_key_scores(q: torch.Tensor, keys: torch.Tensor, block: int = 8192) -> 
         logits = qg @ keys[:, start : start + block].float().transpose(1, 2)
         scores[start : start + block] = torch.exp(logits - lse).amax(dim=(0, 1))
     return scores
+
+
+def blend_layers(primary: torch.Tensor, others: list[torch.Tensor], weight: float, sink: int) -> torch.Tensor:
+    """Element-wise max of layers' A^C (L,) each scaled to sum 1 outside the first `sink` tokens,
+    `others` (lower layers) times `weight`: a token either layer singles out scores high."""
+    scaled = torch.stack([a / a[sink:].sum().clamp_min(1e-30) for a in (primary, *others)])
+    scaled[1:] *= weight
+    return scaled.amax(dim=0)

@@ -31,6 +31,11 @@ class Profile:
         named = {str(k): int(v) for k, v in self.details.get("choices", {}).items()}
         return {**named, "default": self.retrieval_layer}
 
+    def strategy_options(self, strategy: str) -> dict:
+        """The calibrated options of a strategy (e.g. the cascade's coarse_layer and candidates), which
+        fill what a request leaves unset; {} when `ilre calibrate` measured none."""
+        return dict(self.details.get("strategies", {}).get(strategy, {}))
+
 
 def profile_path(model_name: str, directory: Path = PROFILE_DIR) -> Path:
     """Where the profile of `model_name` is (or would be) stored."""

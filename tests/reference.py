@@ -114,6 +114,59 @@ def dense_prefill(
     raise AssertionError("unreachable")
 
 
+def dense_candidate_prefill(model, context_ids: torch.Tensor, candidates: list[int], query_ids: torch.Tensor,
+                            config: PrefillConfig) -> tuple[torch.Tensor, torch.Tensor]:
+    """Reference for compressor.cascade.candidate_prefill: the dense masked prefill of the sequence
+    (candidates, then the query) at their original positions, where token i may attend token j iff
+    the whole-context Λ mask lets it (the mask restricted to the candidates). DCA as in
+    `dense_prefill`, each token in its original chunk. Returns the l_R keys of the candidates
+    (KV, C, d) and the query states (H, Lq, d)."""
+    length, n_query = context_ids.numel(), query_ids.numel()
+    total = length + n_query
+    bounds = chunk_bounds(length, config)
+    rows_of = _chunk_index_of_rows(total, bounds)
+    chunk_of = [c for start, end, c in rows_of for _ in range(start, end)]
+    keep = list(candidates) + list(range(length, total))  # original positions of the sequence
+    n_cand = len(candidates)
+    full_mask = lambda_mask(total, config.sink, config.window, bounds)
+    mask = full_mask[keep][:, keep]  # (T', T')
+    positions = torch.tensor(keep)
+    chunks = [chunk_of[p] for p in keep]
+    rows = []  # (start, end, chunk) runs of equal chunk index in the sequence
+    for i, c in enumerate(chunks):
+        if rows and rows[-1][2] == c:
+            rows[-1] = (rows[-1][0], i + 1, c)
+        else:
+            rows.append((i, i + 1, c))
+    sink_rows = [i for i, p in enumerate(keep) if p < config.sink]
+    h = model.embed(torch.cat((context_ids[candidates], query_ids)))
+    cos, sin = model.rope(positions)
+    l_r = model.n_layers
+    with torch.no_grad():
+        for l in range(1, l_r + 1):
+            lay = model.layer(l)
+            if l == l_r:
+                keys = lay.keys(h[:n_cand], cos[:n_cand], sin[:n_cand])
+                if config.dca and len(bounds) >= 3:
+                    base = bounds[-2][0]
+                    for i, p in enumerate(candidates):
+                        c = chunks[i]
+                        if c < len(bounds) - 2:
+                            c2, s2 = model.rope(torch.tensor([p + base - bounds[c][0]]))
+                            keys[:, i:i + 1] = lay.keys(h[i:i + 1], c2, s2)
+                return keys, lay.queries(h[n_cand:], cos[n_cand:], sin[n_cand:])
+            q, k, v = lay.qkv(h, cos, sin)
+            k_per_chunk = {}
+            for _, _, c in rows:
+                k_c = k.clone()
+                if config.dca and c >= 2 and sink_rows:
+                    c2, s2 = model.rope(positions[sink_rows] + (c - 1) * config.chunk)
+                    k_c[:, sink_rows] = lay.keys(h[sink_rows], c2, s2)
+                k_per_chunk[c] = k_c
+            h = lay.finish(h, _dense_attention(q, k_per_chunk, v, mask, rows))
+    raise AssertionError("unreachable")
+
+
 # --------------------------------------------------------------------------------------------
 # Scores (reference for kernels.query_scores.query_key_scores)
 # --------------------------------------------------------------------------------------------

@@ -6,6 +6,7 @@ import dataclasses
 
 from .actqkv import ActQKV
 from .base import ScoreInputs, Strategy
+from .cascade import Cascade
 from .ilre import ILRe
 from .lagkv import LagKV
 from .locret import Locret
@@ -13,8 +14,9 @@ from .reattention import ReAttention
 from .snapkv import SnapKV
 from .streaming_llm import StreamingLLM
 
-STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (ILRe, SnapKV, StreamingLLM, LagKV, ReAttention, Locret,
-                                                             ActQKV)}
+STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (Cascade, ILRe, SnapKV, StreamingLLM, LagKV, ReAttention,
+                                                             Locret, ActQKV)}
+DEFAULT_STRATEGY = Cascade.name  # what a request that names none gets (plain ILRe where the profile names no coarse layer)
 
 
 def make_strategy(name: str, options: dict | None = None) -> Strategy:
@@ -32,4 +34,4 @@ def make_strategy(name: str, options: dict | None = None) -> Strategy:
     return cls(**(options or {}))
 
 
-__all__ = ["STRATEGIES", "ScoreInputs", "Strategy", "make_strategy"]
+__all__ = ["DEFAULT_STRATEGY", "STRATEGIES", "ScoreInputs", "Strategy", "make_strategy"]

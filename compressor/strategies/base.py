@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from typing import ClassVar
@@ -25,13 +26,15 @@ class ScoreInputs:
     """What a strategy may score. length: L context tokens; attention: A^C (L,) of eq. 5 at the
     retrieval layer (None when the strategy does not need the model or the query); state: the
     prefill's keys, queries and parts, for strategies that score them themselves; sink: the S
-    tokens the pipeline always keeps; budget: the context tokens to keep, sink included."""
+    tokens the pipeline always keeps; budget: the context tokens to keep, sink included;
+    coarse_attention: a cascade's A^C (L,) at its coarse layer (then `attention` covers its candidates)."""
 
     length: int
     attention: torch.Tensor | None = None
     state: RetrievalState | None = None
     sink: int = 0
     budget: int = 0
+    coarse_attention: torch.Tensor | None = None
 
 
 class Strategy(ABC):
@@ -56,6 +59,23 @@ class Strategy(ABC):
     def extra_layers(self) -> tuple[int, ...]:
         """Layers below l_R whose context keys and query states `score` also reads (from `state`)."""
         return ()
+
+    @property
+    def cascade_layer(self) -> int | None:
+        """A layer below l_R whose query attention picks the candidates l_R ranks (compressor/cascade.py);
+        the encoded context then holds that layer's keys instead of l_R's. None: l_R scores everything."""
+        return None
+
+    def for_context(self, length: int, budget: int) -> "Strategy":
+        """The strategy as it runs on a context of `length` tokens at `budget` (a cascade whose candidates
+        would cover the context runs without its coarse layer)."""
+        return self
+
+    def with_defaults(self, defaults: dict) -> "Strategy":
+        """This strategy with the options it leaves unset (None) taken from `defaults` (a model profile's)."""
+        unset = {name: value for name, value in defaults.items()
+                 if name in {f.name for f in dataclasses.fields(self) if f.init} and getattr(self, name) is None}
+        return dataclasses.replace(self, **unset) if unset else self
 
     @property
     def memo_key(self) -> str:

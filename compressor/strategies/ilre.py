@@ -6,7 +6,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ...kernels.query_scores import query_key_scores
+from ...kernels.query_scores import blend_layers, query_key_scores
 from ..allocation import PoolingAllocator
 from .base import ScoreInputs, Strategy, check_int
 
@@ -48,10 +48,8 @@ class ILRe(Strategy):
         if not self.also_layers:
             return inputs.attention
         state = inputs.state
-        per_layer = [inputs.attention] + [query_key_scores(state.queries[l], state.keys[l]) for l in self.also_layers]
-        scaled = torch.stack([a / a[inputs.sink:].sum().clamp_min(1e-30) for a in per_layer])
-        scaled[1:] *= self.also_weight
-        return scaled.amax(dim=0)
+        lower = [query_key_scores(state.queries[l], state.keys[l]) for l in self.also_layers]
+        return blend_layers(inputs.attention, lower, self.also_weight, inputs.sink)
 
     def allocate(self, scores: torch.Tensor, budget: int) -> torch.Tensor:
         return self.allocator.allocate(scores, budget)

@@ -65,3 +65,7 @@ $ILRE --tasks $ALL --lengths 16K,32K --samples 5 --strategies longllmlingua --no
 #     and on stage 16b's no-shared-words samples at 8K
 $ILRE --tasks $ALL --lengths 4K,16K,32K --samples 10 --strategies ilre_fast_half --no-e2e
 $ILRE --tasks vt,niah_paraphrase --lengths 8K --samples 10 --strategies ilre_fast_half --no-e2e
+# 19. the cascade (the new default: layer 8 picks 4x the budget as candidates, l_R = 19 ranks them, layer 8 at
+#     half weight beside it) on stage 14's and 15's samples, paired against ILRe at l_R
+$ILRE --tasks $ALL --lengths 4K,16K,32K --samples 10 --strategies cascade --no-e2e
+$ILRE --tasks $T4 --lengths 64K,128K --samples 5 --strategies cascade --no-e2e

@@ -108,6 +108,11 @@ class Engine:
         heads = self.head_layers()
         return self.layer if self.layer in heads or not heads else min(heads, key=lambda l: (abs(l - self.layer), l))
 
+    def with_profile(self, strategy: Strategy) -> Strategy:
+        """The strategy with the options it leaves unset taken from the model's profile (the cascade's
+        calibrated coarse layer and candidates)."""
+        return strategy.with_defaults(self.profile.strategy_options(strategy.name))
+
     def resolve_layer(self, layer: int | str | None, name: str = "layer") -> int:
         """A request's layer: None = the engine's l_R, a number (checked), or a name of the profile's choices."""
         if layer is None:
@@ -225,7 +230,8 @@ class Engine:
         """One selection per query, all against one encoded context from the document cache."""
         model, prefill = job.model, job.prefill
         parts, layers = job.strategy.context_parts, score_layers(job.strategy, job.layer)
-        key = state_key(job.layer, prefill, self.placement.dtype_name, parts, layers[:-1])
+        top = max(layers)  # the deepest layer encoded: l_R, or a cascade's coarse layer
+        key = state_key(top, prefill, self.placement.dtype_name, parts, tuple(l for l in layers if l != top))
         encoded: list[ContextState] = []
 
         def state() -> ContextState:
@@ -241,7 +247,7 @@ class Engine:
     def _prepare(self, request: CompressRequest) -> "_Job":
         """Check and tokenize a request; InputError naming the field when it cannot run."""
         start = time.perf_counter()
-        strategy = request.build_strategy()
+        strategy = self.with_profile(request.build_strategy())
         layer = self.strategy_layer(strategy, request.layer)
         try:
             score_layers(strategy, layer)
@@ -267,6 +273,7 @@ class Engine:
             raise InputError("explain", f"{len(context_ids)} context tokens exceed the limit of {MAX_EXPLAIN_TOKENS} "
                              "for an explanation page")
         budget = self.budget_for(request, len(context_ids))
+        strategy = strategy.for_context(len(context_ids), budget)
         total = len(context_ids) + max(len(q) for q in queries)
         dca = request.dca == "on" or (request.dca == "auto" and total > self.spec.native_context)
         prefill = PrefillConfig(self.config.prefill.sink, self.config.prefill.window, self.config.prefill.chunk, dca)

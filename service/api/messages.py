@@ -10,7 +10,7 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ...compressor.strategies import Strategy, make_strategy
+from ...compressor.strategies import DEFAULT_STRATEGY, Strategy, make_strategy
 from .documents import DOCUMENT_ID_CHARS, is_document_id
 
 DCA_MODES = ("auto", "on", "off")
@@ -57,7 +57,7 @@ class CompressRequest:
     explain: bool = False  # the result carries an HTML page showing why each token was kept
     budget: int | None = None
     ratio: float | None = None
-    strategy: str = "ilre"
+    strategy: str = DEFAULT_STRATEGY  # ILRe as a cascade (plain ILRe where the profile names no coarse layer)
     strategy_options: dict[str, Any] = field(default_factory=dict)
     dca: str = "auto"
     layer: int | str | None = None  # a layer number, or a name the model's profile offers (fast, default, robust)

@@ -31,7 +31,8 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default=None, help="checkpoint folder, .gguf file or hub id (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--layer", type=layer_arg, default=None, help="retrieval layer l_R: a number or a name the model's "
                         "profile offers (fast, default, robust; default: the profile's default)")
-    parser.add_argument("--strategy", default=None, help="ilre (default), snapkv, streaming_llm, lagkv, reattention, locret, actqkv")
+    parser.add_argument("--strategy", default=None, help="cascade (default: ILRe whose coarse layer picks candidates for l_R), ilre, snapkv, streaming_llm, "
+                        "lagkv, reattention, locret, actqkv")
     parser.add_argument("--strategy-options", default=None, metavar="JSON",
                         help='the strategy\'s options as a JSON object, e.g. \'{"lag": 256}\' for lagkv')
     parser.add_argument("--dca", choices=DCA_MODES, default=None, help="dual chunk attention: auto = on beyond the native window")

@@ -51,3 +51,13 @@ def test_ties_at_short_range_are_broken_by_long_context_recall():
     assert pick_layers(short, long) == {"fast": 8, "default": 18, "robust": 15}
     assert pick_layers(short, None) == {"fast": 8, "default": 8, "robust": 8}  # no long grid: the paper's rule
     assert pick_layers({3: 1.0, 5: 1.0}, {3: 0.0, 5: 0.0}) == {"fast": 3, "default": 3, "robust": 3}
+
+
+def test_the_cascade_cost_counts_layer_tokens_and_the_factor_is_the_largest_within_the_cap():
+    from ilre.compressor.calibration import cascade_cost, pick_candidate_factor
+
+    assert cascade_cost(8, 19, 4.0, 1024, 32768) == (8 * 32768 + 19 * 4096) / (8 * 32768)  # 1.297
+    assert cascade_cost(8, 19, 64.0, 1024, 32768) == (8 * 32768 + 19 * 32768) / (8 * 32768)  # capped at the context
+    costs = {f: round(cascade_cost(8, 19, f, 1024, 32768), 3) for f in (1.0, 2.0, 3.0, 4.0, 6.0, 8.0)}
+    assert pick_candidate_factor(costs) == 4.0
+    assert pick_candidate_factor({2.0: 1.5, 4.0: 2.0}) == 2.0  # none within the cap: the cheapest

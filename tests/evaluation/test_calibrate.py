@@ -28,6 +28,13 @@ def test_calibrate_writes_profile_and_heatmaps(tmp_path: Path):
     assert long[details["choices"]["robust"]] == max(long.values())
     assert details["cost"]["fast"] == 1.0 and details["samples"] == 3
     assert printed["choices"] == {**details["choices"], "default": profile["retrieval_layer"]}
+    cascade, why = details["strategies"]["cascade"], details["cascade"]
+    assert cascade["coarse_layer"] == details["choices"]["fast"]
+    costs = {float(f): c for f, c in why["costs"].items()}
+    within = [f for f, c in costs.items() if c <= 1.3]
+    assert cascade["candidates"] == (max(within) if within else min(costs))  # the largest within the cost cap
+    assert details["cost"]["cascade"] == costs[cascade["candidates"]]
+    assert set(why["candidate_recall_long"]) == set(why["costs"])
     assert {p.name for p in (tmp_path / "plots").iterdir()} == {
         "smollm2-135m-instruct-single.png", "smollm2-135m-instruct-multi.png",
         "smollm2-135m-instruct-single-long.png", "smollm2-135m-instruct-multi-long.png"}

@@ -1,7 +1,7 @@
 """Per-request compression options of the sidecar: server defaults < `x-ilre-*` headers < the
 request body's `compression` object (removed before the request is forwarded).
 
-    "compression": {"enabled": true, "budget": 1024 | "ratio": 0.1, "strategy": "ilre",
+    "compression": {"enabled": true, "budget": 1024 | "ratio": 0.1, "strategy": "cascade",
                     "strategy_options": {...}, "query_tokens": 64}
     x-ilre-compress: on|off   x-ilre-budget: N   x-ilre-ratio: R   x-ilre-strategy: NAME   x-ilre-query-tokens: N
 """

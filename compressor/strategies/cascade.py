@@ -1,0 +1,84 @@
+"""ILRe as a cascade: a shallow layer's attention picks candidates, l_R's attention picks the budget."""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from ...kernels.query_scores import blend_layers, query_key_scores
+from ..allocation import PoolingAllocator
+from .base import ScoreInputs, Strategy, check_int
+
+DEFAULT_CANDIDATES = 4.0  # candidates per budget token when neither the request nor the profile says
+
+
+@dataclass(frozen=True)
+class Cascade(Strategy):
+    """coarse_layer: l_c < l_R, whose query attention over the whole context picks the candidates
+    (None: none, i.e. plain ILRe at l_R; a model's profile supplies the calibrated one);
+    candidates: how many candidates per budget token (>= 1; None: the profile's, else 4);
+    coarse_weight: in [0, 1], the coarse layer's attention joins l_R's at this weight (each scaled to
+    sum 1 outside the sink, element-wise max, as ILRe's also_layers; 0 = l_R alone);
+    max_kernels / avg_kernels: Algorithm 1's kernels, at both stages; whole: set by `for_context`
+    when the candidates would cover the context, which then runs as ILRe at l_R with the coarse
+    layer in also_layers. How the candidates run: compressor/cascade.py."""
+
+    name = "cascade"
+    coarse_layer: int | None = None
+    candidates: float | None = None
+    coarse_weight: float = 0.5
+    max_kernels: tuple[int, ...] = (2, 4, 8)
+    avg_kernels: tuple[int, ...] = tuple(range(1, 17))
+    whole: bool = field(default=False, repr=False)
+    allocator: PoolingAllocator = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self) -> None:
+        check_int("coarse_layer", self.coarse_layer, 1)
+        for name, value, low in (("candidates", self.candidates, 1), ("coarse_weight", self.coarse_weight, 0)):
+            if value is None and name == "candidates":
+                continue
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low:
+                what = "the candidate set as a multiple of the budget" if name == "candidates" else "at most 1"
+                raise ValueError(f"{name}: must be a number >= {low}, {what} (got {value!r})")
+        if self.coarse_weight > 1:
+            raise ValueError(f"coarse_weight: must be a number in [0, 1] (got {self.coarse_weight!r})")
+        object.__setattr__(self, "allocator", PoolingAllocator(self.max_kernels, self.avg_kernels))
+
+    @property
+    def cascade_layer(self) -> int | None:
+        return None if self.whole else self.coarse_layer
+
+    @property
+    def extra_layers(self) -> tuple[int, ...]:
+        blended = self.whole and self.coarse_layer is not None and self.coarse_weight > 0
+        return (self.coarse_layer,) if blended else ()
+
+    def candidate_count(self, budget: int) -> int:
+        """Candidates for a budget of `budget` context tokens."""
+        return math.ceil((self.candidates or DEFAULT_CANDIDATES) * budget)
+
+    def for_context(self, length: int, budget: int) -> "Cascade":
+        """Without the candidate stage when the candidates would be the whole context."""
+        if self.coarse_layer is not None and not self.whole and self.candidate_count(budget) >= length:
+            return dataclasses.replace(self, whole=True)
+        return self
+
+    def score(self, inputs: ScoreInputs) -> torch.Tensor:
+        """l_R's A^C (over the candidates, or on the whole context over all) blended with the coarse
+        layer's at coarse_weight."""
+        coarse = inputs.coarse_attention
+        if coarse is None and self.extra_layers:
+            state = inputs.state
+            coarse = query_key_scores(state.queries[self.coarse_layer], state.keys[self.coarse_layer])
+        if coarse is None or self.coarse_weight == 0:
+            return inputs.attention
+        return blend_layers(inputs.attention, [coarse], self.coarse_weight, inputs.sink)
+
+    def allocate(self, scores: torch.Tensor, budget: int) -> torch.Tensor:
+        return self.allocator.allocate(scores, budget)
+
+    def budget_split(self, budget: int) -> list[tuple[str, int]]:
+        return self.allocator.split(budget)

@@ -1,0 +1,186 @@
+"""The cascade (coarse layer picks candidates, l_R ranks them) against literal references."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import pytest
+import torch
+
+from ilre.compressor.cascade import candidate_prefill, pick_candidates, recent_share
+from ilre.compressor.pipeline import batchable, score_layers, select, select_context
+from ilre.compressor.prefill import PrefillConfig, encode_context
+from ilre.compressor.strategies import make_strategy
+from ilre.models.loader import load_truncated
+from tests.reference import dense_candidate_prefill, dense_prefill, dense_scores, literal_algorithm1
+from tests.tiny_models import N_LAYERS, random_ids, single_thread, tiny_checkpoint  # noqa: F401
+
+LENGTH, N_QUERY, KERNELS = 90, 5, ((2, 4), (1, 3))
+CONFIGS = [PrefillConfig(sink=4, window=8, chunk=16), PrefillConfig(sink=4, window=8, chunk=16, dca=True),
+           PrefillConfig(sink=2, window=None, chunk=12, dca=True), PrefillConfig(sink=4, window=24, chunk=10)]
+
+
+@lru_cache(maxsize=None)
+def model(kind: str = "qwen2"):
+    return load_truncated(tiny_checkpoint(kind), N_LAYERS)
+
+
+def cascade(**options):
+    return make_strategy("cascade", {"max_kernels": list(KERNELS[0]), "avg_kernels": list(KERNELS[1]), **options})
+
+
+def plain_ilre(**options):
+    return make_strategy("ilre", {"max_kernels": list(KERNELS[0]), "avg_kernels": list(KERNELS[1]), **options})
+
+
+def literal_candidates(scores: list[float], count: int, sink: int, recent: int) -> list[int]:
+    """The sink, the last `recent` tokens, and Algorithm 1 loop by loop over the tokens between them."""
+    length = len(scores)
+    if count >= length:
+        return list(range(length))
+    tail = min(recent, count - sink)
+    middle = scores[sink:length - tail]
+    picked = literal_algorithm1(middle, count - sink - tail, *KERNELS)
+    return list(range(sink)) + [i + sink for i in picked] + list(range(length - tail, length))
+
+
+def reference_kept(context, query, config: PrefillConfig, coarse: int, factor: float, budget: int,
+                   weight: float) -> list[int]:
+    """The cascade written out: the dense masked prefill to the coarse layer and its A^C, the literal
+    candidates, the dense prefill of the candidates restricted by the Λ mask to l_R, A^C over them
+    (zero elsewhere); each scaled to sum 1 outside the sink, the coarse one times `weight`, the larger
+    of the two per token; then Algorithm 1 loop by loop after the sink."""
+    keys, queries = dense_prefill(model(), context, query, config, coarse)
+    coarse_scores = dense_scores(queries, keys)
+    count = int(-(-factor * budget // 1))
+    recent = min(config.window or count, count // 8)
+    candidates = literal_candidates(coarse_scores.tolist(), count, config.sink, recent)
+    keys, queries = dense_candidate_prefill(model(), context, candidates, query, config)
+    attention = torch.zeros(context.numel(), dtype=torch.float64)
+    attention[candidates] = dense_scores(queries, keys)
+    s = config.sink
+    if weight > 0:
+        attention = torch.maximum(attention / attention[s:].sum(), weight * coarse_scores / coarse_scores[s:].sum())
+    picked = literal_algorithm1(attention[config.sink:].tolist(), budget - config.sink, *KERNELS)
+    return list(range(config.sink)) + [i + config.sink for i in picked]
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("candidates", [
+    [0, 1, 2, 3, 4, 5, 20, 21, 22, 40, 41, 77, 88, 89],  # sparse, across chunks, some chunks empty
+    list(range(0, 90, 3)) + [1, 2],  # every third token and the sink
+    list(range(90)),  # the whole context
+])
+def test_candidate_prefill_matches_the_restricted_dense_prefill(config, candidates):
+    context, query = random_ids(LENGTH, seed=1), random_ids(N_QUERY, seed=2)
+    chosen = torch.tensor(sorted(set(candidates)))
+    with torch.inference_mode():
+        keys, queries = candidate_prefill(model(), context, chosen, query, config)
+    ref_keys, ref_queries = dense_candidate_prefill(model(), context, chosen.tolist(), query, config)
+    torch.testing.assert_close(keys, ref_keys, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(queries, ref_queries, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_candidate_prefill_of_the_whole_context_is_the_streaming_prefill(config):
+    context, query = random_ids(LENGTH, seed=3), random_ids(N_QUERY, seed=4)
+    with torch.inference_mode():
+        keys, queries = candidate_prefill(model(), context, torch.arange(LENGTH), query, config)
+    ref_keys, ref_queries = dense_prefill(model(), context, query, config)
+    torch.testing.assert_close(keys, ref_keys, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(queries, ref_queries, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("count, recent", [(30, 3), (12, 0), (89, 11), (200, 8)])
+def test_candidates_are_the_sink_the_recent_tokens_and_algorithm1(count, recent):
+    scores = torch.rand(LENGTH, generator=torch.Generator().manual_seed(count))
+    chosen = pick_candidates(scores, count, 4, recent, cascade().allocator).tolist()
+    assert chosen == literal_candidates(scores.tolist(), count, 4, recent)
+    assert chosen == sorted(set(chosen)) and len(chosen) == min(count, LENGTH)
+
+
+@pytest.mark.parametrize("config", CONFIGS[:3])
+@pytest.mark.parametrize("factor, budget, coarse, weight", [(2.0, 20, 2, 0.5), (3.5, 16, 1, 0.0), (1.0, 30, 3, 1.0),
+                                                            (2.5, 9, 2, 0.5), (2.0, 20, 2, 0.0)])
+def test_cascade_matches_the_literal_reference(config, factor, budget, coarse, weight):
+    context, query = random_ids(LENGTH, seed=5), random_ids(N_QUERY, seed=6)
+    strategy = cascade(coarse_layer=coarse, candidates=factor, coarse_weight=weight)
+    kept = select_context(model(), context, query, budget, strategy, config).kept.tolist()
+    assert kept == reference_kept(context, query, config, coarse, factor, budget, weight)
+    assert len(kept) == budget and kept == sorted(set(kept))
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("weight", [0.0, 0.5])
+def test_candidates_covering_the_context_give_ilre_at_l_r(config, weight):
+    """Weight 0: plain ILRe at l_R; otherwise ILRe at l_R with the coarse layer in also_layers."""
+    context, query = random_ids(LENGTH, seed=7), random_ids(N_QUERY, seed=8)
+    ilre = plain_ilre(also_layers=[2], also_weight=weight) if weight else plain_ilre()
+    plain = select_context(model(), context, query, 20, ilre, config).kept.tolist()
+    strategy = cascade(coarse_layer=2, candidates=LENGTH / 20, coarse_weight=weight)  # 90 candidates: all of them
+    # through the coarse layer and a candidate pass over everything
+    with torch.inference_mode():
+        state = encode_context(model(), context, config, score_layers(strategy, N_LAYERS))
+    assert select(model(), state, query, 20, strategy, context_ids=context).kept.tolist() == plain
+    # and as the pipeline runs it: without the coarse layer at all
+    whole = strategy.for_context(LENGTH, 20)
+    assert whole.cascade_layer is None and whole.extra_layers == ((2,) if weight else ())
+    assert select_context(model(), context, query, 20, strategy, config).kept.tolist() == plain
+    assert not batchable(strategy) and batchable(whole) == (not weight)
+
+
+def test_cached_and_multi_query_selections_equal_uncached():
+    config = PrefillConfig(sink=4, window=8, chunk=16, dca=True)
+    context = random_ids(LENGTH, seed=9)
+    queries = [random_ids(N_QUERY, seed=s) for s in (10, 11, 12)]
+    strategy = cascade(coarse_layer=2, candidates=2.0)
+    with torch.inference_mode():
+        state = encode_context(model(), context, config, score_layers(strategy, N_LAYERS))
+    again = [select(model(), state, q, 16, strategy, context_ids=context).kept.tolist() for q in queries]
+    alone = [select_context(model(), context, q, 16, strategy, config).kept.tolist() for q in queries]
+    assert again == alone
+    assert len({tuple(k) for k in alone}) > 1  # the queries do choose differently
+
+
+def test_the_encoded_context_holds_only_the_coarse_layer():
+    strategy = cascade(coarse_layer=2)
+    state = encode_context(model(), random_ids(LENGTH, seed=13), CONFIGS[0], score_layers(strategy, N_LAYERS))
+    assert set(state.keys) == {2} and len(state.caches) == 1
+
+
+def test_recent_share_is_an_eighth_within_the_window():
+    assert recent_share(4096, PrefillConfig()) == 512
+    assert recent_share(256, PrefillConfig()) == 32
+    assert recent_share(8192, PrefillConfig(window=None)) == 1024
+
+
+@pytest.mark.parametrize("options, field", [
+    ({"candidates": 0.5}, "candidates"), ({"candidates": "many"}, "candidates"), ({"candidates": True}, "candidates"),
+    ({"coarse_layer": 0}, "coarse_layer"), ({"coarse_layer": 2.5}, "coarse_layer"),
+    ({"coarse_weight": -0.1}, "coarse_weight"), ({"coarse_weight": 1.5}, "coarse_weight"),
+])
+def test_bad_options_name_the_field(options, field):
+    with pytest.raises(ValueError, match=rf"^{field}: "):
+        make_strategy("cascade", options)
+
+
+@pytest.mark.parametrize("coarse", [N_LAYERS, N_LAYERS + 3])
+def test_a_coarse_layer_at_or_above_l_r_is_refused(coarse):
+    with pytest.raises(ValueError, match=r"^coarse_layer: must be below l_R = 4"):
+        select_context(model(), random_ids(LENGTH, seed=1), random_ids(N_QUERY, seed=2), 10,
+                       cascade(coarse_layer=coarse), CONFIGS[0])
+
+
+def test_select_without_the_context_ids_says_so():
+    strategy = cascade(coarse_layer=2)
+    context = random_ids(LENGTH, seed=1)
+    state = encode_context(model(), context, CONFIGS[0], score_layers(strategy, N_LAYERS))
+    with pytest.raises(ValueError, match=r"^context_ids: "):
+        select(model(), state, random_ids(N_QUERY, seed=2), 10, strategy)
+
+
+def test_profile_defaults_fill_only_what_the_request_left_unset():
+    defaults = {"coarse_layer": 2, "candidates": 3.0}
+    assert cascade().with_defaults(defaults) == cascade(coarse_layer=2, candidates=3.0)
+    assert cascade(candidates=6).with_defaults(defaults) == cascade(coarse_layer=2, candidates=6)
+    assert plain_ilre().with_defaults(defaults) == plain_ilre()
