@@ -55,6 +55,7 @@ test-fast: setup engine   ## skip the tests marked slow
 	$(PY) -m pytest -q -m "not slow"
 
 bench: setup engine ## latency and peak memory; per dtype up to 1M tokens vs the roofline; documents asked again; service load; the sidecar
+	$(PY) bench/default_bench.py
 	$(PY) bench/compress_bench.py
 	$(PY) bench/speed_bench.py
 	$(PY) bench/attention_kernels.py

@@ -3,7 +3,7 @@
 Each measurement runs in its own process so peak RSS belongs to that measurement alone. ilre runs
 with the default --device/--dtype auto; the dense baseline is the full transformers model (all
 layers, SDPA attention, float32) prefilling the same context. Per-dtype numbers: speed_bench.py.
-Usage: bench/compress_bench.py [--lengths 8192,32768,131072] [--dense 8192] [--strategy ilre]
+Usage: bench/compress_bench.py [--lengths 8192,32768,131072] [--dense 8192] [--strategy cascade]
 """
 
 from __future__ import annotations
@@ -97,7 +97,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="8192,32768,131072")
     parser.add_argument("--dense", default="8192", help="lengths for the dense full-model baseline ('' = none)")
-    parser.add_argument("--strategy", default="ilre")
+    parser.add_argument("--strategy", default="cascade")
     parser.add_argument("--layer", type=int, default=None)
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -1,6 +1,6 @@
 """Where a compression's time goes: the torch profiler's operators grouped into stages.
 
-Runs one compression of a generated passkey document on the embedded model (after a warm-up) under
+Runs one compression (plain ILRe at l_R) of a generated passkey document on the embedded model (after a warm-up) under
 torch.profiler and prints self CPU time per stage: projections (q/k/v/o and the MLP matmuls),
 chunk attention, RoPE and norms and activations, cache copies, scoring, allocation.
 Usage: bench/prefill_profile.py [--tokens 32768] [--dtype bfloat16] [--device cpu]
@@ -44,8 +44,9 @@ def main() -> None:
 
     engine = Engine(EngineConfig(device=args.device, dtype=args.dtype))
     sample = make_passkey_sample(engine.tokenizer, args.tokens, 0.5, seed=7)
-    request = CompressRequest(context_ids=sample.context_ids, query_ids=sample.query_ids, budget=1024)
-    engine.compress(CompressRequest(context_ids=sample.context_ids[:4096], query_ids=sample.query_ids, budget=1024))
+    request = CompressRequest(context_ids=sample.context_ids, query_ids=sample.query_ids, budget=1024, strategy="ilre")
+    engine.compress(CompressRequest(context_ids=sample.context_ids[:4096], query_ids=sample.query_ids, budget=1024,
+                                    strategy="ilre"))
     start = time.perf_counter()
     with profile(activities=[ProfilerActivity.CPU]) as prof:
         result = engine.compress(request)

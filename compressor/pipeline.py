@@ -64,6 +64,8 @@ def select_context(
     length = context_ids.numel()
     if length <= budget:
         return Selection(torch.arange(length), passthrough=True)
+    if model is not None:
+        score_layers(strategy, model.n_layers)  # the options against l_R, before they are resolved for the length
     strategy = strategy.for_context(length, budget)
     if not strategy.needs_attention:
         return _choose(None, None, length, budget, strategy, config.sink, {})

@@ -13,12 +13,13 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from statistics import mean
 
-from .headline import best_ours, comparison, gap, headline, retention_by_sample, variant_section
+from .headline import DEFAULT, best_ours, comparison, gap, headline, retention_by_sample, variant_section, why
 from .intervals import wilson
+from .other_corpus import section as other_corpus_section
 from .ruler import TASKS, length_label
 from .run_eval import ATTENTION, STRATEGIES, TARGET_TASKS, load_records, run_timing
 
-LABELS = {"full": "full context", "cascade": "ILRe cascade (the default)", "ilre": "ILRe (DCA auto)", "ilre_nodca": "ILRe (no DCA)",
+LABELS = {"full": "full context", "cascade": "ILRe cascade", "ilre": "ILRe (DCA auto)", "ilre_nodca": "ILRe (no DCA)",
           "ilre_fast_too": "ILRe + layer 8", "ilre_fast_half": "ILRe + layer 8 at half weight",
           "snapkv": "SnapKV",
           "lagkv": "LagKV", "reattention": "ReAttention", "locret": "Locret", "actqkv": "ActQKV",
@@ -81,14 +82,21 @@ def target_checks(records: list[dict]) -> list[str]:
         value = 100 * mean(ilre[n])
         lines.append(f"- ILRe retention on single 1-3 + multikey 1 at {length_label(n)}: {value:.1f}% "
                      f"(target >= 95%): {'met' if value >= 95 else 'NOT met'}")
-    needles = [r for r in records if r["strategy"] == "ilre" and r["task"].startswith("niah")
-               and r["task"] not in NO_SHARED_WORDS]  # RULER's needle tasks; the paraphrase is reported as its own group
-    for n in sorted({r["length"] for r in needles if r["length"] <= 32768}):
-        at = [r for r in needles if r["length"] == n]
-        by_task = {t: 100 * mean(r["retention"] for r in at if r["task"] == t) for t in sorted({r["task"] for r in at})}
-        low = ", ".join(f"{t} {v:.0f}%" for t, v in by_task.items() if v < 90)
-        lines.append(f"- ILRe retention on every RULER needle task at {length_label(n)} (target >= 90% each; {len(by_task)} tasks, "
-                     f"{len(at)} samples): " + (f"NOT met: {low}" if low else "met"))
+    for name in ("ilre", DEFAULT):
+        needles = [r for r in records if r["strategy"] == name and r["task"].startswith("niah")
+                   and r["task"] not in NO_SHARED_WORDS]  # RULER's needle tasks; the paraphrase is reported as its own group
+        for n in sorted({r["length"] for r in needles if r["length"] <= 32768}):
+            at = [r for r in needles if r["length"] == n]
+            by_task = {t: 100 * mean(r["retention"] for r in at if r["task"] == t) for t in sorted({r["task"] for r in at})}
+            low = ", ".join(f"{t} {v:.0f}%" for t, v in by_task.items() if v < 90)
+            lines.append(f"- {LABELS[name]} retention on every RULER needle task at {length_label(n)} (target >= 90% each; "
+                         f"{len(by_task)} tasks, {len(at)} samples): " + (f"NOT met: {low}" if low else "met"))
+    for n in sorted({r["length"] for r in records if r["strategy"] == DEFAULT}):
+        c = comparison(retention_by_sample(records, n), DEFAULT, "ilre")
+        if c is not None:
+            lines.append(f"- The default ({LABELS[DEFAULT]}) ties or leads ILRe at l_R at {length_label(n)}: {gap(c, ' points')} over "
+                         f"{c['n']} paired samples of {c['tasks']} tasks ({why(c)}): "
+                         f"{'NOT met' if c['verdict'] == 'trails' else 'met (' + c['verdict'] + ')'}")
     for n in (16384, 32768):
         samples = retention_by_sample(records, n)
         ours = best_ours(samples)
@@ -245,6 +253,7 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
         lines += ["## Targets", ""] + checks + [""]
     lines += headline(records, LABELS, STRATEGIES)
     lines += variant_section(records, LABELS, {"no shared words": NO_SHARED_WORDS})
+    lines += other_corpus_section(results_dir / "other_corpus.jsonl")
     hand = results_dir / "notes.md"
     if hand.is_file():
         lines += [hand.read_text().strip(), ""]

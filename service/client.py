@@ -205,4 +205,5 @@ class AsyncClient:
 
 def _model_info(reply: "pb.ModelInfo") -> ModelInfo:
     values = {name: getattr(reply, name) for name in ModelInfo.__dataclass_fields__}
-    return ModelInfo(**{**values, "strategies": list(reply.strategies)})
+    return ModelInfo(**{**values, "strategies": list(reply.strategies), "layer_choices": dict(reply.layer_choices),
+                        "default_strategy_options": dict(reply.default_strategy_options)})

@@ -247,8 +247,13 @@ class Engine:
     def _prepare(self, request: CompressRequest) -> "_Job":
         """Check and tokenize a request; InputError naming the field when it cannot run."""
         start = time.perf_counter()
-        strategy = self.with_profile(request.build_strategy())
-        layer = self.strategy_layer(strategy, request.layer)
+        requested = request.build_strategy()
+        layer = self.strategy_layer(requested, request.layer)
+        strategy = self.with_profile(requested)
+        try:
+            score_layers(strategy, layer)
+        except ValueError:  # the profile's options do not fit this layer (a coarse layer at or above it): without them
+            strategy = requested
         try:
             score_layers(strategy, layer)
         except ValueError as exc:

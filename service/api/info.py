@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ...compressor.strategies import STRATEGIES
+from ...compressor.strategies import DEFAULT_STRATEGY, STRATEGIES
 from .engine import Engine
 
 
@@ -31,6 +31,8 @@ class ModelInfo:
     queue: str = "local"
     max_message_bytes: int = 0
     layer_choices: dict[str, int] = field(default_factory=dict)
+    default_strategy: str = DEFAULT_STRATEGY
+    default_strategy_options: dict[str, float] = field(default_factory=dict)
 
     @classmethod
     def from_engine(cls, engine: Engine) -> "ModelInfo":
@@ -42,7 +44,8 @@ class ModelInfo:
             default_budget=cfg.default_budget, max_context_tokens=cfg.max_context_tokens,
             max_query_tokens=cfg.max_query_tokens, sink=cfg.prefill.sink, window=cfg.prefill.window or 0,
             chunk=cfg.prefill.chunk, device=str(engine.placement.device), dtype=engine.placement.dtype_name,
-            layer_choices=engine.profile.choices,
+            layer_choices=engine.profile.choices, default_strategy=DEFAULT_STRATEGY,
+            default_strategy_options=engine.profile.strategy_options(DEFAULT_STRATEGY),
         )
 
     @classmethod

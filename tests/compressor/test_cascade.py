@@ -184,3 +184,9 @@ def test_profile_defaults_fill_only_what_the_request_left_unset():
     assert cascade().with_defaults(defaults) == cascade(coarse_layer=2, candidates=3.0)
     assert cascade(candidates=6).with_defaults(defaults) == cascade(coarse_layer=2, candidates=6)
     assert plain_ilre().with_defaults(defaults) == plain_ilre()
+
+
+def test_a_coarse_layer_at_or_above_l_r_is_refused_on_a_short_context_too():
+    with pytest.raises(ValueError, match=r"^coarse_layer: must be below l_R = 4"):
+        select_context(model(), random_ids(LENGTH, seed=1), random_ids(N_QUERY, seed=2), 40,
+                       cascade(coarse_layer=N_LAYERS), CONFIGS[0])  # 160 candidates: the whole context

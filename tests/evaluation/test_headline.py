@@ -54,10 +54,10 @@ def test_headline_states_each_length():
     assert "- **16K**: ILRe (DCA auto) leads RAG (BM25) (+100.0 points [+100.0, +100.0], 10 paired samples of 1 task" in text
     assert "- **32K**: ILRe (DCA auto) ties RAG (BM25) (+0.0 points [+0.0, +0.0], 4 paired samples of 1 task; no task differs)" in text
     assert "(the default)" not in text  # ILRe is the best: one statement per length
-    better = _records("ilre_fast_too", [1.0] * 10) + _records("ilre", [1.0] * 5 + [0.0] * 5) + _records("rag", [0.0] * 10)
+    better = _records("ilre_fast_too", [1.0] * 10) + _records("cascade", [1.0] * 5 + [0.0] * 5) + _records("rag", [0.0] * 10)
     lines = headline(better, LABELS, STRATEGIES)
     assert "- **16K**: ILRe + layer 8 leads RAG (BM25) (+100.0 points [+100.0, +100.0]" in "\n".join(lines)
-    assert any(line.startswith("- **16K**: ILRe (DCA auto) (the default) leads RAG (BM25) (+50.0 points [") for line in lines)
+    assert any(line.startswith("- **16K**: ILRe cascade (the default) leads RAG (BM25) (+50.0 points [") for line in lines)
 
 
 def test_a_target_is_met_as_a_lead_only_when_the_interval_excludes_zero():

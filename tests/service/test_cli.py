@@ -35,7 +35,7 @@ def test_compress_json_has_contract_fields_and_consistent_ids(tmp_path: Path):
     assert result["kept_indices"][:4] == [0, 1, 2, 3]  # the sink
     assert len(result["token_ids"]) > result["compressed_tokens"]  # query ids appended
     assert result["ratio"] == pytest.approx(200 / result["original_tokens"], abs=1e-5)
-    assert result["strategy"] == "ilre" and result["model"] == "SmolLM2-135M-Instruct"
+    assert result["strategy"] == "cascade" and result["model"] == "SmolLM2-135M-Instruct"  # the default
     assert {"prefill", "score", "allocate", "total"} <= set(result["timings_ms"])
     assert "4471" in result["compressed_context"]
 

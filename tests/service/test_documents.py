@@ -139,7 +139,7 @@ def fresh(engine) -> DocumentCache:
     return engine.documents
 
 
-@pytest.mark.parametrize("strategy", ["ilre", "snapkv", "streaming_llm"])
+@pytest.mark.parametrize("strategy", ["cascade", "ilre", "snapkv", "streaming_llm"])
 def test_cached_results_equal_uncached(engine, strategy):
     request = CompressRequest(context=long_text(), query=QUESTIONS[1], budget=200, strategy=strategy, dca="on")
     kept = engine.documents
@@ -160,13 +160,13 @@ def test_cached_results_equal_uncached(engine, strategy):
 
 def test_a_lower_layers_keys_are_cached_under_their_own_key(engine):
     two = {"also_layers": [engine.layer - 1]}
-    request = CompressRequest(context=long_text(), query=QUESTIONS[1], budget=200, strategy_options=two)
+    request = CompressRequest(context=long_text(), query=QUESTIONS[1], budget=200, strategy="ilre", strategy_options=two)
     kept = engine.documents
     try:
         engine.documents = DocumentCache(0)
         baseline = comparable(engine.compress(request))
         cache = fresh(engine)
-        plain = comparable(engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], budget=200)))
+        plain = comparable(engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], budget=200, strategy="ilre")))
         first, second = comparable(engine.compress(request)), comparable(engine.compress(request))
     finally:
         engine.documents = kept
@@ -174,7 +174,8 @@ def test_a_lower_layers_keys_are_cached_under_their_own_key(engine):
     assert cache.stats.misses["state", "local"] == 2 and cache.stats.hits["state", "local"] == 1
     assert plain["kept_indices"] != first["kept_indices"]  # the lower layer's attention changed the choice
     with pytest.raises(InputError, match=f"also_layers: every layer must be below l_R = {engine.layer}"):
-        engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], strategy_options={"also_layers": [engine.layer]}))
+        engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], strategy="ilre",
+                                        strategy_options={"also_layers": [engine.layer]}))
 
 
 def test_several_queries_in_one_request_equal_separate_requests(engine, uncached):

@@ -117,7 +117,7 @@ def test_json_mirror_equals_grpc(client, http):
     assert reply.status_code == 200, reply.text
     data = reply.json()
     assert CONTRACT <= set(data) and data["id"] == "m1"
-    assert comparable(data) == comparable(client.compress(body["context"], QUERY, budget=50, id="m1"))
+    assert comparable(data) == comparable(client.compress(body["context"], QUERY, budget=50, id="m1", strategy="ilre"))
 
 
 def test_json_mirror_keeps_integer_ids_and_applies_ratio(http):

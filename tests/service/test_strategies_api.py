@@ -82,7 +82,10 @@ def test_a_request_names_a_layer_of_the_profile(local_service, engine):
     with grpc_client(local_service) as client:
         result = client.compress(context(3, repeats=6), QUERY, budget=64, layer="default")
         assert result.layer == engine.layer and result.kept_indices == named["kept_indices"]
-        assert dict(client.model_info().layer_choices) == choices
+        info = client.model_info()
+        assert info.layer_choices == choices and info.default_strategy == "cascade"
+        assert info.default_strategy_options == engine.profile.strategy_options("cascade") == {
+            "coarse_layer": 8, "candidates": 4.0, "coarse_weight": 0.5}
 
 
 def test_a_retaining_head_strategy_without_a_layer_runs_where_its_head_is():
@@ -98,3 +101,33 @@ def test_a_retaining_head_strategy_without_a_layer_runs_where_its_head_is():
     assert engine.strategy_layer(make_strategy("ilre"), None) == 12
     result = engine.compress(CompressRequest(context=context(9, repeats=8), budget=120, strategy="locret"))
     assert result.layer == nearest and result.compressed_tokens == 120
+
+
+@pytest.mark.parametrize("layer", [6, "fast"])
+def test_the_default_at_a_layer_not_above_its_coarse_layer_is_plain_ilre_there(engine, layer):
+    """The profile's coarse layer (8) cannot pick candidates for l_R <= 8: the default runs as plain ILRe."""
+    fields = {"context": context(3, repeats=12), "query": QUERY, "budget": 40, "layer": layer}
+    default = engine.compress(CompressRequest(**fields))
+    plain = engine.compress(CompressRequest(**fields, strategy="ilre"))
+    assert default.strategy == "cascade" and default.layer == plain.layer <= 8
+    assert default.original_tokens > 4 * 40 and default.kept_indices == plain.kept_indices
+    with pytest.raises(Exception, match="coarse_layer: must be below l_R"):  # unless the request asks for it
+        engine.compress(CompressRequest(**fields, strategy_options={"coarse_layer": 8}))
+
+
+def test_the_default_is_the_profiles_cascade(engine):
+    import torch
+
+    from ilre.compressor.pipeline import select_context
+    from ilre.compressor.prefill import PrefillConfig
+    from ilre.compressor.strategies import make_strategy
+
+    fields = {"context": context(3, repeats=40), "query": QUERY, "budget": 64}
+    default = engine.compress(CompressRequest(**fields))
+    assert default.strategy == "cascade" and default.layer == engine.layer and default.original_tokens > 4 * 64
+    ids = torch.tensor(engine.tokenizer(fields["context"], add_special_tokens=False).input_ids)
+    query = torch.tensor(engine.tokenizer(QUERY, add_special_tokens=False).input_ids)
+    cascade = make_strategy("cascade", {"coarse_layer": 8, "candidates": 4.0, "coarse_weight": 0.5})
+    with torch.inference_mode():
+        direct = select_context(engine.model_at(engine.layer), ids, query, 64, cascade, PrefillConfig(dca=default.dca))
+    assert default.kept_indices == direct.kept.tolist()

@@ -1,0 +1,142 @@
+"""`make bench`: the default strategy (the cascade) beside plain ILRe at its coarse layer and at l_R.
+
+One Shakespeare haystack with a passkey at 50% depth per length, budget 1024, `--dtype auto`; every
+measurement in its own process, after a warm-up request that loads the layers it needs. Memory is
+the peak RSS beyond the loaded, warmed-up engine (VmHWM reset through /proc/self/clear_refs), so it
+is what the request itself holds: the IDs, the key cache, the working set. Then the default alone
+from 8K to 1M tokens: is its time linear in the length (R^2 of a least-squares line)?
+Usage: bench/default_bench.py [--lengths 32768,131072] [--linear 8192,...,1048576] [--output results/bench/default.jsonl]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+KINDS = (("cascade", None), ("ilre", "fast"), ("ilre", "default"))  # (strategy, profile layer name)
+TARGET_COST, TARGET_128K_S, TARGET_MEMORY = 1.3, 45.0, 1.10
+
+
+def _status_mib(field: str) -> float:
+    with open("/proc/self/status") as status:
+        return int(next(l for l in status if l.startswith(field + ":")).split()[1]) / 1024.0
+
+
+def measure(strategy: str, layer: str | None, length: int) -> dict:
+    """One compression of the passkey haystack in this process: seconds, memory beyond the engine, needle."""
+    import torch
+
+    from ilre.evaluation.passkey import make_passkey_sample
+    from ilre.service.api.engine import Engine, EngineConfig
+    from ilre.service.api.messages import CompressRequest
+
+    engine = Engine(EngineConfig(doc_cache_mb=0))  # nothing kept between the warm-up and the measurement
+    sample = make_passkey_sample(engine.tokenizer, length, 0.5, seed=7)
+
+    def request(ids: list[int]) -> CompressRequest:
+        return CompressRequest(context_ids=ids, query_ids=sample.query_ids, budget=1024, strategy=strategy, layer=layer)
+
+    engine.compress(request(sample.context_ids[:8192]))  # loads the layers this strategy runs, first-call set-up
+    with open("/proc/self/clear_refs", "w") as refs:
+        refs.write("5")  # VmHWM := VmRSS
+    loaded = _status_mib("VmRSS")
+    start = time.perf_counter()
+    result = engine.compress(request(sample.context_ids))
+    seconds = time.perf_counter() - start
+    kept = set(result.kept_indices)
+    return {"strategy": strategy, "layer": result.layer, "options": repr(engine.with_profile(request([0]).build_strategy())),
+            "tokens": length, "seconds": round(seconds, 3), "tokens_per_s": round(length / seconds),
+            "beyond_engine_mib": round(_status_mib("VmHWM") - loaded, 1), "engine_mib": round(loaded),
+            "needle_kept": all(i in kept for i in range(*sample.needle)), "placement": engine.placement.describe(),
+            "threads": torch.get_num_threads()}
+
+
+def child(strategy: str, layer: str | None, length: int) -> dict:
+    cmd = [sys.executable, __file__, "--child", f"{strategy}:{layer or ''}:{length}"]
+    out = subprocess.run(cmd, capture_output=True, text=True)
+    if out.returncode != 0:
+        return {"strategy": strategy, "layer": layer, "tokens": length, "error": out.stderr.strip().splitlines()[-1:]}
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def label(row: dict) -> str:
+    return "default (cascade)" if row["strategy"] == "cascade" else f"plain ILRe at layer {row['layer']}"
+
+
+def r_squared(xs: list[float], ys: list[float]) -> float:
+    """R^2 of the least-squares line y = a + b x."""
+    n, mx, my = len(xs), sum(xs) / len(xs), sum(ys) / len(ys)
+    sxy = sum((x - mx) * (y - my) for x, y in zip(xs, ys))
+    sxx, syy = sum((x - mx) ** 2 for x in xs), sum((y - my) ** 2 for y in ys)
+    return sxy * sxy / (sxx * syy) if sxx and syy else 1.0
+
+
+def report(rows: list[dict], linear: list[dict]) -> list[str]:
+    ok = [r for r in rows if "error" not in r]
+    lines = [f"budget 1024, S=4 W=512 chunk=1024, {ok[0]['placement'] if ok else '?'}, {ok[0]['threads'] if ok else '?'} threads; "
+             "Shakespeare with a passkey at 50% depth; memory = peak RSS beyond the loaded engine",
+             f"| {'what':<26} | {'context':>8} | {'seconds':>8} | {'tokens/s':>8} | {'beyond engine MiB':>17} | {'x layer 8':>9} | {'needle':>6} |",
+             f"|{'-' * 28}|{'-' * 10}|{'-' * 10}|{'-' * 10}|{'-' * 19}|{'-' * 11}|{'-' * 8}|"]
+    base = {r["tokens"]: r for r in ok if r["strategy"] == "ilre" and r["layer"] == min(x["layer"] for x in ok)}
+    for r in rows:
+        if "error" in r:
+            lines.append(f"| {r['strategy']} {r['layer']} | {r['tokens']:>8} | error: {r['error']}")
+            continue
+        ratio = r["seconds"] / base[r["tokens"]]["seconds"] if r["tokens"] in base else float("nan")
+        lines.append(f"| {label(r):<26} | {r['tokens']:>8} | {r['seconds']:>8.2f} | {r['tokens_per_s']:>8} | "
+                     f"{r['beyond_engine_mib']:>17.0f} | {ratio:>8.2f}x | {'kept' if r['needle_kept'] else 'lost':>6} |")
+    default = {r["tokens"]: r for r in ok if r["strategy"] == "cascade"}
+    deep = {r["tokens"]: r for r in ok if r["strategy"] == "ilre" and r["layer"] == max(x["layer"] for x in ok)}
+    for n in sorted(default):
+        if n in base and n in deep:
+            cost = default[n]["seconds"] / base[n]["seconds"]
+            memory = default[n]["beyond_engine_mib"] / deep[n]["beyond_engine_mib"]
+            lines.append(f"{n} tokens: default {cost:.2f}x the time of layer {base[n]['layer']} (target <= {TARGET_COST}x: "
+                         f"{'met' if cost <= TARGET_COST else 'NOT met'}), {deep[n]['seconds'] / default[n]['seconds']:.2f}x "
+                         f"faster than layer {deep[n]['layer']}; memory beyond the engine {memory:.2f}x layer "
+                         f"{deep[n]['layer']}'s (target <= {TARGET_MEMORY}: {'met' if memory <= TARGET_MEMORY else 'NOT met'})")
+    if 131072 in default:
+        s = default[131072]["seconds"]
+        lines.append(f"131072 tokens in {s:.1f} s (target < {TARGET_128K_S:.0f} s, stretch < 30 s): "
+                     f"{'met' if s < TARGET_128K_S else 'NOT met'}{', stretch met' if s < 30 else ''}")
+    done = [r for r in linear if "error" not in r]
+    if len(done) >= 3:
+        r2 = r_squared([r["tokens"] for r in done], [r["seconds"] for r in done])
+        lines.append("default alone: " + ", ".join(f"{r['tokens']} {r['seconds']:.1f} s ({'kept' if r['needle_kept'] else 'lost'})"
+                                                   for r in done)
+                     + f"; seconds linear in length: R^2 = {r2:.5f} (target >= 0.99: {'met' if r2 >= 0.99 else 'NOT met'})")
+    return lines
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--lengths", default="32768,131072")
+    parser.add_argument("--linear", default="8192,32768,131072,524288,1048576", help="lengths of the default alone ('' = none)")
+    parser.add_argument("--output", default="results/bench/default.jsonl")
+    parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        strategy, layer, length = args.child.split(":")
+        print(json.dumps(measure(strategy, layer or None, int(length))))
+        return
+    rows, linear = [], []
+    for length in [int(x) for x in args.lengths.split(",") if x]:
+        for strategy, layer in KINDS:
+            rows.append(child(strategy, layer, length))
+            print(f"  measured {strategy} {layer or ''} at {length} tokens", file=sys.stderr, flush=True)
+    measured = {r["tokens"]: r for r in rows if r["strategy"] == "cascade" and "error" not in r}
+    for length in [int(x) for x in args.linear.split(",") if x]:
+        linear.append(measured.get(length) or child("cascade", None, length))
+        print(f"  measured the default at {length} tokens", file=sys.stderr, flush=True)
+    output = Path(args.output)
+    output.parent.mkdir(parents=True, exist_ok=True)
+    output.write_text("".join(json.dumps(r) + "\n" for r in rows + [r for r in linear if r not in rows]))
+    print("\n".join(report(rows, linear)))
+
+
+if __name__ == "__main__":
+    main()
