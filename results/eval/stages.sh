@@ -69,3 +69,5 @@ $ILRE --tasks vt,niah_paraphrase --lengths 8K --samples 10 --strategies ilre_fas
 #     half weight beside it) on stage 14's and 15's samples, paired against ILRe at l_R
 $ILRE --tasks $ALL --lengths 4K,16K,32K --samples 10 --strategies cascade --no-e2e
 $ILRE --tasks $T4 --lengths 64K,128K --samples 5 --strategies cascade --no-e2e
+#     and passkeys in Python's reference documentation (a corpus no other stage uses): the default, ILRe at 8 and 19
+.venv/bin/python -m ilre.evaluation.other_corpus --lengths 16K,32K --depths 8
