@@ -6,7 +6,12 @@
 2. 20 questions over one 32K document in one CompressQueries request, against one question.
 3. `ilre compress --context-file` of a ~1M-token document in its own process: peak RSS beyond the
    loaded engine (bench/rss_probe.py), and tokens/s against the 128K-token run of the same command.
+4. What a cached document costs, per length, for the default and for plain ILRe at l_R: the bytes
+   the in-process cache counts, the bytes the shared tier stores (the serialised state and IDs),
+   beside the live K/V a later query reads (per layer below the state's top layer min(L, S + W)
+   K and V entries, the top layer's keys of all L tokens).
 Usage: bench/document_bench.py [--lengths 32768,131072] [--questions 20] [--ingest 131072,1040000]
+                               [--cached 300,3000,30000,300000]
 """
 
 from __future__ import annotations
@@ -133,18 +138,54 @@ def ingest_rows(lengths: list[int]) -> list[str]:
     return lines
 
 
+def cached_rows(lengths: list[int]) -> list[str]:
+    import torch
+    from safetensors.torch import save
+
+    from ilre.service.api.documents import DocumentCache
+    from ilre.service.api.engine import Engine
+    from ilre.service.api.messages import CompressRequest
+
+    engine = Engine()
+    mib = 2 ** 20
+    lines = [f"What a cached document costs ({engine.placement.describe()}, budget 64; MiB)",
+             "| context tokens | strategy | state | in process | shared tier | live K/V | in process / live |",
+             "|---|---|---|---|---|---|---|"]
+    for n in lengths:
+        for strategy in ("cascade", "ilre"):
+            cache = engine.documents = DocumentCache(1 << 40)
+            result = engine.compress(CompressRequest(context=document(n), query=QUERY, budget=64, strategy=strategy))
+            entry = cache._docs[result.document_id]
+            (key, state), = entry.states.items()
+            shared = len(save(state.to_tensors())) + len(save({"ids": entry.ids.to(torch.int32)}))
+            spec, config, size = engine.spec, state.config, next(iter(state.keys.values())).element_size()
+            per_token = spec.num_kv_heads * spec.head_dim * size
+            live = ((max(state.keys) - 1) * min(state.length, config.sink + config.window) * 2 * per_token
+                    + len(state.keys) * state.length * per_token)
+            lines.append(f"| {state.length} | {strategy} | {key.split('-')[0]}{''.join('-' + p for p in key.split('-')[6:])} | "
+                         f"{cache.stats.bytes / mib:.2f} | {shared / mib:.2f} | {live / mib:.2f} | "
+                         f"{cache.stats.bytes / live:.2f}x |")
+            print(lines[-1], file=sys.stderr, flush=True)
+    engine.documents = DocumentCache(0)
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="32768,131072", help="document lengths asked twice through the service")
     parser.add_argument("--questions", type=int, default=20)
     parser.add_argument("--ingest", default="131072,1040000", help="document lengths for the ingest run ('' = none)")
+    parser.add_argument("--cached", default="300,3000,30000,300000", help="document lengths for the cached bytes ('' = none)")
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",") if x]
     ingest_lengths = [int(x) for x in args.ingest.split(",") if x]
     if ingest_lengths:  # first, while this process holds no model and no threads
         print("\n".join(ingest_rows(ingest_lengths)) + "\n", flush=True)
     if lengths:
-        print("\n".join(service_rows(lengths, args.questions)), flush=True)
+        print("\n".join(service_rows(lengths, args.questions)) + "\n", flush=True)
+    cached = [int(x) for x in args.cached.split(",") if x]
+    if cached:
+        print("\n".join(cached_rows(cached)), flush=True)
 
 
 if __name__ == "__main__":

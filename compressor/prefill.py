@@ -88,6 +88,7 @@ class WindowCache:
     the oldest entries in place and nothing is re-concatenated. The chunk (or the query) is
     written behind the ring, so attention reads one contiguous view. With W = None the ring holds
     the whole context. `sink_raw` keeps the sink keys at their own positions (DCA moves a copy).
+    Once the context is encoded, `freeze` keeps only the live entries: (kv_heads, n_sink + n_window, d).
     """
 
     def __init__(self, config: PrefillConfig, length: int, slot: int, model: TruncatedLM):
@@ -99,6 +100,42 @@ class WindowCache:
         self.sink_raw: torch.Tensor | None = None
         self.n_sink = self.n_window = self.ring_at = 0
         self.sink_shift: int | None = None
+        self.frozen = False
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the K/V buffers and the sink's unmoved keys."""
+        tensors = [self.k, self.v] + ([self.sink_raw] if self.sink_raw is not None else [])
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def freeze(self) -> None:
+        """The context is done: keep only what a query reads, [sink | window] without the chunk slot
+        or a short context's holes, (kv_heads, n_sink + n_window, d). A frozen cache takes no more
+        context chunks; a query attends through a copy (the prefix plus its own K/V)."""
+        if self.frozen:
+            return
+        ring = slice(self.sink, self.sink + self.n_window)
+        self.k = torch.cat((self.k[:, : self.n_sink], self.k[:, ring]), dim=1)
+        self.v = torch.cat((self.v[:, : self.n_sink], self.v[:, ring]), dim=1)
+        self.frozen = True
+
+    @classmethod
+    def restored(cls, config: PrefillConfig, model: TruncatedLM, k: torch.Tensor, v: torch.Tensor,
+                 sink_raw: torch.Tensor, counters: list[int]) -> "WindowCache":
+        """A frozen cache from stored tensors: k/v (kv_heads, n_sink + n_window, d) as `freeze` left them
+        (or, as stored before, (kv_heads, S + W, d) with holes), counters (n_sink, n_window, ring_at, sink_shift)."""
+        cache = cls.__new__(cls)
+        cache.sink, cache.window = config.sink, max(1, config.window or 1)
+        cache.n_sink, cache.n_window, cache.ring_at, shift = counters
+        cache.sink_shift = None if shift < 0 else shift
+        if k.shape[1] != cache.n_sink + cache.n_window:  # the older layout: [sink | ring] with holes
+            ring = slice(cache.sink, cache.sink + cache.n_window)
+            k = torch.cat((k[:, : cache.n_sink], k[:, ring]), dim=1)
+            v = torch.cat((v[:, : cache.n_sink], v[:, ring]), dim=1)
+        place = {"device": model.device, "dtype": model.dtype}
+        cache.k, cache.v, cache.sink_raw = k.to(**place), v.to(**place), sink_raw.to(**place)
+        cache.frozen = True
+        return cache
 
     def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink_shift: int,
                inv_freq: torch.Tensor) -> torch.Tensor:
@@ -109,6 +146,9 @@ class WindowCache:
         if sink_shift != self.sink_shift:
             self.k[:, : self.n_sink] = rerotate(self.sink_raw, inv_freq, sink_shift)
             self.sink_shift = sink_shift
+        if self.frozen:  # live entries only, no slot: the chunk goes behind a copy of them
+            prefix = self.k.shape[1]
+            return chunk_attention(q, torch.cat((self.k, k), dim=1), torch.cat((self.v, v), dim=1), prefix)
         prefix, n = self.sink + self.window, k.shape[1]
         if prefix + n > self.k.shape[1]:  # a query longer than the slot: widen it, keeping the prefix
             self.k = torch.cat((self.k[:, :prefix], torch.zeros_like(self.k[:, :1]).expand(-1, n, -1)), dim=1)
@@ -125,6 +165,8 @@ class WindowCache:
     def append(self, k: torch.Tensor, v: torch.Tensor, first: bool) -> None:
         """Keep a context chunk's K/V (KV, C, d): the first S context tokens become the sink, later
         tokens enter the ring, which keeps the last W."""
+        if self.frozen:
+            raise RuntimeError("a frozen window cache takes no more context chunks")
         if first:
             self.sink_raw = k[:, : self.sink].clone()
             self.n_sink = self.sink_raw.shape[1]
@@ -167,22 +209,22 @@ class ContextState:
     @property
     def nbytes(self) -> int:
         """Memory held: the key caches, the extra parts, the window buffers and the memoised scores."""
-        tensors = (list(self.keys.values()) + list(self.parts.values()) + [t for c in self.caches for t in (c.k, c.v)]
-                   + list(self.scores.values()))
-        return sum(t.numel() * t.element_size() for t in tensors)
+        tensors = list(self.keys.values()) + list(self.parts.values()) + list(self.scores.values())
+        return sum(t.numel() * t.element_size() for t in tensors) + sum(c.nbytes for c in self.caches)
 
     def to_tensors(self) -> dict[str, torch.Tensor]:
         """What a later query reads, as named contiguous tensors (a document store saves them):
         "meta" (length, n_chunks); "keys.{l}" (kv_heads, L, d); "part.{name}"; per cache i below l_R
-        "cache.{i}.k|v" (kv_heads, S + W, d), "cache.{i}.sink_raw" and "cache.{i}.counters"
-        (n_sink, n_window, ring_at, sink_shift). Memoised scores are left out (cheap to redo)."""
+        "cache.{i}.k|v" (kv_heads, n_sink + n_window, d): the live entries, "cache.{i}.sink_raw" and
+        "cache.{i}.counters" (n_sink, n_window, ring_at, sink_shift). Memoised scores are left out
+        (cheap to redo)."""
         out = {"meta": torch.tensor([self.length, self.n_chunks], dtype=torch.int64)}
         out.update({f"keys.{layer}": k.contiguous() for layer, k in self.keys.items()})
         out.update({f"part.{name}": t.contiguous() for name, t in self.parts.items()})
         for i, cache in enumerate(self.caches):
-            prefix = cache.sink + cache.window
-            out[f"cache.{i}.k"] = cache.k[:, :prefix].contiguous()
-            out[f"cache.{i}.v"] = cache.v[:, :prefix].contiguous()
+            cache.freeze()
+            out[f"cache.{i}.k"] = cache.k.contiguous()
+            out[f"cache.{i}.v"] = cache.v.contiguous()
             out[f"cache.{i}.sink_raw"] = cache.sink_raw.contiguous()
             shift = -1 if cache.sink_shift is None else cache.sink_shift
             out[f"cache.{i}.counters"] = torch.tensor([cache.n_sink, cache.n_window, cache.ring_at, shift])
@@ -199,14 +241,10 @@ class ContextState:
                  for name, t in ((n.split(".", 1)[1], t) for n, t in tensors.items() if n.startswith("part."))}
         caches = []
         while f"cache.{len(caches)}.k" in tensors:
-            i, cache = len(caches), WindowCache(config, length, config.chunk, model)
-            prefix = cache.sink + cache.window
-            cache.k[:, :prefix] = tensors[f"cache.{i}.k"].to(**place)
-            cache.v[:, :prefix] = tensors[f"cache.{i}.v"].to(**place)
-            cache.sink_raw = tensors[f"cache.{i}.sink_raw"].to(**place)
-            cache.n_sink, cache.n_window, cache.ring_at, shift = (int(x) for x in tensors[f"cache.{i}.counters"].tolist())
-            cache.sink_shift = None if shift < 0 else shift
-            caches.append(cache)
+            i = len(caches)
+            caches.append(WindowCache.restored(config, model, tensors[f"cache.{i}.k"], tensors[f"cache.{i}.v"],
+                                               tensors[f"cache.{i}.sink_raw"],
+                                               [int(x) for x in tensors[f"cache.{i}.counters"].tolist()]))
         return cls(length, n_chunks, config, keys, caches, parts)
 
 
@@ -248,6 +286,8 @@ def encode_context(
     for index, (start, end) in enumerate(bounds):
         key_shift = base - start if config.dca and index < len(bounds) - 2 else 0
         _through_layers(model, state, context_ids[start:end], start, index, key_shift, None)
+    for window_cache in caches:
+        window_cache.freeze()  # what a query reads and nothing more: a cached document holds only this
     return state
 
 

@@ -2,9 +2,14 @@
 
 A document is named by `document_id(model, ids)`; a request may later send that id instead of the
 context. Two tiers, both optional to a request and invisible in its result:
-  in process  an LRU over documents bounded in bytes (`--doc-cache-mb`): each document's IDs and
-              its ContextStates, one per prefill setting (layer, S/W/chunk, DCA; the dtype and
-              device are the process's own), held where the model runs
+  in process  documents bounded in bytes (`--doc-cache-mb`): each document's IDs and its
+              ContextStates, one per prefill setting (layer, S/W/chunk, DCA; the dtype and device
+              are the process's own), held where the model runs. Each state holds only what a later
+              query reads (ContextState.freeze), and the byte count is what the tensors hold.
+              Eviction keeps documents that are asked again: first the states of documents named
+              once (least recently used first), then those documents, then the states of documents
+              named again, then those, so a burst of one-off documents cannot push out a small
+              document that is asked every few seconds
   shared      a `SharedDocuments` store (queue/shared_documents.py: Redis with a TTL and a byte
               cap) that every worker reads, so a second query reaches any worker; states travel
               as named tensors (ContextState.to_tensors)
@@ -75,6 +80,7 @@ class CacheStats:
 class _Document:
     ids: torch.Tensor
     states: dict[str, ContextState] = field(default_factory=dict)
+    uses: int = 1  # requests that named it (its context again, or its id)
 
     @property
     def nbytes(self) -> int:
@@ -97,6 +103,7 @@ class DocumentCache:
             entry = self._docs.get(doc)
             if entry is not None:
                 self._docs.move_to_end(doc)
+                entry.uses += 1
                 self.stats.hits["ids", "local"] += 1
                 return entry.ids
         self.stats.misses["ids", "local"] += 1
@@ -105,7 +112,7 @@ class DocumentCache:
         ids = self.shared.get_ids(doc)
         (self.stats.hits if ids is not None else self.stats.misses)["ids", "shared"] += 1
         if ids is not None:
-            self._insert(doc, _Document(ids))
+            self._insert(doc, _Document(ids, uses=2))  # named again: another worker saw it first
         return ids
 
     def remember(self, doc: str, ids: torch.Tensor) -> None:
@@ -113,6 +120,7 @@ class DocumentCache:
         with self._lock:
             if doc in self._docs:
                 self._docs.move_to_end(doc)
+                self._docs[doc].uses += 1
                 return
         self._insert(doc, _Document(ids))
         if self.shared is not None:
@@ -164,16 +172,26 @@ class DocumentCache:
             self._fit(keep=doc)
 
     def _fit(self, keep: str) -> None:
-        """Evict least recently used documents until the cap holds; `keep` (the one just used)
-        goes last: first its states, then, if its IDs alone do not fit, the document itself."""
+        """Evict until the cap holds, least recently used first within each step: the states of
+        documents named once, those documents, the states of documents named again, those documents.
+        `keep` (the one just used) goes last: first its states, then, if its IDs alone do not fit,
+        the document itself."""
         total = sum(d.nbytes for d in self._docs.values())
-        for doc in list(self._docs):
-            if total <= self.max_bytes:
-                break
-            if doc == keep:
-                continue
-            total -= self._docs.pop(doc).nbytes
-            self.stats.evictions += 1
+        for repeated, whole in ((False, False), (False, True), (True, False), (True, True)):
+            for doc in list(self._docs):
+                if total <= self.max_bytes:
+                    break
+                entry = self._docs[doc]
+                if doc == keep or (entry.uses > 1) != repeated or not (whole or entry.states):
+                    continue
+                total -= entry.nbytes
+                if whole:
+                    self._docs.pop(doc)
+                    self.stats.evictions += 1
+                else:
+                    self.stats.evictions += len(entry.states)
+                    entry.states.clear()
+                    total += entry.nbytes
         entry = self._docs.get(keep)
         if total > self.max_bytes and entry is not None:
             self.stats.evictions += len(entry.states)

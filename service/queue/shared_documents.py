@@ -6,9 +6,10 @@ Keys (prefix "ilre" by default, beside the queue's):
   {p}:docs                  sorted set: every entry above, scored by its last use (unix s)
   {p}:docs:bytes            hash: entry -> its size in bytes
 Every entry expires `ttl` seconds after its last use (SET EX, refreshed by reads). A write first
-drops the expired entries from the index, then evicts the least recently used entries until the
-new one fits under `max_bytes` (one Lua script, so concurrent workers keep the sum right); an entry
-larger than the cap is not stored. The cap is this store's own: Redis's maxmemory policy must not
+drops the expired entries from the index, then evicts until the new one fits under `max_bytes`: the
+least recently used states first, IDs only when no state is left to evict (a lost state is computed
+again, lost IDs make the document_id unknown), in one Lua script, so concurrent workers keep the sum
+right; an entry larger than the cap is not stored. The cap is this store's own: Redis's maxmemory policy must not
 be left to evict, it would take the request stream with it.
 Failures never fail a request: they are logged and the entry counts as missing.
 """
@@ -42,12 +43,16 @@ if size > cap then return {0, 0} end
 local total = 0
 for _, v in ipairs(redis.call('HVALS', sizes)) do total = total + tonumber(v) end
 local evicted = 0
-while total + size > cap do
-  local oldest = redis.call('ZRANGE', index, 0, 0)
-  if #oldest == 0 then break end
-  total = total - tonumber(redis.call('HGET', sizes, oldest[1]) or '0')
-  drop(oldest[1])
-  evicted = evicted + 1
+for _, states in ipairs({true, false}) do
+  if total + size <= cap then break end
+  for _, name in ipairs(redis.call('ZRANGE', index, 0, -1)) do
+    if total + size <= cap then break end
+    if (string.find(name, ':state:', 1, true) ~= nil) == states then
+      total = total - tonumber(redis.call('HGET', sizes, name) or '0')
+      drop(name)
+      evicted = evicted + 1
+    end
+  end
 end
 redis.call('ZADD', index, now, entry)
 redis.call('HSET', sizes, entry, size)

@@ -25,11 +25,9 @@ def model(kind: str = "qwen3"):
 
 def snapshot(state) -> list[torch.Tensor]:
     """Everything a later query reads: the keys, each cache's sink (as stored: the buffer's copy is
-    re-rotated for each chunk under DCA) and its window ring."""
-    rings = [slice(c.sink, c.sink + c.window) for c in state.caches]
+    re-rotated for each chunk under DCA) and its window."""
     return ([k.clone() for k in state.keys.values()] + [c.sink_raw.clone() for c in state.caches]
-            + [c.v[:, : c.n_sink].clone() for c in state.caches]
-            + [t[:, ring].clone() for c, ring in zip(state.caches, rings) for t in (c.k, c.v)])
+            + [c.v.clone() for c in state.caches] + [c.k[:, c.n_sink:].clone() for c in state.caches])
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -99,3 +97,48 @@ def test_query_agnostic_scores_are_computed_once_per_context():
     fresh = select_context(model("llama"), context, random_ids(4, seed=43), 20, KeyNorm(), config)
     assert fresh.kept.tolist() == picks[0]
     assert strategy.memo_key in state.scores
+
+
+@pytest.mark.parametrize("length", [2, 4, 9, 45])  # below S, S + a few (< S + W), above S + W
+@pytest.mark.parametrize("config", CONFIGS[:2])
+def test_encoded_state_holds_exactly_the_live_entries(config, length):
+    """A cached document costs what a later query reads: per layer below l_R min(L, S) sink plus
+    min(L - S, W) window entries (and the sink's unmoved keys), the l_R keys of all L tokens; no chunk
+    slot, no holes. Restored from its tensors, it serves the same queries as a fresh prefill."""
+    context = random_ids(length, seed=40 + length)
+    state = encode_context(model(), context, config, score_layers=(2, N_LAYERS))
+    live = min(length, config.sink) + min(max(0, length - config.sink), config.window)
+    entry = 2 * model().spec.num_kv_heads * model().spec.head_dim * model().dtype.itemsize
+    for cache in state.caches:
+        assert cache.k.shape[1] == cache.v.shape[1] == live
+    keys = sum(k.numel() * k.element_size() for k in state.keys.values())
+    sinks = sum(c.sink_raw.numel() * c.sink_raw.element_size() for c in state.caches)
+    assert state.nbytes == keys + len(state.caches) * live * entry + sinks
+    tensors = {name: t.clone() for name, t in state.to_tensors().items()}
+    assert sum(t.numel() * t.element_size() for t in tensors.values()) - tensors["meta"].nbytes \
+        - sum(t.nbytes for n, t in tensors.items() if n.endswith("counters")) == state.nbytes
+    restored = ContextState.from_tensors(model(), config, tensors)
+    for query in (random_ids(3, seed=50), random_ids(12, seed=51)):
+        fresh = streaming_prefill(model(), context, query, config, score_layers=(2, N_LAYERS))
+        for got in (prefill_query(model(), state, query), prefill_query(model(), restored, query)):
+            for layer in (2, N_LAYERS):
+                torch.testing.assert_close(got.queries[layer], fresh.queries[layer], atol=0, rtol=0)
+
+
+def test_states_stored_in_the_older_layout_still_restore():
+    """Entries a shared store kept from before (each cache's [sink | window] at S + W with holes)."""
+    config = CONFIGS[1]
+    context = random_ids(9, seed=60)
+    state = encode_context(model(), context, config)
+    tensors = {name: t.clone() for name, t in state.to_tensors().items()}
+    for i, cache in enumerate(state.caches):
+        for name in ("k", "v"):
+            old = torch.zeros(cache.k.shape[0], config.sink + config.window, cache.k.shape[2], dtype=cache.k.dtype)
+            live = tensors[f"cache.{i}.{name}"]
+            old[:, : cache.n_sink] = live[:, : cache.n_sink]
+            old[:, config.sink : config.sink + cache.n_window] = live[:, cache.n_sink :]
+            tensors[f"cache.{i}.{name}"] = old
+    restored = ContextState.from_tensors(model(), config, tensors)
+    query = random_ids(4, seed=61)
+    want = prefill_query(model(), state, query).queries[N_LAYERS]
+    assert torch.equal(prefill_query(model(), restored, query).queries[N_LAYERS], want)

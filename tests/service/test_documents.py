@@ -58,10 +58,27 @@ def test_lru_evicts_least_recently_used_documents_under_the_byte_cap():
     cache.remember(*docs[2])
     cache.state(docs[2][0], "k", lambda: tiny_state(2), None)
     assert cache.ids(docs[1][0]) is None and cache.ids(docs[0][0]) is not None  # 1 went, not 0
-    assert cache.stats.evictions == 1 and cache.stats.bytes <= cache.max_bytes
+    assert cache.stats.evictions == 2 and cache.stats.bytes <= cache.max_bytes  # 1's state, then its IDs
     encoded = []
     cache.state(docs[0][0], "k", lambda: encoded.append(1), None)  # still cached: no encode
     assert not encoded and cache.stats.hits["state", "local"] == 1
+
+
+def test_states_of_one_off_documents_go_before_a_document_named_again():
+    hot, once = document(10), [document(seed) for seed in (11, 12, 13)]
+    per_doc = hot[1].numel() * 8 + tiny_state(0).nbytes
+    cache = DocumentCache(max_bytes=2 * per_doc + 100)
+    cache.remember(*hot)
+    cache.state(hot[0], "k", lambda: tiny_state(10), None)
+    assert cache.ids(hot[0]) is not None  # named again
+    for seed, (doc, ids) in zip((11, 12, 13), once):  # each alone would push the hot one out of an LRU
+        cache.remember(doc, ids)
+        cache.state(doc, "k", lambda seed=seed: tiny_state(seed), None)
+    encoded = []
+    cache.state(hot[0], "k", lambda: encoded.append(1), None)
+    assert not encoded and cache.ids(hot[0]) is not None
+    assert cache.ids(once[0][0]) is None and cache.ids(once[2][0]) is not None  # the oldest one-off went whole
+    assert cache.stats.bytes <= cache.max_bytes
 
 
 def test_a_document_larger_than_the_cap_keeps_its_ids_not_its_states():
@@ -107,6 +124,17 @@ def test_shared_store_evicts_oldest_under_its_cap_and_skips_oversize(shared, red
     assert sum(int(s) for s in sizes) <= shared.max_bytes
     shared.put_state(f"{9:032x}", "k", {"x": torch.zeros(200_000, dtype=torch.uint8)})
     assert shared.get_state(f"{9:032x}", "k") is None  # larger than the cap: not stored
+
+
+def test_shared_store_evicts_states_before_ids(shared):
+    shared.max_bytes = 150_000
+    doc, ids = document(9)
+    shared.put_ids(doc, ids)  # the oldest entry, yet kept: without it the document_id is unknown
+    for i in range(4):
+        shared.put_state(f"{i:032x}", "k", {"x": torch.zeros(60_000, dtype=torch.uint8)})
+        time.sleep(0.01)
+    assert torch.equal(shared.get_ids(doc), ids)
+    assert shared.get_state(f"{1:032x}", "k") is None and shared.get_state(f"{3:032x}", "k") is not None
 
 
 def test_shared_store_entries_expire(shared):
@@ -253,3 +281,63 @@ def test_bad_queries_name_their_index(engine):
     with pytest.raises(InputError) as err:
         engine.compress(CompressRequest(context="some text here", queries=["ok", "why " * 5000], budget=2))
     assert err.value.field == "queries[1]" and "exceed the limit of 4096 (max_query_tokens)" in str(err.value)
+
+
+def live_kv_bytes(engine, state) -> int:
+    """What a later query reads: per layer below the state's top layer min(L, S + W) K and V entries,
+    and the top layer's keys of all L tokens (and a lower score layer's, where the strategy keeps one)."""
+    spec, config = engine.spec, state.config
+    entry = spec.num_kv_heads * spec.head_dim * next(iter(state.keys.values())).element_size()
+    window = min(state.length, config.sink + config.window)
+    return (max(state.keys) - 1) * window * 2 * entry + len(state.keys) * state.length * entry
+
+
+@pytest.mark.parametrize("chars", [3_000, 30_000])  # ~700 and ~7,000 tokens
+def test_a_cached_document_costs_what_a_later_query_reads(engine, redis_server, chars):
+    from safetensors.torch import save
+
+    store = RedisDocuments(redis_server.url, prefix=f"docs-bytes-{chars}", max_bytes=1 << 30, ttl_s=60)
+    kept = engine.documents
+    try:
+        cache = engine.documents = DocumentCache(1 << 30, store)
+        result = engine.compress(CompressRequest(context=shakespeare_text()[:chars], query=QUESTIONS[0], budget=64))
+        entry = cache._docs[result.document_id]
+        (key, state), = entry.states.items()
+        stored = {name.decode(): int(size) for name, size in redis_server.client().hgetall(store.sizes).items()}
+    finally:
+        engine.documents = kept
+        store.close()
+    live = live_kv_bytes(engine, state)
+    assert state.nbytes <= 1.25 * live, (state.nbytes, live)
+    assert cache.stats.bytes == entry.nbytes == result.original_tokens * 8 + state.nbytes  # the IDs, the tensors
+    blob = len(save(state.to_tensors()))
+    assert state.nbytes <= blob <= state.nbytes + 16 << 10  # the serialised size: the tensors and a header
+    assert stored[store._state_key(result.document_id, key)] == blob <= 1.25 * live + (16 << 10)
+
+
+def test_a_burst_of_one_off_documents_keeps_a_document_asked_again(engine):
+    """Real sizes: a ~300-token document asked twice, then by id after every third of ten ~3K-token
+    documents seen once; the cache holds about two and a half of those. An LRU would evict the small one; here
+    it is encoded once and never unknown."""
+    text = shakespeare_text()
+    hot = engine.compress(CompressRequest(context=text[:1_300], query=QUESTIONS[0], budget=64))
+    kept = engine.documents
+    try:
+        cache = engine.documents = DocumentCache(1 << 30)
+        engine.compress(CompressRequest(context=text[:1_300], query=QUESTIONS[0], budget=64))
+        engine.compress(CompressRequest(document_id=hot.document_id, query=QUESTIONS[0], budget=64))  # asked again
+        sizes = []
+        for i in range(10):
+            burst = engine.compress(CompressRequest(context=text[20_000 * (i + 1):20_000 * (i + 1) + 13_000],
+                                                    query=QUESTIONS[1], budget=64))
+            sizes.append(cache._docs[burst.document_id].nbytes)
+            if i == 0:
+                cache.max_bytes = int(2.5 * sizes[0]) + cache._docs[hot.document_id].nbytes
+            if i % 3 == 2:
+                again = engine.compress(CompressRequest(document_id=hot.document_id, query=QUESTIONS[0], budget=64))
+                assert again.kept_indices == hot.kept_indices
+    finally:
+        engine.documents = kept
+    assert 3 * min(sizes) > 2.5 * sizes[0]  # three one-offs between two asks overflow it: LRU would lose the hot one
+    assert cache.stats.misses["state", "local"] == 11 and cache.stats.hits["state", "local"] == 4  # hot encoded once
+    assert cache.stats.evictions >= 8 and cache.stats.bytes <= cache.max_bytes
