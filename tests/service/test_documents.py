@@ -303,7 +303,8 @@ def test_a_cached_document_costs_what_a_later_query_reads(engine, redis_server, 
         result = engine.compress(CompressRequest(context=shakespeare_text()[:chars], query=QUESTIONS[0], budget=64))
         entry = cache._docs[result.document_id]
         (key, state), = entry.states.items()
-        stored = {name.decode(): int(size) for name, size in redis_server.client().hgetall(store.sizes).items()}
+        stored = {(n if isinstance(n, str) else n.decode()): int(size)
+                  for n, size in redis_server.client().hgetall(store.sizes).items()}
     finally:
         engine.documents = kept
         store.close()
