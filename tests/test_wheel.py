@@ -1,11 +1,13 @@
-"""The installable wheel: `python -m build` makes one that carries the gRPC stubs and the model
-profiles; in a fresh virtual environment (torch preinstalled) `pip install` of it gives an `ilre`
-whose `compress` and `serve` work."""
+"""The installable wheel: `python -m build` of a clean copy of the tracked files (what a clone, an
+archive or `pip install git+...` sees: no ignored or generated file) makes an sdist and, from it, a
+wheel that carries the gRPC stubs, the model profiles and the Locret head; in a fresh virtual
+environment (torch preinstalled) `pip install` of it gives an `ilre` whose `compress` and `serve` work."""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -37,12 +39,25 @@ def fresh_venv(path: Path) -> Path:
     return path / "bin"
 
 
+def tracked_copy(target: Path) -> Path:
+    """The files git tracks, as they are in the working tree, copied to `target` (nothing ignored or untracked)."""
+    names = run("git", "-C", str(REPO), "ls-files", "-z").stdout.split("\0")
+    for name in filter(None, names):
+        source = REPO / name
+        if source.is_file():  # a tracked file deleted in the working tree is left out, as a commit would
+            (target / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, target / name)
+    return target
+
+
 @pytest.mark.slow
 def test_wheel_installs_into_a_fresh_environment_and_serves(tmp_path):
-    run(sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "dist"), str(REPO))
+    source = tracked_copy(tmp_path / "source")
+    assert not (source / ".venv").exists() and (source / "proto/ilre/v1/compressor.proto").is_file()
+    run(sys.executable, "-m", "build", "--outdir", str(tmp_path / "dist"), str(source))  # the sdist, then a wheel from it
     wheel = next((tmp_path / "dist").glob("ilre-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
-    assert {"ilre/v1/compressor_pb2.py", "ilre/v1/compressor_pb2_grpc.py",
+    assert {"ilre/v1/__init__.py", "ilre/v1/compressor_pb2.py", "ilre/v1/compressor_pb2_grpc.py",
             "ilre/models/profiles/smollm2-135m-instruct.json",
             "ilre/models/profiles/smollm2-135m-instruct.locret-layer8.safetensors", "ilre/service/cli/main.py"} <= names
 
