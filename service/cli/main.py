@@ -222,9 +222,20 @@ def run_demo(args: argparse.Namespace) -> int:
     return run_demo_document(_engine(args), args.tokens, request_defaults(args))
 
 
+def _require_eval_extra(command: str, modules: tuple[str, ...] | None = None) -> None:
+    from ...evaluation.extra import EVAL_MODULES, MissingExtra, require_eval_extra
+
+    try:
+        require_eval_extra(command, modules or EVAL_MODULES)
+    except MissingExtra as exc:
+        raise CliError(str(exc)) from None
+
+
 def run_calibrate(args: argparse.Namespace) -> int:
     import dataclasses
 
+    if args.plots:
+        _require_eval_extra("calibrate --plots", ("matplotlib",))
     from ...evaluation.calibrate import QUICK_PLAN, CalibrationPlan, run_calibration
     from ...models.device import resolve_placement
     from ...models.profiles import PROFILE_DIR
@@ -258,6 +269,7 @@ def run_train_locret(args: argparse.Namespace) -> int:
     import dataclasses
     import shlex
 
+    _require_eval_extra("train-locret", ("wonderwords",))
     from ...evaluation.locret_data import DataPlan
     from ...evaluation.train_locret import TrainPlan, train_locret
     from ...models.profiles import PROFILE_DIR
@@ -283,6 +295,7 @@ def run_train_locret(args: argparse.Namespace) -> int:
 def run_evaluation(args: argparse.Namespace) -> int:
     import dataclasses
 
+    _require_eval_extra("eval")
     from ...evaluation.results import write_report
     from ...evaluation.ruler import parse_length
     from ...evaluation.run_eval import FULL_PLAN, QUICK_PLAN, run_eval

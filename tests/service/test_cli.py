@@ -131,3 +131,17 @@ def test_engine_rejects_ids_beyond_int64(engine):
     for bad in (2**70, -1, 49152):
         with pytest.raises(InputError, match=f"context_ids: token id {bad} outside the vocabulary 0..49151"):
             engine.compress(CompressRequest(context_ids=[1, 2, bad], query="q"))
+
+
+@pytest.mark.parametrize("argv, missing", [(["eval", "--quick"], "bm25s"), (["calibrate", "--quick"], "matplotlib"),
+                                           (["train-locret", "--layer", "8"], "wonderwords")])
+def test_evaluation_commands_name_the_missing_extra(monkeypatch, capsys, argv, missing):
+    import importlib.util
+
+    from ilre.service.cli.main import main
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == missing else real(name, *a))
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert f"needs the `eval` extra (missing: {missing}): pip install 'ilre[eval]'" in err and "Traceback" not in err
