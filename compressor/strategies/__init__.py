@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
+from ..names import DEFAULT_STRATEGY
 from .actqkv import ActQKV
 from .base import ScoreInputs, Strategy
 from .cascade import Cascade
@@ -16,7 +17,7 @@ from .streaming_llm import StreamingLLM
 
 STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (Cascade, ILRe, SnapKV, StreamingLLM, LagKV, ReAttention,
                                                              Locret, ActQKV)}
-DEFAULT_STRATEGY = Cascade.name  # what a request that names none gets (plain ILRe where the profile names no coarse layer)
+assert DEFAULT_STRATEGY in STRATEGIES
 
 
 def make_strategy(name: str, options: dict | None = None) -> Strategy:

@@ -29,11 +29,9 @@ from typing import Callable, Protocol
 import torch
 
 from ...compressor.prefill import ContextState, PrefillConfig
+from .document_ids import DOCUMENT_ID_CHARS
 
 log = logging.getLogger(__name__)
-
-DOCUMENT_ID_CHARS = 32  # hex digits of the SHA-256 digest
-
 
 def document_id(model: str, ids: torch.Tensor) -> str:
     """The id of a tokenized context for one model: hex SHA-256 of the model name and the IDs
@@ -41,11 +39,6 @@ def document_id(model: str, ids: torch.Tensor) -> str:
     digest = hashlib.sha256(model.encode("utf-8") + b"\0")
     digest.update(ids.to(torch.int64).cpu().contiguous().numpy().astype("<i8").tobytes())
     return digest.hexdigest()[:DOCUMENT_ID_CHARS]
-
-
-def is_document_id(value: str) -> bool:
-    """True when `value` has the shape of a document id (32 lowercase hex digits)."""
-    return len(value) == DOCUMENT_ID_CHARS and all(c in "0123456789abcdef" for c in value)
 
 
 def state_key(layer: int, prefill: PrefillConfig, dtype: str, parts: tuple[str, ...] = (),

@@ -3,10 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ...compressor.strategies import DEFAULT_STRATEGY, STRATEGIES
-from .engine import Engine
+from ...compressor.names import DEFAULT_STRATEGY
+
+if TYPE_CHECKING:  # a thin client reads ModelInfo without the engine (or torch)
+    from .engine import Engine
 
 
 @dataclass(frozen=True)
@@ -35,7 +37,9 @@ class ModelInfo:
     default_strategy_options: dict[str, float] = field(default_factory=dict)
 
     @classmethod
-    def from_engine(cls, engine: Engine) -> "ModelInfo":
+    def from_engine(cls, engine: "Engine") -> "ModelInfo":
+        from ...compressor.strategies import STRATEGIES
+
         cfg = engine.config
         return cls(
             model=engine.model_name, layer=engine.layer, num_layers=engine.spec.num_layers,

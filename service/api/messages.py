@@ -8,10 +8,13 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from ...compressor.strategies import DEFAULT_STRATEGY, Strategy, make_strategy
-from .documents import DOCUMENT_ID_CHARS, is_document_id
+from ...compressor.names import DEFAULT_STRATEGY
+from .document_ids import DOCUMENT_ID_CHARS, is_document_id
+
+if TYPE_CHECKING:  # the strategies need torch; a thin client builds requests without them
+    from ...compressor.strategies import Strategy
 
 DCA_MODES = ("auto", "on", "off")
 
@@ -136,6 +139,8 @@ class CompressRequest:
 
     def build_strategy(self) -> Strategy:
         """The strategy this request names, built with its options (InputError if unknown/bad)."""
+        from ...compressor.strategies import make_strategy
+
         try:
             return make_strategy(self.strategy, self.strategy_options)
         except (TypeError, ValueError) as exc:

@@ -352,6 +352,11 @@ def _eval_command(args: argparse.Namespace) -> str:
     return " ".join(shlex.quote(w) for w in words)
 
 
+# top-level modules of the `server` extra (pyproject.toml): missing in a thin install
+SERVER_MODULES = ("torch", "transformers", "safetensors", "tokenizers", "gguf", "accelerate", "numpy", "tqdm", "redis",
+                  "starlette", "uvicorn", "prometheus_client", "opentelemetry", "grpc_health", "grpc_reflection")
+
+
 def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     args = build_parser().parse_args(argv)
@@ -366,6 +371,11 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         return 130
     except Exception as exc:  # a bug: one line for users, the traceback only on request
+        if isinstance(exc, ModuleNotFoundError) and (exc.name or "").split(".")[0] in SERVER_MODULES:
+            where = " without --server" if args.command == "compress" else ""  # a thin install (`pip install ilre`)
+            print(f"error: {args.command}{where}: runs the model here and needs the `server` extra "
+                  f"(missing: {exc.name}): pip install 'ilre[server]'", file=sys.stderr)
+            return EXIT_INPUT
         if os.environ.get("ILRE_DEBUG"):
             raise
         print(f"error: internal: {type(exc).__name__}: {exc} (set ILRE_DEBUG=1 for the traceback)", file=sys.stderr)

@@ -10,7 +10,7 @@ from ..api.messages import DCA_MODES
 
 def _placement_options(parser: argparse.ArgumentParser) -> None:
     """--device and --dtype, shared by every command that loads a model (env ILRE_DEVICE, ILRE_DTYPE)."""
-    from ...models.device import DEVICE_HELP, DTYPE_CHOICES
+    from ...models.placement_names import DEVICE_HELP, DTYPE_CHOICES
 
     parser.add_argument("--device", default=os.environ.get("ILRE_DEVICE", "auto"),
                         help=f"{DEVICE_HELP}: where the model runs (default auto: a GPU or NPU when present; env ILRE_DEVICE)")
