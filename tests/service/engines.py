@@ -97,10 +97,12 @@ class Recorded:
 
 class RecordingRelay:
     """A TCP relay on a free loopback port in front of `target_port`: bytes pass both ways
-    unchanged; what the client side sends is kept and parsed into requests on demand."""
+    unchanged; what the client side sends is kept and parsed into requests on demand.
+    `answer_delay_s` holds each connection's first response bytes back that long (an engine slow on
+    purpose, whatever the CPU)."""
 
-    def __init__(self, target_port: int):
-        self.target_port = target_port
+    def __init__(self, target_port: int, answer_delay_s: float = 0.0):
+        self.target_port, self.answer_delay_s = target_port, answer_delay_s
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
         self._streams: list[bytearray] = []
@@ -141,7 +143,9 @@ class RecordingRelay:
             while data := source.recv(65536):
                 if answer is not None:
                     with self._lock:
-                        self.answered[answer] = True
+                        first, self.answered[answer] = not self.answered[answer], True
+                    if first and self.answer_delay_s:
+                        time.sleep(self.answer_delay_s)
                 if record is not None:
                     record.extend(data)
                 if sink_open:
