@@ -45,6 +45,7 @@ from .upstream import PROBE_TEXT, EngineError, Upstream, response_headers
 log = logging.getLogger(__name__)
 
 OPEN_PATHS = ("/health", "/ilre/healthz", "/ilre/readyz", "/ilre/metrics")  # probes need no API key
+PROBE_TIMEOUT_S = 10.0  # the longest the tokenizer probe of the engine may take (less when the deadline is nearer)
 
 
 @dataclass
@@ -74,15 +75,17 @@ class Sidecar:
     async def close(self) -> None:
         await self.upstream.close()
 
-    async def forward_mode(self) -> str:
+    async def forward_mode(self, deadline: float | None = None) -> str:
         """ids when the engine's tokenizer gives our IDs for a probe text, else text (checked once;
-        an engine that cannot be reached yet is asked again on the next request)."""
+        an engine that cannot be reached yet, or not before the request's `deadline`, is asked again
+        on the next request)."""
         if self._forward is None:
             ours = self.splitter.tokenizer(PROBE_TEXT, add_special_tokens=False).input_ids
+            left = PROBE_TIMEOUT_S if deadline is None else min(PROBE_TIMEOUT_S, max(deadline - time.monotonic(), 0.001))
             try:
-                theirs = await self.upstream.tokenize(PROBE_TEXT)
+                theirs = await self.upstream.tokenize(PROBE_TEXT, left)
             except EngineError:
-                return "ids"  # unreachable: the request fails at the engine anyway; decide next time
+                return "ids"  # unreachable or slow: the request fails at the engine anyway; decide next time
             self._forward = "ids" if theirs == list(ours) else "text"
             log.info("engine %s: tokenizer %s ours: forwarding %s", self.config.engine_url,
                      "matches" if self._forward == "ids" else "differs from", self._forward)
@@ -145,7 +148,7 @@ class Sidecar:
         prompt = fmt.prompt(body)
         if prompt is None:
             return Forwarded(fmt.path, untouched, "passthrough", reason="no single text, token-ID or text-chat prompt")
-        mode = await self.forward_mode()
+        mode = await self.forward_mode(deadline)
         if prompt.ids is not None and mode == "text":
             return Forwarded(fmt.path, untouched, "passthrough", reason="token IDs of another tokenizer")
         if fmt.needs_chat_route(body):
