@@ -11,7 +11,7 @@ DEPTHS = [d / 9 for d in range(10)]  # first token .. last, evenly
 
 
 @pytest.mark.slow
-def test_whole_passkey_survives_at_nine_of_ten_depths(engine):
+def test_whole_passkey_survives_at_every_depth(engine):
     survived = []
     for depth in DEPTHS:
         sample = make_passkey_sample(engine.tokenizer, 16000, depth, digits=6, seed=11)
@@ -21,4 +21,4 @@ def test_whole_passkey_survives_at_nine_of_ten_depths(engine):
         kept = set(result.kept_indices)
         survived.append(all(i in kept for i in range(*sample.needle)))
     print("whole needle kept per depth:", dict(zip([round(d, 2) for d in DEPTHS], survived)))
-    assert sum(survived) >= 9, survived
+    assert all(survived), survived  # README: the default keeps it at all 10 depths
