@@ -7,17 +7,15 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import textwrap
-import time
 import zipfile
 
 import httpx
 import pytest
 
-from tests.test_wheel import _free_port, _ready, run, tracked_copy
+from tests.test_wheel import run, serving, tracked_copy
 
 CLIENT_SCRIPT = textwrap.dedent('''
     import asyncio, json, sys, time
@@ -71,26 +69,15 @@ def test_thin_install_compresses_through_a_running_service(tmp_path):
     assert refused.returncode == 2 and "pip install 'ilre[server]'" in refused.stderr, refused.stderr
     assert "Traceback" not in refused.stderr
 
-    grpc_port, http_port = _free_port(), _free_port()
-    server = subprocess.Popen([sys.executable, "-m", "ilre.service.cli", "serve", "--grpc-port", str(grpc_port),
-                               "--http-port", str(http_port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    try:
-        base = f"http://127.0.0.1:{http_port}"
-        give_up = time.monotonic() + 180
-        while time.monotonic() < give_up and not _ready(base):
-            assert server.poll() is None, server.stderr.read().decode()[-2000:]
-            time.sleep(0.5)
+    with serving([sys.executable, "-m", "ilre.service.cli", "serve"]) as (base, grpc_target):
         context = "The vault code is 4471. " + "The sky is blue and the grass is green. " * 60
         query = " The vault code is"
         expected = httpx.post(f"{base}/v1/compress", json={"context": context, "query": query, "budget": 32},
                               timeout=120).json()
         script = tmp_path / "client.py"
         script.write_text(CLIENT_SCRIPT)
-        out = json.loads(run(python, str(script), f"127.0.0.1:{grpc_port}", base, context, query,
+        out = json.loads(run(python, str(script), grpc_target, base, context, query,
                              env=env, cwd=tmp_path).stdout.strip().splitlines()[-1])
-    finally:
-        server.send_signal(signal.SIGTERM)
-        server.wait(30)
     print(f"thin install: importing ilre.service.client took {out['import_s']:.3f} s")
     assert not out["torch"] and out["import_s"] < 0.5
     assert out["sync"] == out["async"] == expected["kept_indices"]

@@ -6,6 +6,7 @@ environment (torch preinstalled) `pip install` of it with the `server` extra giv
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import shutil
@@ -79,18 +80,25 @@ def test_wheel_installs_into_a_fresh_environment_and_serves(tmp_path):
     result = json.loads(out.stdout)
     assert result["compressed_tokens"] == 32 and "4471" in result["compressed_context"]
 
+    with serving([str(bin_dir / "ilre"), "serve"], env=env, cwd=tmp_path) as (base, _):
+        reply = httpx.post(f"{base}/v1/compress", json={"context": text, "query": " The vault code is", "budget": 32},
+                           timeout=120)
+    assert reply.status_code == 200 and reply.json()["kept_indices"] == result["kept_indices"]
+
+
+@contextlib.contextmanager
+def serving(command: list[str], **popen):
+    """`command` (an `ilre serve`) on free loopback ports until ready: yields (HTTP base URL, gRPC target)."""
     grpc_port, http_port = _free_port(), _free_port()
-    server = subprocess.Popen([str(bin_dir / "ilre"), "serve", "--grpc-port", str(grpc_port), "--http-port",
-                               str(http_port)], env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    server = subprocess.Popen([*command, "--grpc-port", str(grpc_port), "--http-port", str(http_port)],
+                              stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, **popen)
     try:
         base = f"http://127.0.0.1:{http_port}"
-        give_up = time.monotonic() + 120
+        give_up = time.monotonic() + 180
         while time.monotonic() < give_up and not _ready(base):
             assert server.poll() is None, server.stderr.read().decode()[-2000:]
             time.sleep(0.5)
-        reply = httpx.post(f"{base}/v1/compress", json={"context": text, "query": " The vault code is", "budget": 32},
-                           timeout=120)
-        assert reply.status_code == 200 and reply.json()["kept_indices"] == result["kept_indices"]
+        yield base, f"127.0.0.1:{grpc_port}"
     finally:
         server.send_signal(signal.SIGTERM)
         server.wait(30)
