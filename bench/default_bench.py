@@ -3,10 +3,12 @@
 One Shakespeare haystack with a passkey at 50% depth per length, budget 1024, `--dtype auto`; every
 measurement in its own process, after the same request once as a warm-up (it loads the layers the
 strategy needs, and the allocator's first-run growth is not counted). Memory is the peak RSS beyond
-the loaded, warmed-up engine (VmHWM reset through /proc/self/clear_refs), so it is what the request
-itself holds: the IDs, the key cache, the working set. Then the default alone
-from 8K to 1M tokens: is its time linear in the length (R^2 of a least-squares line)?
-Usage: bench/default_bench.py [--lengths 32768,131072] [--linear 8192,...,1048576] [--output results/bench/default.jsonl]
+the loaded, warmed-up engine (VmHWM reset through /proc/self/clear_refs before each run), so it is what
+the request itself holds: the IDs, the key cache, the working set. One reading of a 32K request swings
+by 30-60 MiB with the allocator, so the comparison rows repeat the measured request (`--repeats`) and
+report the median seconds and the median peak, with the peaks' range. Then the default alone from 8K
+to 1M tokens (one run each): is its time linear in the length (R^2 of a least-squares line)?
+Usage: bench/default_bench.py [--lengths 32768,131072] [--repeats 3] [--linear 8192,...,1048576] [--output results/bench/default.jsonl]
 """
 
 from __future__ import annotations
@@ -27,8 +29,11 @@ def _status_mib(field: str) -> float:
         return int(next(l for l in status if l.startswith(field + ":")).split()[1]) / 1024.0
 
 
-def measure(strategy: str, layer: str | None, length: int) -> dict:
-    """One compression of the passkey haystack in this process: seconds, memory beyond the engine, needle."""
+def measure(strategy: str, layer: str | None, length: int, repeats: int = 1) -> dict:
+    """The passkey haystack compressed `repeats` times after a warm-up, in this process: median seconds,
+    median peak memory beyond the engine (and the peaks' range), needle kept in every run."""
+    import statistics
+
     import torch
 
     from ilre.evaluation.passkey import make_passkey_sample
@@ -42,22 +47,27 @@ def measure(strategy: str, layer: str | None, length: int) -> dict:
         return CompressRequest(context_ids=ids, query_ids=sample.query_ids, budget=1024, strategy=strategy, layer=layer)
 
     engine.compress(request(sample.context_ids))  # loads the layers it runs; the allocator reaches its steady state
-    with open("/proc/self/clear_refs", "w") as refs:
-        refs.write("5")  # VmHWM := VmRSS
-    loaded = _status_mib("VmRSS")
-    start = time.perf_counter()
-    result = engine.compress(request(sample.context_ids))
-    seconds = time.perf_counter() - start
-    kept = set(result.kept_indices)
+    seconds, peaks, kept_all, loaded = [], [], True, 0.0
+    for _ in range(repeats):
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")  # VmHWM := VmRSS
+        loaded = _status_mib("VmRSS")
+        start = time.perf_counter()
+        result = engine.compress(request(sample.context_ids))
+        seconds.append(time.perf_counter() - start)
+        peaks.append(_status_mib("VmHWM") - loaded)
+        kept = set(result.kept_indices)
+        kept_all = kept_all and all(i in kept for i in range(*sample.needle))
+    median = statistics.median(seconds)
     return {"strategy": strategy, "layer": result.layer, "options": repr(engine.with_profile(request([0]).build_strategy())),
-            "tokens": length, "seconds": round(seconds, 3), "tokens_per_s": round(length / seconds),
-            "beyond_engine_mib": round(_status_mib("VmHWM") - loaded, 1), "engine_mib": round(loaded),
-            "needle_kept": all(i in kept for i in range(*sample.needle)), "placement": engine.placement.describe(),
+            "tokens": length, "repeats": repeats, "seconds": round(median, 3), "tokens_per_s": round(length / median),
+            "beyond_engine_mib": round(statistics.median(peaks), 1), "beyond_engine_range_mib": [round(min(peaks), 1), round(max(peaks), 1)],
+            "engine_mib": round(loaded), "needle_kept": kept_all, "placement": engine.placement.describe(),
             "threads": torch.get_num_threads()}
 
 
-def child(strategy: str, layer: str | None, length: int) -> dict:
-    cmd = [sys.executable, __file__, "--child", f"{strategy}:{layer or ''}:{length}"]
+def child(strategy: str, layer: str | None, length: int, repeats: int = 1) -> dict:
+    cmd = [sys.executable, __file__, "--child", f"{strategy}:{layer or ''}:{length}:{repeats}"]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         return {"strategy": strategy, "layer": layer, "tokens": length, "error": out.stderr.strip().splitlines()[-1:]}
@@ -76,10 +86,16 @@ def r_squared(xs: list[float], ys: list[float]) -> float:
     return sxy * sxy / (sxx * syy) if sxx and syy else 1.0
 
 
+def _peak(row: dict) -> str:
+    low, high = row.get("beyond_engine_range_mib", [row["beyond_engine_mib"]] * 2)
+    return f"{row['beyond_engine_mib']:.0f} [{low:.0f}-{high:.0f}]"
+
+
 def report(rows: list[dict], linear: list[dict]) -> list[str]:
     ok = [r for r in rows if "error" not in r]
     lines = [f"budget 1024, S=4 W=512 chunk=1024, {ok[0]['placement'] if ok else '?'}, {ok[0]['threads'] if ok else '?'} threads; "
-             "Shakespeare with a passkey at 50% depth; memory = peak RSS beyond the loaded engine",
+             "Shakespeare with a passkey at 50% depth; memory = peak RSS beyond the loaded engine; "
+             f"median of {ok[0]['repeats'] if ok else '?'} runs (peaks' range in brackets)",
              f"| {'what':<26} | {'context':>8} | {'seconds':>8} | {'tokens/s':>8} | {'beyond engine MiB':>17} | {'x layer 8':>9} | {'needle':>6} |",
              f"|{'-' * 28}|{'-' * 10}|{'-' * 10}|{'-' * 10}|{'-' * 19}|{'-' * 11}|{'-' * 8}|"]
     base = {r["tokens"]: r for r in ok if r["strategy"] == "ilre" and r["layer"] == min(x["layer"] for x in ok)}
@@ -89,7 +105,7 @@ def report(rows: list[dict], linear: list[dict]) -> list[str]:
             continue
         ratio = r["seconds"] / base[r["tokens"]]["seconds"] if r["tokens"] in base else float("nan")
         lines.append(f"| {label(r):<26} | {r['tokens']:>8} | {r['seconds']:>8.2f} | {r['tokens_per_s']:>8} | "
-                     f"{r['beyond_engine_mib']:>17.0f} | {ratio:>8.2f}x | {'kept' if r['needle_kept'] else 'lost':>6} |")
+                     f"{_peak(r):>17} | {ratio:>8.2f}x | {'kept' if r['needle_kept'] else 'lost':>6} |")
     default = {r["tokens"]: r for r in ok if r["strategy"] == "cascade"}
     deep = {r["tokens"]: r for r in ok if r["strategy"] == "ilre" and r["layer"] == max(x["layer"] for x in ok)}
     for n in sorted(default):
@@ -116,18 +132,19 @@ def report(rows: list[dict], linear: list[dict]) -> list[str]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="32768,131072")
+    parser.add_argument("--repeats", type=int, default=3, help="measured runs per comparison row (median reported)")
     parser.add_argument("--linear", default="8192,32768,131072,524288,1048576", help="lengths of the default alone ('' = none)")
     parser.add_argument("--output", default="results/bench/default.jsonl")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        strategy, layer, length = args.child.split(":")
-        print(json.dumps(measure(strategy, layer or None, int(length))))
+        strategy, layer, length, repeats = args.child.split(":")
+        print(json.dumps(measure(strategy, layer or None, int(length), int(repeats))))
         return
     rows, linear = [], []
     for length in [int(x) for x in args.lengths.split(",") if x]:
         for strategy, layer in KINDS:
-            rows.append(child(strategy, layer, length))
+            rows.append(child(strategy, layer, length, args.repeats))
             print(f"  measured {strategy} {layer or ''} at {length} tokens", file=sys.stderr, flush=True)
     measured = {r["tokens"]: r for r in rows if r["strategy"] == "cascade" and "error" not in r}
     for length in [int(x) for x in args.linear.split(",") if x]:
