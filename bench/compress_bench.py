@@ -23,9 +23,9 @@ def peak_rss_mib() -> float:
 def measure_compress(length: int, strategy: str, layer: int | None) -> dict:
     import torch
 
+    from ilre.engine.engine import Engine, EngineConfig
+    from ilre.engine.messages import CompressRequest
     from ilre.evaluation.passkey import make_passkey_sample
-    from ilre.service.api.engine import Engine, EngineConfig
-    from ilre.service.api.messages import CompressRequest
 
     loading = time.perf_counter()
     engine = Engine(EngineConfig(layer=layer))

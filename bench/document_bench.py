@@ -53,7 +53,7 @@ def questions(n: int) -> list[str]:
 
 
 def service_rows(lengths: list[int], n_questions: int) -> list[str]:
-    from ilre.service.api.engine import Engine
+    from ilre.engine.engine import Engine
     from ilre.service.client import Client
     from ilre.service.config import ServiceConfig
     from ilre.service.server import ServiceThread
@@ -142,9 +142,9 @@ def cached_rows(lengths: list[int]) -> list[str]:
     import torch
     from safetensors.torch import save
 
-    from ilre.service.api.documents import DocumentCache
-    from ilre.service.api.engine import Engine
-    from ilre.service.api.messages import CompressRequest
+    from ilre.engine.documents import DocumentCache
+    from ilre.engine.engine import Engine
+    from ilre.engine.messages import CompressRequest
 
     engine = Engine()
     mib = 2 ** 20

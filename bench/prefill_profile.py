@@ -38,9 +38,9 @@ def main() -> None:
     import torch
     from torch.profiler import ProfilerActivity, profile
 
+    from ilre.engine.engine import Engine, EngineConfig
+    from ilre.engine.messages import CompressRequest
     from ilre.evaluation.passkey import make_passkey_sample
-    from ilre.service.api.engine import Engine, EngineConfig
-    from ilre.service.api.messages import CompressRequest
 
     engine = Engine(EngineConfig(device=args.device, dtype=args.dtype))
     sample = make_passkey_sample(engine.tokenizer, args.tokens, 0.5, seed=7)

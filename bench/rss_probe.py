@@ -20,8 +20,8 @@ def _status_mib(field: str) -> float:
 
 
 def main() -> int:
-    from ilre.service.api import engine as engine_module
-    from ilre.service.cli.main import main as ilre
+    from ilre.cli.main import main as ilre
+    from ilre.engine import engine as engine_module
 
     marks: dict[str, float] = {}
     load = engine_module.Engine.__init__

@@ -25,11 +25,11 @@ import time
 import redis
 import torch
 
+from ilre.engine.engine import Engine
+from ilre.engine.messages import CompressRequest
 from ilre.evaluation.passkey import make_passkey_sample
 from ilre.service.client import AsyncClient
 from ilre.service.config import ServiceConfig
-from ilre.service.api.engine import Engine
-from ilre.service.api.messages import CompressRequest
 from ilre.service.server import ServiceThread
 
 DISTINCT = 16
@@ -97,7 +97,7 @@ def run_redis(args, requests, wanted) -> str:
         server = subprocess.Popen([binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", tmp, "--save", "",
                                    "--appendonly", "no"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         threads = max(1, (os.cpu_count() or 1) // args.workers)
-        workers = [subprocess.Popen([sys.executable, "-m", "ilre.service.cli", "worker", "--redis-url", url,
+        workers = [subprocess.Popen([sys.executable, "-m", "ilre.cli", "worker", "--redis-url", url,
                                      "--name", f"bench-{n}", "--threads", str(threads), "--max-batch", "8"],
                                     stderr=subprocess.DEVNULL) for n in range(args.workers)]
         try:

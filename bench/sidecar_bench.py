@@ -21,8 +21,8 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ilre.engine.engine import Engine  # noqa: E402
 from ilre.evaluation.haystack import filler_ids  # noqa: E402
-from ilre.service.api.engine import Engine  # noqa: E402
 from ilre.service.config import ServiceConfig, SidecarConfig  # noqa: E402
 from ilre.service.server import ServiceThread  # noqa: E402
 from tests.service.engines import LlamaServer  # noqa: E402

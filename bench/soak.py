@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
-import os
 import random
 import shutil
 import signal
@@ -36,9 +35,9 @@ from pathlib import Path
 import httpx
 import redis
 
+from ilre.engine.engine import Engine
+from ilre.engine.messages import CompressRequest
 from ilre.evaluation.passkey import make_passkey_sample
-from ilre.service.api.engine import Engine
-from ilre.service.api.messages import CompressRequest
 from ilre.service.client import AsyncClient, ClientError
 
 KINDS = {"short": 45, "long": 8, "fresh": 6, "queries": 7, "document": 8, "bad": 14, "deadline": 6, "hangup": 6}  # weights
@@ -87,7 +86,7 @@ class Cluster:
 
     def _spawn(self, name: str, *args: str) -> subprocess.Popen:
         log = open(self.dir / f"{name}.log", "ab")
-        return subprocess.Popen([sys.executable, "-m", "ilre.service.cli", *args, "--redis-url", self.url],
+        return subprocess.Popen([sys.executable, "-m", "ilre.cli", *args, "--redis-url", self.url],
                                 stdout=log, stderr=subprocess.STDOUT)
 
     def _worker(self, name: str) -> subprocess.Popen:

@@ -12,10 +12,12 @@ Data flow of one query (the context was encoded up to the coarse layer l_c < l_R
 Cost: the streaming prefill to l_c over L tokens plus l_R layers over |C| tokens, instead of l_R
 layers over L. With C = the whole context the second pass is the streaming prefill at l_R itself,
 so the result is plain ILRe at l_R. Memory: the key cache of l_c (as plain ILRe at l_c) plus one
-window of K/V per layer for the candidates; nothing per context token beyond the keys.
+layer's K/V of the candidates; nothing per context token beyond the keys.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -49,41 +51,40 @@ def pick_candidates(scores: torch.Tensor, count: int, sink: int, recent: int,
                       torch.arange(length - tail, length, device=scores.device)))
 
 
-class _CandidateWindow:
-    """The K/V one layer's candidates may attend to: the sink (kept at its own positions, moved by
-    DCA as asked) and the non-sink candidates seen so far with their positions, trimmed to those
-    within the window of the chunk about to run."""
+@dataclass(frozen=True)
+class _Group:
+    """Rows [a, b) of the candidate pass that run as one chunk: the candidates of the context chunk that
+    starts at `start` (or the query, at start = L), what each sees before itself (the sink, moved by
+    `sink_shift`, then the non-sink rows [window, a)), and the DCA move of their l_R keys."""
 
-    def __init__(self, config: PrefillConfig):
-        self.sink, self.window = config.sink, config.window
-        self.sink_k = self.sink_v = self.k = self.v = self.pos = None
-        self._moved: tuple[int, torch.Tensor] | None = None  # (shift, sink keys moved by it)
+    a: int
+    b: int
+    start: int
+    window: int
+    sink_shift: int
+    key_shift: int
+    first: bool  # the first chunk with candidates: it sees only itself
 
-    def prefix(self, start: int, sink_shift: int, inv_freq: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """K/V (KV, P, d) visible to a chunk starting at `start`: the sink (moved by `sink_shift`)
-        and the candidates at positions >= start - W; None before the first chunk."""
-        if self.sink_k is None:
-            return None
-        if self._moved is None or self._moved[0] != sink_shift:
-            self._moved = (sink_shift, rerotate(self.sink_k, inv_freq, sink_shift))
-        k, v = self._moved[1], self.sink_v
-        if self.pos is not None and self.pos.numel():
-            first = 0 if self.window is None else int(torch.searchsorted(self.pos, start - self.window))
-            self.k, self.v, self.pos = self.k[:, first:], self.v[:, first:], self.pos[first:]
-            k, v = torch.cat((k, self.k), dim=1), torch.cat((v, self.v), dim=1)
-        return k, v
 
-    def append(self, k: torch.Tensor, v: torch.Tensor, pos: torch.Tensor) -> None:
-        """Keep a chunk's K/V (KV, n, d) at positions pos (n,): those below S become the sink."""
-        n_sink = int(torch.searchsorted(pos, self.sink)) if self.sink_k is None else 0
-        if self.sink_k is None:
-            self.sink_k, self.sink_v = k[:, :n_sink], v[:, :n_sink]
-        k, v, pos = k[:, n_sink:], v[:, n_sink:], pos[n_sink:]
-        if self.pos is None:
-            self.k, self.v, self.pos = k, v, pos
-        else:
-            self.k, self.v = torch.cat((self.k, k), dim=1), torch.cat((self.v, v), dim=1)
-            self.pos = torch.cat((self.pos, pos))
+def _groups(candidates: torch.Tensor, n_query: int, length: int, config: PrefillConfig) -> tuple[list[_Group], int]:
+    """The chunks of the candidate pass, in order, and how many candidates are the sink (positions < S)."""
+    bounds = chunk_bounds(length, config)
+    base = bounds[-2][0] if len(bounds) >= 2 else 0  # eq. 7 anchor
+    starts = [start for start, _ in bounds] + [length]
+    cuts = torch.searchsorted(candidates, torch.tensor(starts, device=candidates.device)).tolist()
+    lows = torch.searchsorted(candidates, torch.tensor([s - (config.window or s + 1) for s in starts],
+                                                       device=candidates.device)).tolist()
+    n_sink = int(torch.searchsorted(candidates, config.sink))
+    groups: list[_Group] = []
+    for index, start in enumerate(starts):
+        query = index == len(bounds)
+        a, b = cuts[index], (cuts[index] + n_query if query else cuts[index + 1])
+        if a == b:
+            continue
+        sink_shift = (index - 1) * config.chunk if config.dca and index >= 2 else 0  # eq. 6
+        key_shift = base - start if config.dca and not query and index < len(bounds) - 2 else 0
+        groups.append(_Group(a, b, start, max(n_sink, lows[index]), sink_shift, key_shift, not groups))
+    return groups, n_sink
 
 
 def candidate_prefill(model: TruncatedLM, context_ids: torch.Tensor, candidates: torch.Tensor,
@@ -95,50 +96,48 @@ def candidate_prefill(model: TruncatedLM, context_ids: torch.Tensor, candidates:
     each seeing the sink and the candidates within the window before its chunk and of its chunk
     before it; DCA moves the sink (eq. 6) and the l_R keys (eq. 7) by each candidate's original
     chunk. Returns the l_R keys of the candidates (kv_heads, C, d) and the query states (heads, Lq, d).
+    Layer by layer over all C candidates at once: the projections and the MLP run on row blocks of
+    `config.chunk` (the same matrix shapes as the streaming prefill's and from one request to the next,
+    so the CPU's kernel cache keeps them), the attention chunk by chunk.
     """
-    length, device, l_r, spec = context_ids.numel(), model.device, model.n_layers, model.spec
-    bounds = chunk_bounds(length, config)
-    base = bounds[-2][0] if len(bounds) >= 2 else 0  # eq. 7 anchor
-    edges = torch.tensor([start for start, _ in bounds] + [length], device=candidates.device)
-    cuts = torch.searchsorted(candidates, edges).tolist()
-    windows = [_CandidateWindow(config) for _ in range(l_r - 1)]
-    keys = torch.empty(spec.num_kv_heads, candidates.numel(), spec.head_dim, dtype=model.dtype, device=device)
-    ids = context_ids.to(device)
-    for index, (start, _) in enumerate(bounds):
-        a, b = cuts[index], cuts[index + 1]
-        if a == b:
-            continue
-        pos = candidates[a:b].to(device)
-        key_shift = base - start if config.dca and index < len(bounds) - 2 else 0
-        sink_shift = (index - 1) * config.chunk if config.dca and index >= 2 else 0
-        out = _through_layers(model, windows, ids[pos], pos, start, sink_shift, keep=True)
-        keys[:, a:b] = rerotate(out, model.inv_freq, key_shift)
-    n_chunks = len(bounds)
-    sink_shift = (n_chunks - 1) * config.chunk if config.dca and n_chunks >= 2 else 0
-    pos = torch.arange(length, length + query_ids.numel(), device=device)
-    queries = _through_layers(model, windows, query_ids.to(device), pos, length, sink_shift, keep=False)
-    return keys, queries
-
-
-def _through_layers(model: TruncatedLM, windows: list[_CandidateWindow], ids: torch.Tensor, pos: torch.Tensor,
-                    start: int, sink_shift: int, keep: bool) -> torch.Tensor:
-    """One chunk of tokens ids (n,) at positions pos (n,), in the chunk that starts at `start`, through
-    layers 1..l_R: a context chunk (keep=True) adds its K/V to the windows and returns its l_R keys
-    (kv_heads, n, d); the query (keep=False) leaves the windows as they were and returns its l_R
-    queries (heads, n, d)."""
-    cos, sin = model.rope(pos)
-    h = model.embed(ids)
-    for l in range(1, model.n_layers):
-        layer, window = model.layer(l), windows[l - 1]
-        q, k, v = layer.qkv(h, cos, sin)  # (H, n, d), (KV, n, d), (KV, n, d)
-        prefix = window.prefix(start, sink_shift, model.inv_freq)
-        if prefix is None:
-            out = chunk_attention(q, k, v, 0)
-        else:
-            out = chunk_attention(q, torch.cat((prefix[0], k), dim=1), torch.cat((prefix[1], v), dim=1),
-                                  prefix[0].shape[1])
-        if keep:
-            window.append(k, v, pos)
-        h = layer.finish(h, out)
-    top = model.layer(model.n_layers)
-    return top.keys(h, cos, sin) if keep else top.queries(h, cos, sin)
+    length, device, l_r = context_ids.numel(), model.device, model.n_layers
+    candidates = candidates.to(device)
+    n_c, n_q = candidates.numel(), query_ids.numel()
+    groups, n_sink = _groups(candidates, n_q, length, config)
+    positions = torch.cat((candidates, torch.arange(length, length + n_q, device=device)))
+    cos, sin = model.rope(positions)
+    h = model.embed(torch.cat((context_ids.to(device)[candidates], query_ids.to(device))))  # (C + Lq, D)
+    blocks = [(i, min(i + config.chunk, n_c)) for i in range(0, n_c, config.chunk)] + [(n_c, n_c + n_q)]
+    spec = model.spec
+    for l in range(1, l_r):
+        layer = model.layer(l)
+        q = torch.empty(spec.num_heads, n_c + n_q, spec.head_dim, dtype=model.dtype, device=device)
+        k, v = (torch.empty(spec.num_kv_heads, n_c + n_q, spec.head_dim, dtype=model.dtype, device=device)
+                for _ in range(2))
+        for a, b in blocks:
+            if b > a:
+                q[:, a:b], k[:, a:b], v[:, a:b] = layer.qkv(h[a:b], cos[a:b], sin[a:b])
+        out = torch.empty_like(q)
+        moved: dict[int, torch.Tensor] = {}  # the sink's keys by DCA shift
+        for g in groups:
+            if g.first:
+                out[:, g.a:g.b] = chunk_attention(q[:, g.a:g.b], k[:, g.a:g.b], v[:, g.a:g.b], 0)
+                continue
+            if g.sink_shift not in moved:
+                moved[g.sink_shift] = rerotate(k[:, :n_sink], model.inv_freq, g.sink_shift)
+            seen_k = torch.cat((moved[g.sink_shift], k[:, g.window:g.b]), dim=1)
+            seen_v = torch.cat((v[:, :n_sink], v[:, g.window:g.b]), dim=1)
+            out[:, g.a:g.b] = chunk_attention(q[:, g.a:g.b], seen_k, seen_v, n_sink + g.a - g.window)
+        del q, k, v, moved
+        for a, b in blocks:  # rows are independent here: each block overwrites its own
+            if b > a:
+                h[a:b] = layer.finish(h[a:b], out[:, a:b])
+        del out
+    top = model.layer(l_r)
+    keys = torch.empty(spec.num_kv_heads, n_c, spec.head_dim, dtype=model.dtype, device=device)
+    for a, b in blocks[:-1]:
+        keys[:, a:b] = top.keys(h[a:b], cos[a:b], sin[a:b])
+    for g in groups:
+        if g.key_shift and g.a < n_c:
+            keys[:, g.a:g.b] = rerotate(keys[:, g.a:g.b], model.inv_freq, g.key_shift)
+    return keys, top.queries(h[n_c:], cos[n_c:], sin[n_c:])

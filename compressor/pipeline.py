@@ -19,6 +19,7 @@ from ..kernels.query_scores import query_key_scores
 from ..models.llama import TruncatedLM
 from .batched_prefill import batched_prefill, fits_one_chunk
 from .cascade import candidate_prefill, pick_candidates, recent_share
+from .defaults import AUTO_BATCH_TOKENS
 from .prefill import ContextState, PrefillConfig, RetrievalState, encode_context, prefill_query
 from .strategies import ScoreInputs, Strategy
 
@@ -127,7 +128,7 @@ def _cascade_attention(model: TruncatedLM, state: ContextState, retrieval: Retri
 
 
 def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config: PrefillConfig,
-                    batch_tokens: int = 16384,
+                    batch_tokens: int = AUTO_BATCH_TOKENS,
                     done: Callable[[int, Selection], None] | None = None) -> list[Selection]:
     """`select_context` for every job, equal to running them one by one. With batch_tokens > 0,
     jobs that need attention and whose context is one chunk are prefilled together, longest first,

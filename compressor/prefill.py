@@ -21,6 +21,7 @@ import torch
 from ..kernels.chunk_attention import chunk_attention
 from ..kernels.rope import rerotate
 from ..models.llama import RETRIEVAL_PARTS, TruncatedLM
+from .defaults import CHUNK, SINK, WINDOW
 
 
 @dataclass(frozen=True)
@@ -28,9 +29,9 @@ class PrefillConfig:
     """sink: S tokens always attended; window: W most recent tokens (None = unbounded, "FullKV");
     chunk: prefill chunk length (the first chunk is chunk + sink); dca: dual chunk attention."""
 
-    sink: int = 4
-    window: int | None = 512
-    chunk: int = 1024
+    sink: int = SINK
+    window: int | None = WINDOW
+    chunk: int = CHUNK
     dca: bool = False
 
     def __post_init__(self) -> None:
@@ -264,7 +265,7 @@ def encode_context(
     score_layers = tuple(sorted(set(score_layers or (l_r,))))
     if score_layers[-1] > l_r or score_layers[0] < 1:
         raise ValueError(f"layer: score layers must be within 1..{l_r} (got {score_layers})")
-    length, spec = context_ids.numel(), model.spec
+    length = context_ids.numel()
     unknown = set(parts) - set(CONTEXT_PARTS)
     if unknown:
         raise ValueError(f"parts: unknown context parts {sorted(unknown)} (known: {', '.join(CONTEXT_PARTS)})")
@@ -285,7 +286,7 @@ def encode_context(
     base = bounds[-2][0] if len(bounds) >= 2 else 0  # start of chunk N_C - 1 (eq. 7 anchor)
     for index, (start, end) in enumerate(bounds):
         key_shift = base - start if config.dca and index < len(bounds) - 2 else 0
-        _through_layers(model, state, context_ids[start:end], start, index, key_shift, None)
+        _context_chunk(model, state, context_ids[start:end], start, index, key_shift)
     for window_cache in caches:
         window_cache.freeze()  # what a query reads and nothing more: a cached document holds only this
     return state
@@ -297,12 +298,10 @@ def prefill_query(model: TruncatedLM, state: ContextState, query_ids: torch.Tens
     and the query states (heads, Lq, d) at every score layer, plus the context's parts and the
     query's `parts` (QUERY_PARTS, e.g. raw_queries) at l_R. The query keeps its natural positions
     L, L+1, ... right after the context."""
-    queries: dict[int, torch.Tensor] = {}
     if set(parts) & set(state.parts):
         raise ValueError(f"parts: {sorted(set(parts) & set(state.parts))} asked of both the context and the query")
-    found = dict(state.parts)
-    _through_layers(model, state, query_ids, state.length, state.n_chunks, 0, queries, (tuple(parts), found))
-    return RetrievalState(keys=state.keys, queries=queries, parts=found)
+    queries, found = _query_chunk(model, state, query_ids, tuple(parts))
+    return RetrievalState(keys=state.keys, queries=queries, parts={**state.parts, **found})
 
 
 def streaming_prefill(
@@ -319,48 +318,64 @@ def streaming_prefill(
     return prefill_query(model, encode_context(model, context_ids, config, score_layers), query_ids)
 
 
-def _through_layers(model: TruncatedLM, state: ContextState, ids: torch.Tensor, start: int, index: int,
-                    key_shift: int, queries: dict[int, torch.Tensor] | None,
-                    query_parts: tuple[tuple[str, ...], dict[str, torch.Tensor]] = ((), {})) -> None:
-    """One chunk (ids (T,) at positions start.., chunk number `index`) through layers 1..top.
-    A context chunk (queries None) writes its keys (and parts) and updates the window caches; the
-    query chunk (index N_C) fills `queries` (and query_parts[1] with the parts named in
-    query_parts[0]) and leaves the state as it was.
-    DCA (eq. 6): from the third chunk on, layers < l_R see the sink keys moved forward by (i-2)
-    chunk lengths."""
-    config, device, l_r, top = state.config, model.device, model.n_layers, max(state.keys)
-    end = start + ids.numel()
-    cos, sin = model.rope(torch.arange(start, end, device=device))
-    sink_shift = (index - 1) * config.chunk if config.dca and index >= 2 else 0  # eq. 6
-    h = model.embed(ids.to(device))  # (T, D)
+def _chunk_inputs(model: TruncatedLM, state: ContextState, ids: torch.Tensor, start: int, index: int
+                  ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
+    """The embedded chunk (T, D), its rotary cos/sin at positions start.., and the DCA sink shift:
+    from the third chunk on (eq. 6), layers < l_R see the sink keys moved forward by (i-2) chunks."""
+    config = state.config
+    cos, sin = model.rope(torch.arange(start, start + ids.numel(), device=model.device))
+    sink_shift = (index - 1) * config.chunk if config.dca and index >= 2 else 0
+    return model.embed(ids.to(model.device)), cos, sin, sink_shift
+
+
+def _context_chunk(model: TruncatedLM, state: ContextState, ids: torch.Tensor, start: int, index: int,
+                   key_shift: int) -> None:
+    """Context chunk number `index` (ids (T,) at positions start..) through layers 1..top: writes its
+    keys at every score layer (moved by `key_shift`, eq. 7) and, at l_R, the parts the state keeps;
+    appends its K/V to the window cache of every layer below the top."""
+    l_r, top, end = model.n_layers, max(state.keys), start + ids.numel()
+    h, cos, sin, sink_shift = _chunk_inputs(model, state, ids, start, index)
     for l in range(1, top + 1):
         layer = model.layer(l)
-        if l == l_r:  # retrieval layer: q for the query, k for the context, and the parts asked for
-            if queries is not None:
-                wanted, found = query_parts
-                got = layer.parts(h, cos, sin, ("queries", *wanted))
-                queries[l] = got.pop("queries")
-                found.update(got)
-            else:
-                head = "retaining" in state.parts
-                wanted = {"keys", *state.parts, *(HEAD_INPUTS if head else ())} - {"retaining"}
-                got = layer.parts(h, cos, sin, tuple(p for p in RETRIEVAL_PARTS if p in wanted))
-                state.keys[l][:, start:end] = rerotate(got.pop("keys"), model.inv_freq, key_shift)
-                if head:
-                    got["retaining"] = model.retaining_head.score(*(got[p] for p in HEAD_INPUTS))
-                for name in state.parts:
-                    state.parts[name][:, start:end] = got[name]
+        if l == l_r:  # retrieval layer: only the keys and the parts asked for
+            head = "retaining" in state.parts
+            wanted = {"keys", *state.parts, *(HEAD_INPUTS if head else ())} - {"retaining"}
+            got = layer.parts(h, cos, sin, tuple(p for p in RETRIEVAL_PARTS if p in wanted))
+            state.keys[l][:, start:end] = rerotate(got.pop("keys"), model.inv_freq, key_shift)
+            if head:
+                got["retaining"] = model.retaining_head.score(*(got[p] for p in HEAD_INPUTS))
+            for name in state.parts:
+                state.parts[name][:, start:end] = got[name]
             return
         q, k, v = layer.qkv(h, cos, sin)  # (H, T, d), (KV, T, d), (KV, T, d)
         if l in state.keys:
-            if queries is not None:
-                queries[l] = q
-            else:
-                state.keys[l][:, start:end] = rerotate(k, model.inv_freq, key_shift)
+            state.keys[l][:, start:end] = rerotate(k, model.inv_freq, key_shift)
         if l == top:
             return
         cache = state.caches[l - 1]
         out = cache.attend(q, k, v, sink_shift, model.inv_freq)
-        if queries is None:
-            cache.append(k, v, first=index == 0)
+        cache.append(k, v, first=index == 0)
         h = layer.finish(h, out)
+
+
+def _query_chunk(model: TruncatedLM, state: ContextState, ids: torch.Tensor, parts: tuple[str, ...]
+                 ) -> tuple[dict[int, torch.Tensor], dict[str, torch.Tensor]]:
+    """The query (ids (Lq,)) as chunk N_C after the context, through layers 1..top against the state's
+    window caches, which it reads and leaves as they were: its queries (heads, Lq, d) at every score
+    layer, and at l_R the query `parts` asked for."""
+    l_r, top = model.n_layers, max(state.keys)
+    h, cos, sin, sink_shift = _chunk_inputs(model, state, ids, state.length, state.n_chunks)
+    queries: dict[int, torch.Tensor] = {}
+    for l in range(1, top + 1):
+        layer = model.layer(l)
+        if l == l_r:
+            got = layer.parts(h, cos, sin, ("queries", *parts))
+            queries[l] = got.pop("queries")
+            return queries, got
+        q, k, v = layer.qkv(h, cos, sin)
+        if l in state.keys:
+            queries[l] = q
+        if l == top:
+            break
+        h = layer.finish(h, state.caches[l - 1].attend(q, k, v, sink_shift, model.inv_freq))
+    return queries, {}

@@ -36,7 +36,7 @@ OUTPUT = Path("results/eval/other_corpus.jsonl")
 def run_other_corpus(lengths: list[int], depths: int, distractors: int, output: Path, budget: int = 1024,
                      digits: int = 8, progress=print) -> Path:
     """Measure every (length, depth) not yet in `output` (JSONL, appended); returns `output`."""
-    from ..service.api.engine import Engine, EngineConfig
+    from ..engine.engine import Engine, EngineConfig
 
     engine = Engine(EngineConfig(doc_cache_mb=0))
     default = engine.with_profile(make_strategy("cascade"))

@@ -189,7 +189,7 @@ class Evaluator:
     """Holds the engine, the generator and the lingua peer for one run."""
 
     def __init__(self, plan: EvalPlan, notes: dict[str, str]):
-        from ..service.api.engine import Engine, EngineConfig
+        from ..engine.engine import Engine, EngineConfig
 
         self.plan = plan
         self.notes = notes

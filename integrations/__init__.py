@@ -1,2 +1,4 @@
-"""Retrieval-framework adapters: LangChain's document compressor and LlamaIndex's node postprocessor,
-both compressing each retrieved document for the query through ilre (a running service or in process)."""
+"""Where users already are: LangChain's document compressor and LlamaIndex's node postprocessor (each
+retrieved document compressed for the query), LLMLingua's `PromptCompressor` (its call and answer), and a
+LiteLLM proxy hook (every model behind a gateway gets compressed prompts). All run against a service
+(gRPC or HTTP, the thin client) or in process (`backend.py`)."""

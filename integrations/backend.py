@@ -13,9 +13,81 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..service.api.messages import CompressRequest, CompressResult
+from ..compressor.defaults import QUERY_TOKENS
+from ..engine.messages import CompressRequest, CompressResult
 
 QUERY_TEMPLATE = "\nQuestion: {query}\nAnswer:"
+
+
+@dataclass
+class Backend:
+    """Where a compression runs: `target` None = an in-process Engine (`model`: a checkpoint folder,
+    .gguf or hub id; None = the embedded default), "HOST:PORT" = a service's gRPC API, "http(s)://HOST:PORT"
+    = its HTTP JSON API. Bad input raises ValueError naming the field, whichever the target."""
+
+    target: str | None = None
+    api_key: str | None = None
+    timeout_s: float = 300.0
+    model: str | None = None
+    _engine: Any = field(default=None, repr=False)
+
+    def compress(self, **fields: Any) -> CompressResult:
+        """One CompressRequest's fields (context or context_ids, query, budget or ratio, strategy...) -> its result."""
+        if self.target is None:
+            if self._engine is None:
+                from ..engine.engine import Engine, EngineConfig
+
+                self._engine = Engine(EngineConfig(model=self.model))
+            return self._engine.compress(CompressRequest(**fields))
+        if self.target.startswith(("http://", "https://")):
+            import httpx
+
+            headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+            reply = httpx.post(f"{self.target.rstrip('/')}/v1/compress", json=fields, headers=headers,
+                               timeout=self.timeout_s)
+            if reply.status_code == 400:
+                raise ValueError(reply.json().get("error", reply.text))
+            if reply.status_code != 200:
+                raise RuntimeError(f"ilre {self.target}: {reply.status_code} {reply.json().get('error', reply.text)}")
+            return CompressResult(**reply.json())
+        from ..service.client import Client, ClientError
+
+        with Client(self.target, api_key=self.api_key, timeout=self.timeout_s) as client:
+            try:
+                return client.compress(**fields)
+            except ClientError as exc:
+                if exc.code == "INVALID_ARGUMENT":
+                    raise ValueError(exc.message) from None
+                raise
+
+
+@dataclass(frozen=True)
+class Shortened:
+    """A text compressed by its own end: the new text, and its size before and after, in the model's tokens."""
+
+    text: str
+    original_tokens: int
+    kept_tokens: int
+
+
+def count_tokens(backend: Backend, text: str, query: str = ".") -> tuple[int, list[int]]:
+    """(tokens, token IDs) of `text` in the model's tokenizer, by a pass-through request (ratio 1)."""
+    whole = backend.compress(context=text, query=query, ratio=1.0)
+    return whole.original_tokens, whole.token_ids[:whole.original_tokens]
+
+
+def compress_by_its_end(backend: Backend, text: str, target: int, strategy: str | None = None,
+                        ids: list[int] | None = None) -> Shortened:
+    """A prompt with no separate question, cut to `target` tokens: its last QUERY_TOKENS tokens are the
+    query ILRe ranks by and stay whole (ILRe's LongBench rule, the sidecar's for plain prompts), the rest
+    is compressed to the remaining budget. `ids`: the text's token IDs when already known."""
+    if ids is None:
+        _, ids = count_tokens(backend, text)
+    if len(ids) <= QUERY_TOKENS or target >= len(ids):
+        return Shortened(text, len(ids), len(ids))
+    result = backend.compress(context_ids=ids[:-QUERY_TOKENS], query_ids=ids[-QUERY_TOKENS:],
+                              budget=max(1, target - QUERY_TOKENS), **({"strategy": strategy} if strategy else {}))
+    return Shortened(result.compressed_context + result.query, len(ids), result.compressed_tokens + QUERY_TOKENS)
 
 
 @dataclass
@@ -31,7 +103,10 @@ class DocumentCompression:
     query_template: str = QUERY_TEMPLATE
     api_key: str | None = None
     timeout_s: float = 300.0
-    _engine: Any = field(default=None, repr=False)
+    _backend: Backend = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self._backend = Backend(self.target, self.api_key, self.timeout_s)
 
     def compress(self, texts: list[str], query: str) -> list[CompressResult | None]:
         """One result per text, in order (None for an empty text, which has nothing to compress)."""
@@ -45,7 +120,7 @@ class DocumentCompression:
             fields: dict[str, Any] = {"context": text, "query": question, **share}
             if self.strategy is not None:
                 fields["strategy"] = self.strategy
-            results.append(self._send(fields))
+            results.append(self._backend.compress(**fields))
         return results
 
     def _shares(self, texts: list[str]) -> list[dict[str, Any]]:
@@ -53,27 +128,6 @@ class DocumentCompression:
             return [{"ratio": self.ratio if self.ratio is not None else 0.3}] * len(texts)
         total = sum(len(t) for t in texts) or 1
         return [{"budget": max(1, math.floor(self.budget * len(t) / total))} for t in texts]
-
-    def _send(self, fields: dict[str, Any]) -> CompressResult:
-        if self.target is None:
-            if self._engine is None:
-                from ..service.api.engine import Engine
-
-                self._engine = Engine()
-            return self._engine.compress(CompressRequest(**fields))
-        if self.target.startswith(("http://", "https://")):
-            import httpx
-
-            headers = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
-            reply = httpx.post(f"{self.target.rstrip('/')}/v1/compress", json=fields, headers=headers,
-                               timeout=self.timeout_s)
-            if reply.status_code != 200:
-                raise RuntimeError(f"ilre {self.target}: {reply.status_code} {reply.json().get('error', reply.text)}")
-            return CompressResult(**reply.json())
-        from ..service.client import Client
-
-        with Client(self.target, api_key=self.api_key, timeout=self.timeout_s) as client:
-            return client.compress(**fields)
 
 
 def compression_metadata(result: CompressResult) -> dict[str, Any]:

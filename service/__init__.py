@@ -1,10 +1,10 @@
-"""The service around the compressor, in layers (each imports only from the ones after it):
+"""The service around the engine, in layers (each imports only from the ones after it, and from
+`ilre.engine`):
 
-    cli/        the `ilre` command line (parser, batch files, demo)
     server.py   composition of a front end: queue + gRPC + HTTP (+ sidecar), graceful shutdown
-    client.py   the Python gRPC client
+    client.py   the Python gRPC client (thin: no torch)
     transport/  where requests enter: front end, gRPC, HTTP JSON, the engine sidecar
-    queue/      in-process batcher, Redis Stream queue and its workers
+    queue/      in-process batcher, Redis Stream queue and its workers, the batch runner they share
     config.py   ServiceConfig from flags and ILRE_* variables;  metrics.py  Prometheus
-    api/        messages, errors, the Engine, model info, API keys
+    errors.py   service failures and their gRPC/HTTP statuses;  keys.py, quotas.py  API keys and limits
 """

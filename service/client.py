@@ -19,9 +19,9 @@ from typing import Any
 
 import grpc
 
+from ..engine.info import ModelInfo
+from ..engine.messages import CompressResult, CompressResults
 from .transport.convert import dict_to_request, pb, pb_grpc, result_from_proto, results_from_proto, stream_parts
-from .api.info import ModelInfo
-from .api.messages import CompressResult, CompressResults
 
 DEFAULT_TIMEOUT_S = 300.0
 STREAM_PIECE = 1 << 20  # characters (or token IDs) per CompressStream message

@@ -11,8 +11,9 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from .api.errors import ConfigError
-from .api.keys import ApiKeys
+from ..compressor.defaults import MAX_CONTEXT_TOKENS, MAX_QUERY_TOKENS, QUERY_TOKENS
+from .errors import ConfigError
+from .keys import ApiKeys
 from .redis_url import parse_redis_url
 
 
@@ -34,7 +35,7 @@ class ServiceConfig:
     request_timeout_s: float = 300.0      # deadline of a request that brings none
     max_message_bytes: int = 16 << 20     # one gRPC message / one HTTP body
     max_context_bytes: int = 64 << 20     # a context assembled by CompressStream
-    max_context_tokens: int = 1 << 20     # context token IDs a stream may carry (the engine checks text)
+    max_context_tokens: int = MAX_CONTEXT_TOKENS  # context token IDs a stream may carry (the engine checks text)
     api_keys: ApiKeys = field(default_factory=ApiKeys, repr=False)  # empty = no authentication
     tls_cert: str | None = None           # PEM server certificate chain; with tls_key turns TLS on
     tls_key: str | None = None
@@ -104,7 +105,7 @@ class SidecarConfig:
     forward: str = "auto"                        # ids | text | auto (ids when the engine's tokenizer is ours)
     engine_timeout_s: float = 600.0              # deadline of a request that brings no x-request-timeout
     connect_timeout_s: float = 5.0               # connecting to the engine
-    query_tokens: int = 64                       # plain prompts: the last N tokens are the query
+    query_tokens: int = QUERY_TOKENS             # plain prompts: the last N tokens are the query
 
     def __post_init__(self) -> None:
         if not self.engine_url.startswith(("http://", "https://")):
@@ -116,8 +117,8 @@ class SidecarConfig:
         for name in ("engine_timeout_s", "connect_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name}: must be > 0 (got {getattr(self, name)})")
-        if not 1 <= self.query_tokens <= 4096:
-            raise ConfigError(f"query_tokens: must be in 1..4096 (got {self.query_tokens})")
+        if not 1 <= self.query_tokens <= MAX_QUERY_TOKENS:
+            raise ConfigError(f"query_tokens: must be in 1..{MAX_QUERY_TOKENS} (got {self.query_tokens})")
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> "SidecarConfig":

@@ -46,7 +46,7 @@ class Metrics:
         self.sidecar_engine_errors = Counter("ilre_sidecar_engine_errors", "Engine failures: unreachable, timeout, "
                                              "status_4xx, status_5xx", ["kind"], registry=registry)
 
-        # the document cache of the engine this process serves (service/api/documents.py), read when scraped
+        # the document cache of the engine this process serves (engine/documents.py), read when scraped
         self.documents: Any = None
         registry.register(_DocumentCacheCollector(self))
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from urllib.parse import parse_qs, unquote, urlsplit
 
-from .api.errors import ConfigError
+from .errors import ConfigError
 
 SENTINEL_SCHEME = "redis+sentinel"
 SCHEMES = ("redis", "rediss", "unix", SENTINEL_SCHEME)

@@ -17,8 +17,8 @@ import re
 import uuid
 from typing import Any
 
-from .api.errors import Code, ServiceError
-from .api.messages import Outcome, results_of
+from ..engine.messages import Outcome, results_of
+from .errors import Code, ServiceError
 
 REQUESTS = logging.getLogger("ilre.requests")
 FORMATS = ("text", "json")

@@ -21,19 +21,19 @@ from typing import Any, Callable
 
 import uvicorn
 
-from .api.errors import ConfigError
+from ..engine.engine import Engine
 from .config import ServiceConfig, SidecarConfig
-from .api.engine import Engine
+from .errors import ConfigError
+from .metrics import Metrics
+from .queue.local import LocalQueue
+from .queue.redis_stream import RedisQueue
+from .redis_url import parse_redis_url
 from .transport.frontend import Frontend
 from .transport.grpc_server import build_grpc_server, track_health
 from .transport.http_app import build_app
 from .transport.sidecar.app import Sidecar, build_sidecar_app
 from .transport.sidecar.options import CompressionOptions
 from .transport.sidecar.prompt import PromptSplitter
-from .metrics import Metrics
-from .redis_url import parse_redis_url
-from .queue.local import LocalQueue
-from .queue.redis_stream import RedisQueue
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,6 @@ os.environ.setdefault("ILRE_DTYPE", DTYPE)
 @pytest.fixture(scope="session")
 def engine():
     """An Engine on the embedded SmolLM2-135M-Instruct at its profiled retrieval layer, in float32."""
-    from ilre.service.api.engine import Engine, EngineConfig
+    from ilre.engine.engine import Engine, EngineConfig
 
     return Engine(EngineConfig(dtype=DTYPE))

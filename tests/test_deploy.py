@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ilre.service.cli.main import build_parser
+from ilre.cli.main import build_parser
 
 DEPLOY = Path(__file__).resolve().parents[1] / "deploy"
 COMPOSE = sorted(DEPLOY.rglob("docker-compose*.yml"))

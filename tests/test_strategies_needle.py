@@ -22,7 +22,7 @@ def test_cli_on_the_16k_needle(engine, tmp_path, strategy, with_query):
     context = tmp_path / "haystack.txt"
     context.write_text(engine.tokenizer.decode(sample.context_ids), encoding="utf-8")
     query = ["--query", engine.tokenizer.decode(sample.query_ids)] if with_query else []
-    out = subprocess.run([sys.executable, "-m", "ilre.service.cli", "compress", "--context-file", str(context), *query,
+    out = subprocess.run([sys.executable, "-m", "ilre.cli", "compress", "--context-file", str(context), *query,
                           "--strategy", strategy, "--budget", "1024", "--json"], capture_output=True, text=True,
                          timeout=600)
     assert out.returncode == 0, out.stderr

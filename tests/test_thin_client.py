@@ -69,7 +69,7 @@ def test_thin_install_compresses_through_a_running_service(tmp_path):
     assert refused.returncode == 2 and "pip install 'ilre[server]'" in refused.stderr, refused.stderr
     assert "Traceback" not in refused.stderr
 
-    with serving([sys.executable, "-m", "ilre.service.cli", "serve"]) as (base, grpc_target):
+    with serving([sys.executable, "-m", "ilre.cli", "serve"]) as (base, grpc_target):
         context = "The vault code is 4471. " + "The sky is blue and the grass is green. " * 60
         query = " The vault code is"
         expected = httpx.post(f"{base}/v1/compress", json={"context": context, "query": query, "budget": 32},

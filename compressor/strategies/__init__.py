@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from ..names import DEFAULT_STRATEGY
+from ..defaults import DEFAULT_STRATEGY
 from .actqkv import ActQKV
 from .base import ScoreInputs, Strategy
 from .cascade import Cascade

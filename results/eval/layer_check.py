@@ -11,11 +11,11 @@ import argparse
 import torch
 
 from ilre.compressor.prefill import PrefillConfig, streaming_prefill
+from ilre.engine.engine import Engine, EngineConfig
 from ilre.evaluation.metrics import retention
 from ilre.evaluation.ruler import generate_sample, parse_length
 from ilre.evaluation.run_eval import allocate
 from ilre.kernels.query_scores import query_key_scores
-from ilre.service.api.engine import Engine, EngineConfig
 
 
 def main() -> None:

@@ -16,13 +16,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ..api.engine import Engine
-from ..api.errors import Code, ServiceError
-from ..api.info import ModelInfo
-from ..api.keys import ANONYMOUS, KeyPolicy
-from ..api.messages import CompressRequest, InputError, Outcome, results_of
-from ..api.quotas import KeyQuotas
+from ...engine.engine import Engine
+from ...engine.info import ModelInfo
+from ...engine.messages import CompressRequest, Outcome, results_of
+from .. import tracing
+from ..errors import Code, ServiceError
+from ..keys import ANONYMOUS, KeyPolicy
 from ..metrics import Metrics
+from ..quotas import KeyQuotas
+from .batch import run_batch
 
 log = logging.getLogger(__name__)
 
@@ -106,9 +108,12 @@ class LocalQueue:
                                f"queue: {depth} requests waiting, the limit is {self.max_depth} (max_queue)")
         self.quotas.admit(caller, self.max_depth)
         try:
-            return await self._queue_and_wait(request, timeout_s, depth)
+            outcome = await self._queue_and_wait(request, timeout_s, depth)
         finally:
             self.quotas.release(caller)
+        for one in results_of(outcome):  # the engine ran here: its stages are spans of this request's trace
+            tracing.stage_spans(one.timings_ms, attributes={"ilre.request_id": rid})
+        return outcome
 
     async def _queue_and_wait(self, request: CompressRequest, timeout_s: float, depth: int) -> Outcome:
         job = _Job(request, asyncio.get_running_loop().create_future(), time.monotonic() + timeout_s)
@@ -158,24 +163,8 @@ class LocalQueue:
             return
         jobs = [job for job in batch if self._still_wanted(job)]
         started = time.monotonic()
-
-        def ready(i: int, result: Outcome | InputError) -> None:
-            job = jobs[i]
-            if isinstance(result, InputError):
-                outcome: Outcome | BaseException = ServiceError.from_input(result)
-            else:
-                for one in results_of(result):
-                    one.timings_ms["queue"] = round((started - job.accepted) * 1000.0, 3)
-                    self.metrics.observe_result(one.timings_ms, one.original_tokens, one.compressed_tokens)
-                outcome = result
-            loop.call_soon_threadsafe(_deliver, job.future, outcome)
-
-        try:
-            self.engine.compress_many([job.request for job in jobs], on_result=ready)
-        except Exception as exc:  # a bug in the engine: the callers still waiting get INTERNAL, the loop goes on
-            log.exception("compress failed")
-            for job in jobs:
-                loop.call_soon_threadsafe(_deliver, job.future, ServiceError(Code.INTERNAL, f"internal: {type(exc).__name__}: {exc}"))
+        run_batch(self.engine, [job.request for job in jobs], [(started - job.accepted) * 1000.0 for job in jobs],
+                  self.metrics, lambda i, outcome: loop.call_soon_threadsafe(_deliver, jobs[i].future, outcome))
 
     async def close(self) -> None:
         """Stop taking work, fail what is still queued with UNAVAILABLE, stop the loop and thread."""

@@ -32,13 +32,13 @@ from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError, ResponseError
 
-from ..api.errors import Code, ServiceError
-from ..api.info import ModelInfo
-from ..api.keys import ANONYMOUS, KeyPolicy
-from ..api.messages import CompressRequest, Outcome, outcome_from_dict
-from ..api.quotas import rate_refusal, share_refusal
+from ...engine.info import ModelInfo
+from ...engine.messages import CompressRequest, Outcome, outcome_from_dict, results_of
 from .. import tracing
+from ..errors import Code, ServiceError
+from ..keys import ANONYMOUS, KeyPolicy
 from ..metrics import Metrics
+from ..quotas import rate_refusal, share_refusal
 from .redis_connection import async_client
 
 log = logging.getLogger(__name__)
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 BLOCK_CHUNK_S = 2.0  # a waiting front end re-issues BLPOP at least this often
 RESULT_GRACE_S = 30  # result and cancel keys outlive the deadline by this much
 
-# Atomic admission and enqueue, the rules of api/quotas.py shared by every front end:
+# Atomic admission and enqueue, the rules of service/quotas.py shared by every front end:
 # KEYS: stream, the caller key's unfinished set (rid -> deadline), its GCRA state;
 # ARGV: max_queue, rid, payload, deadline, key name, share limit (0 = none), rate (0 = none), burst, now, grace,
 #       request id, traceparent ('' = none)
@@ -238,11 +238,14 @@ class RedisQueue:
                                                  f"{self.wait_ms} ms, {self.wait_replicas} needed (redis_wait_replicas); "
                                                  f"not accepted, retry")
         try:
-            return decode_outcome(await self._await(rid, deadline, timeout_s))
+            outcome = decode_outcome(await self._await(rid, deadline, timeout_s))
         except BaseException as exc:
             if not isinstance(exc, ServiceError) or exc.code in (Code.DEADLINE_EXCEEDED, Code.UNAVAILABLE):
                 self._spawn(self._cancel(rid, deadline))  # caller gone or gave up: workers drop it
             raise
+        for one in results_of(outcome):  # a worker counted it in its own registry; this is the front end's
+            self.metrics.observe_result(one.timings_ms, one.original_tokens, one.compressed_tokens)
+        return outcome
 
     async def _add(self, rid: str, payload: str, deadline: float, caller: KeyPolicy, extra: list[str]) -> tuple[list, int]:
         """ADMIT -> ([status, count, wait], replicas holding it). With wait_replicas, WAIT runs on the

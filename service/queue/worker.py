@@ -6,7 +6,8 @@ One loop per worker process:
       delivered more than max_attempts times go to the dead-letter stream, their callers get INTERNAL
   else: XREADGROUP up to max_batch new entries, waiting at most max_wait for the batch to fill
   drop the entries whose caller is gone or whose deadline passed; compress the rest as one batch on
-      the engine thread (Engine.compress_many); then per entry MULTI {LPUSH result, EXPIRE, XACK, XDEL}
+      the engine thread (queue/batch.py, shared with the in-process batcher); then per entry
+      MULTI {LPUSH result, EXPIRE, XACK, XDEL}
 While a batch runs, its entries are re-claimed (XCLAIM JUSTID) every claim_idle/3 so that no other
 worker mistakes a long batch for a dead worker. On SIGTERM the running batch finishes; a batch
 read but not yet started is put back on the stream.
@@ -30,17 +31,18 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from redis.exceptions import RedisError, ResponseError
 
-from ..config import ServiceConfig
-from ..api.engine import Engine
-from ..api.errors import Code, ServiceError
-from ..api.info import ModelInfo
-from ..api.messages import CompressRequest, InputError, Outcome, results_of
+from ...engine.engine import Engine
+from ...engine.info import ModelInfo
+from ...engine.messages import CompressRequest, InputError, Outcome, results_of
 from .. import tracing
+from ..config import ServiceConfig
+from ..errors import Code, ServiceError
 from ..metrics import Metrics
-from ..request_log import log_request
 from ..redis_url import parse_redis_url
-from .shared_documents import RedisDocuments
+from ..request_log import log_request
+from .batch import run_batch
 from .redis_stream import RESULT_GRACE_S, RedisKeys, connect, encode_outcome, ensure_group
+from .shared_documents import RedisDocuments
 
 log = logging.getLogger(__name__)
 
@@ -205,25 +207,16 @@ class Worker:
             self._inflight = set()
 
     def _compress(self, entries: list[Entry], ready: Callable[[int, Outcome | ServiceError], None]) -> None:
-        """On the engine thread: queued requests (entry id, fields) as one Engine.compress_many
-        batch; `ready(k, outcome)` hands each result or error back as soon as it is known, after
-        its log line and (with tracing on) its spans under the caller's trace."""
+        """On the engine thread: queued requests (entry id, fields) as one batch (queue/batch.py);
+        `ready(k, outcome)` hands each result or error back as soon as it is known, after its log
+        line and (with tracing on) its spans under the caller's trace."""
         now_ms = time.time() * 1000.0
-        delivered: set[int] = set()
 
-        def hand_back(k: int, outcome: Outcome | ServiceError | InputError) -> None:
-            if isinstance(outcome, InputError):
-                outcome = ServiceError.from_input(outcome)
-            entry_id, fields = entries[k]
-            enqueued_ms = _float(entry_id.split("-")[0])  # a stream entry id starts with its time in ms
+        def hand_back(k: int, outcome: Outcome | ServiceError) -> None:
+            fields = entries[k][1]
             if isinstance(outcome, ServiceError):
                 self.metrics.errors.labels(outcome.code.value).inc()
-            else:
-                for result in results_of(outcome):
-                    result.timings_ms["queue"] = round(max(0.0, now_ms - enqueued_ms), 3)
-                    self.metrics.observe_result(result.timings_ms, result.original_tokens, result.compressed_tokens)
-            self._record(fields, outcome, (time.time() * 1000.0 - enqueued_ms) / 1000.0)
-            delivered.add(k)
+            self._record(fields, outcome, (time.time() * 1000.0 - _enqueued_ms(entries[k])) / 1000.0)
             ready(k, outcome)
 
         requests, slots = [], []
@@ -232,14 +225,9 @@ class Worker:
                 requests.append(_decode(fields.get("payload", "")))
                 slots.append(k)
             except InputError as exc:
-                hand_back(k, exc)
-        try:
-            self.engine.compress_many(requests, on_result=lambda j, outcome: hand_back(slots[j], outcome))
-        except Exception as exc:  # a bug: the callers still waiting get INTERNAL, the worker goes on
-            log.exception("compress failed")
-            for k in slots:
-                if k not in delivered:
-                    hand_back(k, ServiceError(Code.INTERNAL, f"internal: {type(exc).__name__}: {exc}"))
+                hand_back(k, ServiceError.from_input(exc))
+        run_batch(self.engine, requests, [now_ms - _enqueued_ms(entries[k]) for k in slots], self.metrics,
+                  lambda j, outcome: hand_back(slots[j], outcome))
 
     def _record(self, fields: dict[str, str], outcome: Outcome | ServiceError, seconds: float) -> None:
         """The worker's log line for one request and, with tracing on, its spans (a child of the
@@ -349,6 +337,11 @@ def _decode(payload: str) -> CompressRequest:
         raise
     except (ValueError, TypeError) as exc:
         raise InputError("request", f"malformed queue entry ({exc})") from None
+
+
+def _enqueued_ms(entry: Entry) -> float:
+    """When the entry was added: a stream entry id starts with its time in ms."""
+    return _float(entry[0].split("-")[0])
 
 
 def _float(value: Any) -> float:

@@ -1,7 +1,8 @@
 """The transport-independent front end: build the request, enqueue it, await it, count it.
 
 gRPC (grpc_server.py) and HTTP (http_app.py) are thin adapters onto `Frontend`; the queue behind
-it is the in-process batcher (queue_local.py) or Redis (queue_redis.py), which share one interface.
+it is the in-process batcher (queue/local.py) or Redis (queue/redis_stream.py), which share one
+interface: each records what it ran (result metrics, the engine's stage spans) itself.
 """
 
 from __future__ import annotations
@@ -14,12 +15,12 @@ from typing import Any, Mapping, Protocol
 
 from opentelemetry.trace import SpanKind
 
-from ..config import ServiceConfig
-from ..api.errors import Code, ServiceError
-from ..api.info import ModelInfo
-from ..api.keys import ANONYMOUS, KeyPolicy
-from ..api.messages import CompressRequest, InputError, Outcome, results_of
+from ...engine.info import ModelInfo
+from ...engine.messages import CompressRequest, InputError, Outcome, results_of
 from .. import tracing
+from ..config import ServiceConfig
+from ..errors import Code, ServiceError
+from ..keys import ANONYMOUS, KeyPolicy
 from ..metrics import Metrics
 from ..request_log import log_request, request_id
 
@@ -27,7 +28,8 @@ log = logging.getLogger(__name__)
 
 
 class Queue(Protocol):
-    """What the front end needs from a queue."""
+    """What the front end needs from a queue; `submit` answers a result already counted in the
+    front end's metrics and traced under the current span. `kind` names it in /readyz and model info."""
 
     kind: str
 
@@ -99,9 +101,6 @@ class Frontend:
                 raise ServiceError(Code.DEADLINE_EXCEEDED, "deadline: already passed on arrival")
             with tracing.tracer().start_as_current_span("ilre.queue", attributes={"ilre.queue": self.queue.kind}):
                 result = await self.queue.submit(request, timeout, caller, rid)
-                if self.queue.kind == "local":  # a worker records its own engine spans
-                    for one in results_of(result):
-                        tracing.stage_spans(one.timings_ms, attributes={"ilre.request_id": rid})
         except ServiceError as exc:
             self.record_error(exc.code)
             raise
@@ -116,9 +115,6 @@ class Frontend:
             self.record_error(Code.INTERNAL)
             raise ServiceError(Code.INTERNAL, f"internal: {type(exc).__name__}: {exc}") from None
         self.metrics.latency.labels(method).observe(time.perf_counter() - start)
-        if self.queue.kind == "redis":  # the local queue's engine thread records these itself
-            for one in results_of(result):
-                self.metrics.observe_result(one.timings_ms, one.original_tokens, one.compressed_tokens)
         return result
 
     def record_error(self, code: Code) -> None:

@@ -11,15 +11,14 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from .auth import AuthInterceptor
-from ..api.errors import ConfigError
+from ...engine.messages import InputError
 from ..config import ServiceConfig
-from .convert import StreamAssembler, pb, pb_grpc, request_to_dict, result_to_proto, results_to_proto
-from ..api.errors import Code, ServiceError
-from .frontend import Frontend
-from ..api.keys import ANONYMOUS
-from ..api.messages import InputError
+from ..errors import Code, ConfigError, ServiceError
+from ..keys import ANONYMOUS
 from ..request_log import request_id
+from .auth import AuthInterceptor
+from .convert import StreamAssembler, pb, pb_grpc, request_to_dict, result_to_proto, results_to_proto
+from .frontend import Frontend
 
 log = logging.getLogger(__name__)
 

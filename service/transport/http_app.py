@@ -20,9 +20,9 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from ..api.keys import UNAUTHENTICATED_MESSAGE
-from ..api.quotas import retry_after_header
-from ..api.errors import HTTP_STATUS, Code, ServiceError
+from ..errors import HTTP_STATUS, Code, ServiceError
+from ..keys import UNAUTHENTICATED_MESSAGE
+from ..quotas import retry_after_header
 from ..request_log import request_id
 from .frontend import Frontend
 from .http_common import decode_json, parse_timeout, read_body, unless_disconnected

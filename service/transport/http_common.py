@@ -11,7 +11,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from ..api.errors import Code, ServiceError
+from ..errors import Code, ServiceError
 
 MAX_JSON_DEPTH = 64          # arrays/objects nested deeper than this are refused
 DISCONNECT_POLL_S = 0.25     # how often a waiting request checks that its client is still there

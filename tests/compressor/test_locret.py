@@ -148,7 +148,7 @@ def test_train_locret_from_the_command_line(tmp_path):
     import subprocess
     import sys
 
-    out = subprocess.run([sys.executable, "-m", "ilre.service.cli", "train-locret", "--samples", "4", "--lengths", "1024",
+    out = subprocess.run([sys.executable, "-m", "ilre.cli", "train-locret", "--samples", "4", "--lengths", "1024",
                           "--epochs", "2", "--hidden", "8", "--output-dir", str(tmp_path)],
                          capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
@@ -162,6 +162,6 @@ def test_train_locret_from_the_command_line(tmp_path):
     head = RetainingHead.load(path)
     assert head.hidden == 8 and head.meta["layer"] == layer and "train-locret --samples 4" in head.meta["command"]
     assert len(head.meta["history"]) == 2
-    bad = subprocess.run([sys.executable, "-m", "ilre.service.cli", "train-locret", "--samples", "1"],
+    bad = subprocess.run([sys.executable, "-m", "ilre.cli", "train-locret", "--samples", "1"],
                          capture_output=True, text=True, timeout=300)
     assert bad.returncode == 2 and "samples: must be >= 2" in bad.stderr and "Traceback" not in bad.stderr

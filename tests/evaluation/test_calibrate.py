@@ -9,7 +9,7 @@ from pathlib import Path
 
 
 def test_calibrate_writes_profile_and_heatmaps(tmp_path: Path):
-    cmd = [sys.executable, "-m", "ilre.service.cli", "calibrate", "--lengths", "1536", "--digits", "8",
+    cmd = [sys.executable, "-m", "ilre.cli", "calibrate", "--lengths", "1536", "--digits", "8",
            "--depths", "2", "--long-lengths", "2560", "--long-digits", "8", "--long-depths", "1", "--distractors", "2",
            "--profile-dir", str(tmp_path / "profiles"), "--plots", str(tmp_path / "plots")]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
@@ -41,7 +41,7 @@ def test_calibrate_writes_profile_and_heatmaps(tmp_path: Path):
 
 
 def test_calibrate_rejects_lengths_within_budget(tmp_path: Path):
-    cmd = [sys.executable, "-m", "ilre.service.cli", "calibrate", "--lengths", "512", "--profile-dir", str(tmp_path)]
+    cmd = [sys.executable, "-m", "ilre.cli", "calibrate", "--lengths", "512", "--profile-dir", str(tmp_path)]
     proc = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2
     assert "lengths: every context must be longer than the budget" in proc.stderr

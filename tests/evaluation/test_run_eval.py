@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from ilre.evaluation.results import write_report
-from ilre.evaluation.plan_notes import caps_notes, plan_caps, widest_caps
 from ilre.evaluation.generation import new_token_budget
+from ilre.evaluation.plan_notes import caps_notes, plan_caps, widest_caps
+from ilre.evaluation.results import write_report
 from ilre.evaluation.run_eval import ATTENTION, EvalPlan, Evaluator, Record, allocate, done_cells, encode_pass, run_timing
 
 
@@ -23,9 +23,9 @@ def test_shared_pass_gives_the_engines_selection(engine):
 
     from ilre.compressor.pipeline import select
     from ilre.compressor.strategies import make_strategy
+    from ilre.engine.messages import CompressRequest
     from ilre.evaluation.metrics import retention
     from ilre.evaluation.ruler import generate_sample
-    from ilre.service.api.messages import CompressRequest
 
     sample = generate_sample(engine.tokenizer, "niah_single_2", 2048, seed=1)
     state, _ = encode_pass(engine, sample, engine.layer, False, ("raw_keys", "values"))

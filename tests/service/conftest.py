@@ -4,12 +4,15 @@ own temp dir, `ilre worker` processes; one shared Engine (the session `engine` f
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
@@ -131,7 +134,7 @@ class WorkerProcess:
         self.name, self.prefix = name, prefix
         env = {**os.environ, "ILRE_REDIS_URL": redis_url}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "ilre.service.cli", "worker", "--redis-prefix", prefix, "--name", name,
+            [sys.executable, "-m", "ilre.cli", "worker", "--redis-prefix", prefix, "--name", name,
              "--threads", "1", *extra], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
 
     def wait_registered(self, client: redis.Redis, timeout: float = 120.0) -> None:
@@ -207,3 +210,45 @@ def otlp(monkeypatch):
     yield receiver
     tracing.shutdown_tracing()
     receiver.close()
+
+
+ILRE = [sys.executable, "-m", "ilre.cli"]
+
+
+class Served:
+    """`ilre serve` on free ports; the ports are read from its startup line."""
+
+    def __init__(self, *args: str, env: dict | None = None):
+        self.proc = subprocess.Popen([*ILRE, "serve", "--grpc-port", "0", "--http-port", "0", *args],
+                                     env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     text=True)
+        self.lines: list[str] = []
+        threading.Thread(target=self._read, daemon=True).start()
+        line = wait_for(lambda: next((l for l in self.lines if l.startswith("ilre: gRPC")), None) or self._died(),
+                        120, "the startup line")
+        grpc_port, http_port = re.search(r"gRPC on [\d.]+:(\d+).*//[\d.]+:(\d+)", line).groups()
+        self.grpc, self.http = f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{http_port}"
+
+    def _read(self) -> None:
+        for line in self.proc.stderr:
+            self.lines.append(line)
+
+    def _died(self):
+        if self.proc.poll() is not None:
+            raise AssertionError("serve exited: " + "".join(self.lines))
+
+    def ready(self) -> bool:
+        return httpx.get(f"{self.http}/readyz").status_code == 200
+
+
+@contextmanager
+def served_by(*args: str, env: dict | None = None) -> Iterator[Served]:
+    """`ilre serve *args` with its model loaded; stopped by SIGTERM on the way out (if still running)."""
+    served = Served(*args, env=env)
+    wait_for(served.ready, 120, "the model to load")
+    try:
+        yield served
+    finally:
+        if served.proc.poll() is None:
+            served.proc.send_signal(signal.SIGTERM)
+            served.proc.wait(60)

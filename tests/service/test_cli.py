@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-ILRE = [sys.executable, "-m", "ilre.service.cli"]
+ILRE = [sys.executable, "-m", "ilre.cli"]
 CONTRACT = {"id", "token_ids", "kept_indices", "compressed_context", "query", "original_tokens",
             "compressed_tokens", "ratio", "model", "layer", "strategy", "timings_ms"}
 FACT = "The vault code of the museum is 4471. "
@@ -126,7 +126,7 @@ def test_batch_missing_input_is_a_clear_failure(tmp_path: Path):
 
 
 def test_engine_rejects_ids_beyond_int64(engine):
-    from ilre.service.api.messages import CompressRequest, InputError
+    from ilre.engine.messages import CompressRequest, InputError
 
     for bad in (2**70, -1, 49152):
         with pytest.raises(InputError, match=f"context_ids: token id {bad} outside the vocabulary 0..49151"):
@@ -138,7 +138,7 @@ def test_engine_rejects_ids_beyond_int64(engine):
 def test_evaluation_commands_name_the_missing_extra(monkeypatch, capsys, argv, missing):
     import importlib.util
 
-    from ilre.service.cli.main import main
+    from ilre.cli.main import main
 
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == missing else real(name, *a))

@@ -11,10 +11,10 @@ import pytest
 import torch
 
 from ilre.compressor.prefill import PrefillConfig, encode_context
+from ilre.engine.documents import DocumentCache, document_id, state_key
+from ilre.engine.messages import CompressRequest, CompressResults, InputError, NotFoundError
 from ilre.evaluation.haystack import shakespeare_text
 from ilre.models.loader import load_truncated
-from ilre.service.api.documents import DocumentCache, document_id, state_key
-from ilre.service.api.messages import CompressRequest, CompressResults, InputError, NotFoundError
 from ilre.service.queue.shared_documents import RedisDocuments
 from tests.tiny_models import N_LAYERS, random_ids, tiny_checkpoint
 
@@ -255,7 +255,7 @@ def test_state_restored_from_the_shared_tier_gives_the_same_result(engine, redis
 def test_batch_lines_repeating_a_context_reuse_its_prefill(engine, tmp_path):
     import json
 
-    from ilre.service.cli.batch import run_batch_file
+    from ilre.cli.batch import run_batch_file
 
     lines = [{"id": i, "context": long_text(), "query": q, "budget": 150} for i, q in enumerate(QUESTIONS)]
     lines.append({"id": "again", "document_id": "0" * 32, "query": QUESTIONS[0]})

@@ -4,11 +4,10 @@ query served by another real `ilre worker` process through a real redis-server."
 
 from __future__ import annotations
 
-import grpc
 import httpx
 import pytest
 
-from ilre.service.api.messages import CompressRequest
+from ilre.engine.messages import CompressRequest
 from ilre.service.client import ClientError
 from ilre.service.server import ServiceThread
 

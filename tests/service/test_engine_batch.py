@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ilre.service.api.engine import Engine, EngineConfig
-from ilre.service.api.messages import CompressRequest, InputError
+from ilre.engine.engine import Engine, EngineConfig
+from ilre.engine.messages import CompressRequest, InputError
 
 from ..conftest import DTYPE
 from .conftest import QUERY, comparable, context

@@ -10,10 +10,10 @@ import grpc
 import pytest
 
 from ilre.compressor.prefill import PrefillConfig
+from ilre.engine.engine import Engine, EngineConfig
 from ilre.service.client import AsyncClient, Client, ClientError
-from ilre.service.transport.convert import pb, pb_grpc
-from ilre.service.api.engine import Engine, EngineConfig
 from ilre.service.server import ServiceThread
+from ilre.service.transport.convert import pb, pb_grpc
 
 from .conftest import QUERY, grpc_client, http_client, service_config, wait_for
 

@@ -110,13 +110,13 @@ def test_explain_page_over_http_shows_the_kept_tokens(local_service, browser, tm
 
 def test_cli_writes_the_page_and_keeps_json_unchanged(browser, tmp_path):
     page = tmp_path / "cli.html"
-    out = subprocess.run([sys.executable, "-m", "ilre.service.cli", "compress", "--context", CONTEXT, "--query", QUERY,
+    out = subprocess.run([sys.executable, "-m", "ilre.cli", "compress", "--context", CONTEXT, "--query", QUERY,
                           "--budget", "40", "--json", "--explain", str(page)], capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     result = json.loads(out.stdout)
     assert "explanation" not in result
     assert browser.open(page)["underlined"] == result["kept_indices"]
-    bad = subprocess.run([sys.executable, "-m", "ilre.service.cli", "compress", "--context", CONTEXT, "--query", QUERY,
+    bad = subprocess.run([sys.executable, "-m", "ilre.cli", "compress", "--context", CONTEXT, "--query", QUERY,
                           "--explain", str(tmp_path / "no" / "such" / "dir.html")], capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode == 2 and bad.stderr.startswith("error: explain: cannot write")

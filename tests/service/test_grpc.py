@@ -10,8 +10,8 @@ import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoReflectionDescriptorDatabase
 
+from ilre.engine.messages import CompressRequest
 from ilre.service.client import AsyncClient
-from ilre.service.api.messages import CompressRequest
 
 from .conftest import QUERY, comparable, context, grpc_client, http_client
 

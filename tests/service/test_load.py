@@ -8,9 +8,9 @@ import asyncio
 
 import pytest
 
-from ilre.service.api.engine import Engine, EngineConfig
+from ilre.engine.engine import Engine, EngineConfig
+from ilre.engine.messages import CompressRequest
 from ilre.service.client import AsyncClient
-from ilre.service.api.messages import CompressRequest
 from ilre.service.server import ServiceThread
 
 from ..conftest import DTYPE

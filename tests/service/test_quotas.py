@@ -11,12 +11,11 @@ import time
 import httpx
 import pytest
 
-from ilre.service.api.errors import ConfigError
-from ilre.service.api.keys import ApiKeys, KeyPolicy
-from ilre.service.api.quotas import KeyQuotas, gcra
-from ilre.service.api.errors import ServiceError
 from ilre.service.client import Client, ClientError
+from ilre.service.errors import ConfigError, ServiceError
+from ilre.service.keys import ApiKeys, KeyPolicy
 from ilre.service.queue.redis_stream import ADMIT
+from ilre.service.quotas import KeyQuotas, gcra
 from ilre.service.server import ServiceThread
 
 from .conftest import QUERY, WorkerProcess, context, service_config

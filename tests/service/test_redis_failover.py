@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
-from ilre.service.api.errors import ConfigError
 from ilre.service.client import Client, ClientError
+from ilre.service.errors import ConfigError
 from ilre.service.queue.redis_connection import sync_client
 from ilre.service.redis_url import parse_redis_url
 from ilre.service.server import ServiceThread

@@ -13,9 +13,9 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from ilre.engine.engine import Engine, EngineConfig
+from ilre.engine.messages import CompressRequest
 from ilre.service.client import AsyncClient, Client, ClientError
-from ilre.service.api.engine import Engine, EngineConfig
-from ilre.service.api.messages import CompressRequest
 from ilre.service.server import ServiceThread
 
 from .conftest import QUERY, WorkerProcess, WorkerThread, comparable, context, free_port, service_config, wait_for

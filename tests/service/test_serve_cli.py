@@ -4,54 +4,19 @@ from __future__ import annotations
 
 import json
 import os
-import re
 import signal
 import subprocess
-import sys
 import threading
 
 import httpx
 import pytest
 
-from .conftest import QUERY, context, wait_for
-
-ILRE = [sys.executable, "-m", "ilre.service.cli"]
-
-
-class Served:
-    """`ilre serve` on free ports; the ports are read from its startup line."""
-
-    def __init__(self, *args: str, env: dict | None = None):
-        self.proc = subprocess.Popen([*ILRE, "serve", "--grpc-port", "0", "--http-port", "0", *args],
-                                     env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True)
-        self.lines: list[str] = []
-        threading.Thread(target=self._read, daemon=True).start()
-        line = wait_for(lambda: next((l for l in self.lines if l.startswith("ilre: gRPC")), None) or self._died(),
-                        120, "the startup line")
-        grpc_port, http_port = re.search(r"gRPC on [\d.]+:(\d+).*//[\d.]+:(\d+)", line).groups()
-        self.grpc, self.http = f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{http_port}"
-
-    def _read(self) -> None:
-        for line in self.proc.stderr:
-            self.lines.append(line)
-
-    def _died(self):
-        if self.proc.poll() is not None:
-            raise AssertionError("serve exited: " + "".join(self.lines))
-
-    def ready(self) -> bool:
-        return httpx.get(f"{self.http}/readyz").status_code == 200
-
+from .conftest import ILRE, QUERY, Served, context, served_by, wait_for
 
 @pytest.fixture(scope="module")
 def served():
-    served = Served("--budget", "48")
-    wait_for(served.ready, 120, "the model to load")
-    yield served
-    if served.proc.poll() is None:
-        served.proc.send_signal(signal.SIGTERM)
-        served.proc.wait(60)
+    with served_by("--budget", "48") as served:
+        yield served
 
 
 def compress(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:

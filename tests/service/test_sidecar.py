@@ -9,8 +9,8 @@ import time
 import httpx
 import pytest
 
+from ilre.engine.messages import CompressRequest
 from ilre.evaluation.haystack import filler_ids
-from ilre.service.api.messages import CompressRequest
 from ilre.service.config import SidecarConfig
 from ilre.service.server import ServiceThread
 

@@ -10,7 +10,7 @@ import json
 
 import pytest
 
-from ilre.service.api.messages import InputError
+from ilre.engine.messages import InputError
 from ilre.service.transport.sidecar.formats import (LlamaCppCompletion, OpenAIChat, OpenAICompletions, SGLangGenerate,
                                                     chat_chunk_from_completion, chat_from_completion, map_sse)
 from ilre.service.transport.sidecar.options import CompressionOptions

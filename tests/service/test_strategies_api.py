@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ilre.service.api.messages import CompressRequest
+from ilre.engine.messages import CompressRequest
 from ilre.service.client import ClientError
 
 from .conftest import QUERY, comparable, context, grpc_client, http_client
@@ -90,7 +90,7 @@ def test_a_request_names_a_layer_of_the_profile(local_service, engine):
 
 def test_a_retaining_head_strategy_without_a_layer_runs_where_its_head_is():
     from ilre.compressor.strategies import make_strategy
-    from ilre.service.api.engine import Engine, EngineConfig
+    from ilre.engine.engine import Engine, EngineConfig
 
     engine = Engine(EngineConfig(layer=12))  # no head is stored for layer 12
     heads = engine.head_layers()

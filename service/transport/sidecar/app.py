@@ -15,7 +15,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import math
 import time
 from dataclasses import dataclass
 from typing import Any, Callable
@@ -26,14 +25,13 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 
-from ...api.engine import DEFAULT_BUDGET
-from ...api.errors import HTTP_STATUS, Code, ServiceError
-from ...api.keys import ANONYMOUS, UNAUTHENTICATED_MESSAGE, KeyPolicy
-from ...api.quotas import retry_after_header
+from ....engine.messages import CompressRequest, InputError
 from ... import tracing
-from ...request_log import request_id
-from ...api.messages import CompressRequest, InputError
 from ...config import SidecarConfig
+from ...errors import HTTP_STATUS, Code, ServiceError
+from ...keys import ANONYMOUS, UNAUTHENTICATED_MESSAGE, KeyPolicy
+from ...quotas import retry_after_header
+from ...request_log import request_id
 from ..frontend import Frontend
 from ..http_app import build_app
 from ..http_common import decode_json, parse_timeout, read_body, unless_disconnected
@@ -71,6 +69,7 @@ class Sidecar:
         self.upstream = Upstream(config.engine_url, config.engine_api, config.connect_timeout_s)
         self.metrics = frontend.metrics
         self._forward: str | None = None if config.forward == "auto" else config.forward
+        self._budget: int | None = None  # the engine's default budget, once known
 
     async def close(self) -> None:
         await self.upstream.close()
@@ -163,7 +162,7 @@ class Sidecar:
             return Forwarded(fmt.path, untouched, "passthrough", split.total, split.total, _ms(start),
                              reason="no context before the query")
         request = self._request(options, split.context, split.query)
-        if _fits(len(split.context), request):
+        if len(split.context) <= request.budget_for(len(split.context), await self._default_budget()):
             return Forwarded(fmt.path, untouched, "passthrough", split.total, split.total,
                              _ms(start), reason="fits the budget")
         result = await self.frontend.compress(request, max(deadline - time.monotonic(), 0.0), f"sidecar.{fmt.name}",
@@ -177,6 +176,13 @@ class Sidecar:
             path, out = fmt.with_text(body, self.splitter.decode(result.token_ids))
         return Forwarded(path, json.dumps(out, ensure_ascii=False).encode(), "compressed", split.total, len(ids),
                          _ms(start), to_chat=fmt.chat and path != fmt.path)
+
+    async def _default_budget(self) -> int:
+        """The budget the engine behind the queue applies to a request that names none (its configuration,
+        read once from its model info)."""
+        if self._budget is None:
+            self._budget = (await self.frontend.model_info()).default_budget
+        return self._budget
 
     def _request(self, options: CompressionOptions, context: list[int], query: list[int]) -> CompressRequest:
         """The compression request for a split; InputError names the option as the client wrote it."""
@@ -242,12 +248,6 @@ class Sidecar:
         if exc.retry_after_s is not None:
             response.headers["retry-after"] = retry_after_header(exc.retry_after_s)
         return response
-
-
-def _fits(n: int, request: CompressRequest) -> bool:
-    """Nothing to gain: a context of `n` tokens no longer than what the request would keep."""
-    keep = math.ceil(request.ratio * n) if request.ratio is not None else request.budget or DEFAULT_BUDGET
-    return n <= keep
 
 
 def _report(plan: Forwarded) -> dict[str, str]:

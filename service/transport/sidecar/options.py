@@ -13,11 +13,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ...api.messages import InputError
+from ....compressor.defaults import MAX_QUERY_TOKENS, QUERY_TOKENS
+from ....engine.messages import InputError
 
 BODY_FIELD = "compression"
 HEADER_PREFIX = "x-ilre-"
-MAX_QUERY_TOKENS = 4096
 
 
 @dataclass(frozen=True)
@@ -29,7 +29,7 @@ class CompressionOptions:
     ratio: float | None = None
     strategy: str | None = None
     strategy_options: dict[str, Any] = field(default_factory=dict)
-    query_tokens: int = 64            # plain prompts: the last N tokens are the query (ILRe's LongBench rule)
+    query_tokens: int = QUERY_TOKENS  # plain prompts: the last N tokens are the query (ILRe's LongBench rule)
 
     def request_fields(self) -> dict[str, Any]:
         """The CompressRequest fields these options set."""

@@ -5,9 +5,9 @@ from __future__ import annotations
 import sys
 from typing import Any
 
-from ...evaluation.haystack import filler_ids
-from ..api.engine import Engine
-from ..api.messages import CompressRequest
+from ..engine.engine import Engine
+from ..engine.messages import CompressRequest
+from ..evaluation.haystack import filler_ids
 from .output import summary
 
 FACT = "\n\nThe secret ingredient of the Duke of Milan's wine is saffron from Valencia.\n"

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ...compressor.names import DEFAULT_STRATEGY
+from ..compressor.defaults import DEFAULT_STRATEGY
 
 if TYPE_CHECKING:  # a thin client reads ModelInfo without the engine (or torch)
     from .engine import Engine
@@ -38,7 +38,7 @@ class ModelInfo:
 
     @classmethod
     def from_engine(cls, engine: "Engine") -> "ModelInfo":
-        from ...compressor.strategies import STRATEGIES
+        from ..compressor.strategies import STRATEGIES
 
         cfg = engine.config
         return cls(

@@ -14,8 +14,6 @@ from dataclasses import dataclass
 
 import torch
 
-MAX_EXPLAIN_TOKENS = 1 << 16  # larger contexts make pages no browser renders comfortably
-
 STYLE = """
 body { font: 14px/1.5 system-ui, sans-serif; margin: 2em auto; max-width: 72em; color: #1b1b1b; }
 h1 { font-size: 1.3em; } h2 { font-size: 1.05em; margin-top: 1.6em; }

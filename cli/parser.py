@@ -5,12 +5,14 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..api.messages import DCA_MODES
+from ..compressor.defaults import (AUTO_BATCH_TOKENS, CHUNK, DEFAULT_BUDGET, DEFAULT_STRATEGY, DOC_CACHE_MB,
+                                  MAX_CONTEXT_TOKENS, QUERY_TOKENS, SINK, WINDOW)
+from ..engine.messages import DCA_MODES
 
 
 def _placement_options(parser: argparse.ArgumentParser) -> None:
     """--device and --dtype, shared by every command that loads a model (env ILRE_DEVICE, ILRE_DTYPE)."""
-    from ...models.placement_names import DEVICE_HELP, DTYPE_CHOICES
+    from ..models.placement_names import DEVICE_HELP, DTYPE_CHOICES
 
     parser.add_argument("--device", default=os.environ.get("ILRE_DEVICE", "auto"),
                         help=f"{DEVICE_HELP}: where the model runs (default auto: a GPU or NPU when present; env ILRE_DEVICE)")
@@ -26,28 +28,29 @@ def layer_arg(value: str) -> int | str:
 
 def _engine_options(parser: argparse.ArgumentParser) -> None:
     budget = parser.add_mutually_exclusive_group()
-    budget.add_argument("--budget", type=int, help="context tokens to keep, sink included (default 1024)")
+    budget.add_argument("--budget", type=int, help=f"context tokens to keep, sink included (default {DEFAULT_BUDGET})")
     budget.add_argument("--ratio", type=float, help="share of the context tokens to keep, in (0, 1]")
     parser.add_argument("--model", default=None, help="checkpoint folder, .gguf file or hub id (default: embedded SmolLM2-135M-Instruct)")
     parser.add_argument("--layer", type=layer_arg, default=None, help="retrieval layer l_R: a number or a name the model's "
                         "profile offers (fast, default, robust; default: the profile's default)")
-    parser.add_argument("--strategy", default=None, help="cascade (default: ILRe whose coarse layer picks candidates for l_R), ilre, snapkv, streaming_llm, "
+    parser.add_argument("--strategy", default=None, help=f"{DEFAULT_STRATEGY} (default: ILRe whose coarse layer picks candidates for l_R), ilre, snapkv, streaming_llm, "
                         "lagkv, reattention, locret, actqkv")
     parser.add_argument("--strategy-options", default=None, metavar="JSON",
                         help='the strategy\'s options as a JSON object, e.g. \'{"lag": 256}\' for lagkv')
     parser.add_argument("--dca", choices=DCA_MODES, default=None, help="dual chunk attention: auto = on beyond the native window")
-    parser.add_argument("--sink", type=int, default=4, help="S sink tokens (default 4)")
-    parser.add_argument("--window", type=int, default=512, help="W sliding-window tokens below l_R; 0 = unbounded (default 512)")
-    parser.add_argument("--chunk", type=int, default=1024, help="prefill chunk length (default 1024)")
-    parser.add_argument("--max-context-tokens", type=int, default=int(os.environ.get("ILRE_MAX_CONTEXT_TOKENS", 1 << 20)),
-                        help="reject longer contexts (default 1048576, env ILRE_MAX_CONTEXT_TOKENS)")
+    parser.add_argument("--sink", type=int, default=SINK, help=f"S sink tokens (default {SINK})")
+    parser.add_argument("--window", type=int, default=WINDOW,
+                        help=f"W sliding-window tokens below l_R; 0 = unbounded (default {WINDOW})")
+    parser.add_argument("--chunk", type=int, default=CHUNK, help=f"prefill chunk length (default {CHUNK})")
+    parser.add_argument("--max-context-tokens", type=int, default=int(os.environ.get("ILRE_MAX_CONTEXT_TOKENS", MAX_CONTEXT_TOKENS)),
+                        help=f"reject longer contexts (default {MAX_CONTEXT_TOKENS}, env ILRE_MAX_CONTEXT_TOKENS)")
     _placement_options(parser)
-    parser.add_argument("--doc-cache-mb", type=int, default=int(os.environ.get("ILRE_DOC_CACHE_MB", 1024)),
+    parser.add_argument("--doc-cache-mb", type=int, default=int(os.environ.get("ILRE_DOC_CACHE_MB", DOC_CACHE_MB)),
                         help="in-process document cache: token IDs and encoded contexts reused by later queries of the "
-                        "same document, in MiB (default 1024, 0 = off; env ILRE_DOC_CACHE_MB)")
+                        f"same document, in MiB (default {DOC_CACHE_MB}, 0 = off; env ILRE_DOC_CACHE_MB)")
     parser.add_argument("--batch-tokens", type=int, default=os.environ.get("ILRE_BATCH_TOKENS") or None,
                         help="short requests of a queue batch share one prefill, up to this many padded context tokens "
-                        "(default: 16384 on GPUs and NPUs, 0 = off on CPUs; env ILRE_BATCH_TOKENS)")
+                        f"(default: {AUTO_BATCH_TOKENS} on GPUs and NPUs, 0 = off on CPUs; env ILRE_BATCH_TOKENS)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -202,7 +205,7 @@ def _service_options(parser: argparse.ArgumentParser) -> None:
 
 def _sidecar_options(parser: argparse.ArgumentParser) -> None:
     """Sidecar settings; each also reads ILRE_<NAME> (see SidecarConfig in service/config.py)."""
-    from ..config import ENGINE_APIS, FORWARD_MODES
+    from ..service.config import ENGINE_APIS, FORWARD_MODES
 
     parser.add_argument("--engine-url", help="the engine's base URL (env ILRE_ENGINE_URL; default http://127.0.0.1:30000)")
     parser.add_argument("--engine-api", choices=ENGINE_APIS, help="the engine's API (env ILRE_ENGINE_API; default sglang; "
@@ -212,7 +215,7 @@ def _sidecar_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-timeout", type=float, help="deadline of a request without x-request-timeout: "
                         "compression plus the engine's answer, in s (default 600)")
     parser.add_argument("--connect-timeout", type=float, help="connecting to the engine, in s (default 5)")
-    parser.add_argument("--query-tokens", type=int, help="plain prompts: the last N tokens are the query (default 64)")
+    parser.add_argument("--query-tokens", type=int, help=f"plain prompts: the last N tokens are the query (default {QUERY_TOKENS})")
     parser.add_argument("--host", help="listen address (default 127.0.0.1; 0.0.0.0 in containers)")
     parser.add_argument("--port", type=int, help="listen port (env ILRE_HTTP_PORT; default 8080)")
     _queue_options(parser)

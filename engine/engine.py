@@ -7,7 +7,6 @@ holds no per-request state between calls.
 from __future__ import annotations
 
 import logging
-import math
 import threading
 import time
 from dataclasses import dataclass, field
@@ -15,24 +14,23 @@ from typing import Callable
 
 import torch
 
-from ...compressor.batched_prefill import fits_one_chunk
-from ...compressor.pipeline import Selection, SelectionJob, batchable, score_layers, select_context, select_contexts
-from ...compressor.prefill import ContextState, PrefillConfig, encode_context
-from ...compressor.strategies import Strategy
-from ...models.device import resolve_placement
-from ...models.llama import TruncatedLM
-from ...models.loader import load_spec, load_tokenizer, load_truncated, resolve_checkpoint
-from ...models.profiles import load_profile
-from ...models.retaining_head import attach_head, head_directories, head_path
-from ...models.tokenize import TooManyTokens, tokenize_text
+from ..compressor.batched_prefill import fits_one_chunk
+from ..compressor.defaults import (AUTO_BATCH_TOKENS, DEFAULT_BUDGET, DOC_CACHE_MB, MAX_CONTEXT_TOKENS,
+                                  MAX_EXPLAIN_TOKENS, MAX_QUERY_TOKENS)
+from ..compressor.pipeline import Selection, SelectionJob, batchable, score_layers, select_context, select_contexts
+from ..compressor.prefill import ContextState, PrefillConfig, encode_context
+from ..compressor.strategies import Strategy
+from ..models.device import resolve_placement
+from ..models.llama import TruncatedLM
+from ..models.loader import load_spec, load_tokenizer, load_truncated, resolve_checkpoint
+from ..models.profiles import load_profile
+from ..models.retaining_head import attach_head, head_directories, head_path
+from ..models.tokenize import TooManyTokens, tokenize_text
 from .documents import DocumentCache, SharedDocuments, document_id, state_key
-from .explain import MAX_EXPLAIN_TOKENS, ExplanationFacts, render_explanation
+from .explain import ExplanationFacts, render_explanation
 from .messages import CompressRequest, CompressResult, CompressResults, InputError, NotFoundError, Outcome
 
 log = logging.getLogger(__name__)
-
-DEFAULT_BUDGET = 1024
-AUTO_BATCH_TOKENS = 16384  # batched prefill on accelerators: 32 requests of ~500 tokens
 
 
 @dataclass(frozen=True)
@@ -40,7 +38,7 @@ class EngineConfig:
     """model: reference (folder, .gguf, hub id; None = embedded default); layer: l_R override
     (None = the model's profile); device/dtype: see models/device.py ("auto" = the fastest that
     keeps the selections); prefill: S/W/chunk; limits on what one request may carry; doc_cache_mb:
-    the in-process tier of the document cache (service/api/documents.py); batch_tokens:
+    the in-process tier of the document cache (engine/documents.py); batch_tokens:
     how many padded context tokens short requests may share one batched prefill with (None =
     16384 on GPUs and NPUs, 0 = off on CPUs, where `make bench` measured no gain: the 2 cores are
     as busy with one 300-token request as with 32 of them, and a batch only delays its first ones)."""
@@ -50,11 +48,11 @@ class EngineConfig:
     device: str = "auto"
     dtype: str = "auto"
     prefill: PrefillConfig = field(default_factory=PrefillConfig)
-    max_context_tokens: int = 1 << 20
-    max_query_tokens: int = 4096
+    max_context_tokens: int = MAX_CONTEXT_TOKENS
+    max_query_tokens: int = MAX_QUERY_TOKENS
     default_budget: int = DEFAULT_BUDGET
     batch_tokens: int | None = None  # padded context tokens per batched prefill; 0 = off, None = auto
-    doc_cache_mb: int = 1024  # in-process document cache (IDs and encoded contexts); 0 = off
+    doc_cache_mb: int = DOC_CACHE_MB  # in-process document cache (IDs and encoded contexts); 0 = off
 
 
 class Engine:
@@ -157,14 +155,6 @@ class Engine:
             raise InputError(ids_field, f"token id {bad} outside the vocabulary 0..{self.spec.vocab_size - 1}")
         return tensor
 
-    def budget_for(self, request: CompressRequest, length: int) -> int:
-        """Context tokens to keep: the request's budget, its ratio of `length`, or the default."""
-        if request.budget is not None:
-            return request.budget
-        if request.ratio is not None:
-            return max(1, math.ceil(request.ratio * length))
-        return self.config.default_budget
-
     def compress(self, request: CompressRequest) -> Outcome:
         """Tokenize, select context tokens, detokenize; raises InputError for bad input and
         NotFoundError for a document_id the cache no longer holds. A request with `queries`
@@ -247,7 +237,7 @@ class Engine:
     def _prepare(self, request: CompressRequest) -> "_Job":
         """Check and tokenize a request; InputError naming the field when it cannot run."""
         start = time.perf_counter()
-        requested = request.build_strategy()
+        requested = request.strategy_spec
         layer = self.strategy_layer(requested, request.layer)
         strategy = self.with_profile(requested)
         try:
@@ -277,7 +267,7 @@ class Engine:
         if request.explain and len(context_ids) > MAX_EXPLAIN_TOKENS:
             raise InputError("explain", f"{len(context_ids)} context tokens exceed the limit of {MAX_EXPLAIN_TOKENS} "
                              "for an explanation page")
-        budget = self.budget_for(request, len(context_ids))
+        budget = request.budget_for(len(context_ids), self.config.default_budget)
         strategy = strategy.for_context(len(context_ids), budget)
         total = len(context_ids) + max(len(q) for q in queries)
         dca = request.dca == "on" or (request.dca == "auto" and total > self.spec.native_context)
@@ -319,7 +309,7 @@ class Engine:
         return result
 
     def _explanation(self, job: "_Job", selection: Selection, result: CompressResult) -> str:
-        """The HTML page of one result (service/api/explain.py)."""
+        """The HTML page of one result (engine/explain.py)."""
         tokens = self.tokenizer.batch_decode([[i] for i in job.context_ids.tolist()])
         budget = result.budget or job.budget  # an automatic budget: the one chosen
         allocated = budget - min(self.config.prefill.sink, budget)

@@ -10,16 +10,14 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ...compressor.names import DEFAULT_STRATEGY
+from ..compressor.defaults import DEFAULT_STRATEGY, MAX_QUERIES
 from .document_ids import DOCUMENT_ID_CHARS, is_document_id
 
 if TYPE_CHECKING:  # the strategies need torch; a thin client builds requests without them
-    from ...compressor.strategies import Strategy
+    from ..compressor.strategies import Strategy
 
 DCA_MODES = ("auto", "on", "off")
 
-
-MAX_QUERIES = 64  # queries in one request
 
 
 class InputError(ValueError):
@@ -81,7 +79,7 @@ class CompressRequest:
             raise InputError("strategy", f"must be a strategy name (got {self.strategy!r})")
         if not isinstance(self.strategy_options, dict):
             raise InputError("strategy_options", "must be an object of option names to values")
-        self.build_strategy()
+        self.strategy_spec  # built (and checked) here, once
         if self.dca not in DCA_MODES:
             raise InputError("dca", f"must be one of {', '.join(DCA_MODES)} (got {self.dca!r})")
         if self.layer is not None and not isinstance(self.layer, str) and (not _is_int(self.layer) or self.layer < 1):
@@ -105,7 +103,7 @@ class CompressRequest:
 
     def _check_queries(self) -> None:
         if self.queries is None and self.queries_ids is None:
-            if self.query is None and self.query_ids is None and not self.build_strategy().needs_query:
+            if self.query is None and self.query_ids is None and not self.strategy_spec.needs_query:
                 return  # a query-agnostic strategy (e.g. lagkv) needs none
             _check_text_or_ids("query", self.query, self.query_ids)
             return
@@ -137,9 +135,29 @@ class CompressRequest:
             return [(None, ids) for ids in self.queries_ids]
         return [(self.query, self.query_ids)]
 
-    def build_strategy(self) -> Strategy:
-        """The strategy this request names, built with its options (InputError if unknown/bad)."""
-        from ...compressor.strategies import make_strategy
+    @property
+    def strategy_spec(self) -> Strategy:
+        """The strategy this request names, built with its options once, when the request was checked
+        (the engine adds the profile's defaults and the context's length to it)."""
+        built = self.__dict__.get("_strategy")
+        if built is None:
+            built = self._make_strategy()
+            object.__setattr__(self, "_strategy", built)  # not a field: asdict and equality skip it
+        return built
+
+    def budget_for(self, length: int, default: int) -> int:
+        """Context tokens to keep of a `length`-token context: the request's budget, its ratio of the
+        length (rounded up, at least 1), or `default` (the engine's configured budget). The one rule the
+        engine, the worker and the sidecar apply."""
+        if self.budget is not None:
+            return self.budget
+        if self.ratio is not None:
+            return max(1, math.ceil(self.ratio * length))
+        return default
+
+    def _make_strategy(self) -> Strategy:
+        """The named strategy with its options (InputError if unknown or bad)."""
+        from ..compressor.strategies import make_strategy
 
         try:
             return make_strategy(self.strategy, self.strategy_options)

@@ -9,8 +9,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ..api.engine import Engine
-from ..api.messages import CompressRequest, InputError
+from ..engine.engine import Engine
+from ..engine.messages import CompressRequest, InputError
 from .output import CliError
 
 

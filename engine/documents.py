@@ -28,7 +28,7 @@ from typing import Callable, Protocol
 
 import torch
 
-from ...compressor.prefill import ContextState, PrefillConfig
+from ..compressor.prefill import ContextState, PrefillConfig
 from .document_ids import DOCUMENT_ID_CHARS
 
 log = logging.getLogger(__name__)

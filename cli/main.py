@@ -10,14 +10,14 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-from ..api.messages import InputError
+from ..engine.messages import InputError
 from .output import EXIT_INPUT, CliError, summary
 from .parser import build_parser
 
 
 def _engine(args: argparse.Namespace):
-    from ...compressor.prefill import PrefillConfig
-    from ..api.engine import Engine, EngineConfig
+    from ..compressor.prefill import PrefillConfig
+    from ..engine.engine import Engine, EngineConfig
 
     try:
         prefill = PrefillConfig(args.sink, args.window or None, args.chunk)
@@ -70,9 +70,7 @@ def read_context(args: argparse.Namespace) -> str:
 
 
 def run_compress(args: argparse.Namespace) -> int:
-    from ..api.messages import CompressRequest
-
-    from ..api.messages import results_of
+    from ..engine.messages import CompressRequest, results_of
 
     if args.document_id is not None and not args.server:
         raise CliError("document-id: names a document cached by a running service: give --server too")
@@ -103,7 +101,7 @@ def _compress_remote(args: argparse.Namespace, request):
     """`compress --server`: the same request through a running service's gRPC API."""
     import dataclasses
 
-    from ..client import Client, ClientError
+    from ..service.client import Client, ClientError
 
     fields = {k: v for k, v in dataclasses.asdict(request).items() if v is not None}
     if args.layer is not None:
@@ -123,7 +121,7 @@ def _compress_remote(args: argparse.Namespace, request):
 
 def _service_config(args: argparse.Namespace, **settings: Any):
     """ServiceConfig from the environment, the flags winning; CliError naming a bad setting."""
-    from ..config import ServiceConfig
+    from ..service.config import ServiceConfig
 
     if getattr(args, "threads", None):
         import torch
@@ -144,7 +142,7 @@ def _service_config(args: argparse.Namespace, **settings: Any):
 
 def _check_placement(args: argparse.Namespace) -> None:
     """--device / --dtype checked before a server starts (its model loads in the background)."""
-    from ...models.device import resolve_placement
+    from ..models.device import resolve_placement
 
     try:
         resolve_placement(args.device, args.dtype)
@@ -155,8 +153,8 @@ def _check_placement(args: argparse.Namespace) -> None:
 def _observed(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """A server command with the process's log format and tracing set up first (and flushed after)."""
     def runner(args: argparse.Namespace) -> int:
-        from ..request_log import configure_logging
-        from ..tracing import setup_tracing, shutdown_tracing
+        from ..service.request_log import configure_logging
+        from ..service.tracing import setup_tracing, shutdown_tracing
 
         try:
             configure_logging(args.log_format, args.log_level)
@@ -171,7 +169,7 @@ def _observed(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from ..server import run_serve as serve
+    from ..service.server import run_serve as serve
 
     _check_placement(args)
     config = _service_config(args, max_context_tokens=args.max_context_tokens)
@@ -182,9 +180,9 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 def run_sidecar(args: argparse.Namespace) -> int:
-    from ...models.loader import load_tokenizer, resolve_checkpoint
-    from ..config import SidecarConfig
-    from ..server import run_serve as serve
+    from ..models.loader import load_tokenizer, resolve_checkpoint
+    from ..service.config import SidecarConfig
+    from ..service.server import run_serve as serve
 
     _check_placement(args)
     config = _service_config(args, http_port=args.port, max_context_tokens=args.max_context_tokens)
@@ -202,7 +200,7 @@ def run_sidecar(args: argparse.Namespace) -> int:
 
 
 def run_worker(args: argparse.Namespace) -> int:
-    from ..queue.worker import run_worker as work
+    from ..service.queue.worker import run_worker as work
 
     config = _service_config(args)
     if not config.redis_url:
@@ -223,7 +221,7 @@ def run_demo(args: argparse.Namespace) -> int:
 
 
 def _require_eval_extra(command: str, modules: tuple[str, ...] | None = None) -> None:
-    from ...evaluation.extra import EVAL_MODULES, MissingExtra, require_eval_extra
+    from ..evaluation.extra import EVAL_MODULES, MissingExtra, require_eval_extra
 
     try:
         require_eval_extra(command, modules or EVAL_MODULES)
@@ -236,9 +234,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     if args.plots:
         _require_eval_extra("calibrate --plots", ("matplotlib",))
-    from ...evaluation.calibrate import QUICK_PLAN, CalibrationPlan, run_calibration
-    from ...models.device import resolve_placement
-    from ...models.profiles import PROFILE_DIR
+    from ..evaluation.calibrate import QUICK_PLAN, CalibrationPlan, run_calibration
+    from ..models.device import resolve_placement
+    from ..models.profiles import PROFILE_DIR
 
     plan = QUICK_PLAN if args.quick else CalibrationPlan()
     lists = (("lengths", args.lengths), ("digits", args.digits), ("long_lengths", args.long_lengths),
@@ -270,9 +268,9 @@ def run_train_locret(args: argparse.Namespace) -> int:
     import shlex
 
     _require_eval_extra("train-locret", ("wonderwords",))
-    from ...evaluation.locret_data import DataPlan
-    from ...evaluation.train_locret import TrainPlan, train_locret
-    from ...models.profiles import PROFILE_DIR
+    from ..evaluation.locret_data import DataPlan
+    from ..evaluation.train_locret import TrainPlan, train_locret
+    from ..models.profiles import PROFILE_DIR
 
     try:
         data = {k: v for k, v in (("samples", args.samples), ("seed", args.seed)) if v is not None}
@@ -296,9 +294,9 @@ def run_evaluation(args: argparse.Namespace) -> int:
     import dataclasses
 
     _require_eval_extra("eval")
-    from ...evaluation.results import write_report
-    from ...evaluation.ruler import parse_length
-    from ...evaluation.run_eval import FULL_PLAN, QUICK_PLAN, run_eval
+    from ..evaluation.results import write_report
+    from ..evaluation.ruler import parse_length
+    from ..evaluation.run_eval import FULL_PLAN, QUICK_PLAN, run_eval
 
     _check_placement(args)
     plan = QUICK_PLAN if args.quick else FULL_PLAN

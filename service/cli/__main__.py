@@ -1,7 +1,0 @@
-"""`python -m ilre.service.cli ...` runs the command line."""
-
-import sys
-
-from .main import main
-
-sys.exit(main())
