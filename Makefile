@@ -11,7 +11,7 @@ LLAMA_SERVER      := $(ILRE_CACHE_DIR)/llama-cpp-$(LLAMA_CPP_VERSION)-portable/b
 # the venv's bin/ first: redis-server and cmake may be installed there (deploy/test-tools.sh)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup tools engine run demo test test-fast bench soak proto eval eval-quick lingua clean
+.PHONY: setup tools engine run demo test test-fast bench soak proto eval eval-quick lingua litellm clean
 
 setup: $(STAMP)
 
@@ -43,8 +43,8 @@ run: setup          ## serve: gRPC on 127.0.0.1:50051, HTTP on :8080, in-process
 demo: setup         ## compress a generated 16K-token document with a planted fact
 	$(VENV)/bin/ilre demo
 
-test: setup engine  ## everything: the real-model needle test, the sidecar in front of a real llama-server
-	$(PY) -m pytest -q -ra
+test: setup engine lingua litellm  ## everything: the real-model needle test, the sidecar in front of a real llama-server, LLMLingua beside its compatible API
+	ILRE_REQUIRE_LINGUA=1 $(PY) -m pytest -q -ra
 
 test-fast: setup engine   ## skip the tests marked slow
 	$(PY) -m pytest -q -m "not slow"
@@ -67,6 +67,13 @@ eval: setup lingua  ## RULER-style retention + end-to-end table -> docs/results.
 eval-quick: setup   ## the same on 2 tasks x 1 sample x 4K (a few minutes; CI)
 	$(VENV)/bin/ilre eval --quick
 
+litellm: .venv-litellm/.setup-done   ## LiteLLM's proxy with the thin ilre client in it (the gateway hook's tests)
+
+.venv-litellm/.setup-done: pyproject.toml
+	test -x .venv-litellm/bin/python || python3 -m venv .venv-litellm
+	.venv-litellm/bin/python -m pip install -q -e '.[litellm]'
+	touch $@
+
 lingua: .venv-lingua/.setup-done   ## LLMLingua's own environment (it needs transformers 4.x)
 
 .venv-lingua/.setup-done:
@@ -75,4 +82,4 @@ lingua: .venv-lingua/.setup-done   ## LLMLingua's own environment (it needs tran
 	touch $@
 
 clean:
-	rm -rf $(VENV) .venv-lingua build *.egg-info .pytest_cache
+	rm -rf $(VENV) .venv-lingua .venv-litellm build *.egg-info .pytest_cache

@@ -58,15 +58,22 @@ class LinguaPeer:
 
     def compress(self, method: str, chunks: list[str], question: str, target_token: int) -> tuple[str, float]:
         """-> (compressed context text, seconds the worker spent)."""
+        reply = self._ask({"method": method, "context": chunks, "question": question, "target_token": target_token})
+        return reply["compressed"], float(reply["seconds"])
+
+    def call(self, context: str | list[str], **kwargs) -> dict:
+        """LLMLingua's own `compress_prompt(context, **kwargs)`, its whole answer dict as it returned it."""
+        return self._ask({"method": "call", "context": context, "kwargs": kwargs})["answer"]
+
+    def _ask(self, request: dict) -> dict:
+        """One request line out, its reply line back (RuntimeError carrying the worker's error)."""
         self._next += 1
-        request = {"id": self._next, "method": method, "context": chunks, "question": question,
-                   "target_token": target_token}
-        self.process.stdin.write(json.dumps(request) + "\n")
+        self.process.stdin.write(json.dumps({"id": self._next, **request}) + "\n")
         self.process.stdin.flush()
         reply = self._read()
         if "error" in reply:
             raise RuntimeError(f"lingua: {reply['error']}")
-        return reply["compressed"], float(reply["seconds"])
+        return reply
 
     def close(self) -> None:
         if self.process.poll() is None:

@@ -7,6 +7,8 @@ lingua environment's python and talks JSON lines over stdin/stdout:
   argv: CHECKPOINT_DIR WORK_DIR [DTYPE: float32 (default) or bfloat16]
   stdin:  {"id", "method": "llmlingua"|"longllmlingua", "context": [chunk texts], "question", "target_token"}
   stdout: {"id", "compressed", "seconds"} or {"id", "error"}; first line {"ready": true}
+  or stdin {"id", "method": "call", "context", "kwargs": {...}}: compress_prompt(context, **kwargs) as it is
+  -> {"id", "answer": its whole result, "seconds"} (the compatible API's tests compare with it)
 
 Two things are patched here and nowhere else:
 - tiktoken: LLMLingua counts tokens with tiktoken's gpt-3.5 encoding, fetched from the internet
@@ -62,6 +64,11 @@ def legacy_checkpoint(checkpoint: Path, work: Path) -> Path:
     return work
 
 
+def _common(request: dict) -> dict:
+    """The evaluation's settings: its question, its budget in context tokens, the question left out."""
+    return dict(question=request["question"], target_token=request["target_token"], concate_question=False)
+
+
 def main() -> int:
     checkpoint, work = Path(sys.argv[1]), Path(sys.argv[2])
     dtype = sys.argv[3] if len(sys.argv) > 3 else "float32"
@@ -90,18 +97,21 @@ def main() -> int:
         request = json.loads(line)
         start = time.perf_counter()
         try:
-            common = dict(question=request["question"], target_token=request["target_token"], concate_question=False)
-            if request["method"] == "longllmlingua":  # the LongLLMLingua settings of the package's README
+            if request["method"] == "call":
+                result = compressor.compress_prompt(request["context"], **request.get("kwargs", {}))
+            elif request["method"] == "longllmlingua":  # the LongLLMLingua settings of the package's README
                 result = compressor.compress_prompt(
                     request["context"], rank_method="longllmlingua", condition_in_question="after_condition",
                     reorder_context="original", dynamic_context_compression_ratio=0.3, condition_compare=True,
-                    context_budget="+100", **common)
+                    context_budget="+100", **_common(request))
             elif request["method"] == "llmlingua":
-                result = compressor.compress_prompt(request["context"], rank_method="llmlingua", **common)
+                result = compressor.compress_prompt(request["context"], rank_method="llmlingua", **_common(request))
             else:
                 raise ValueError(f"method: unknown {request['method']!r}")
             out = {"id": request["id"], "compressed": result["compressed_prompt"],
                    "seconds": round(time.perf_counter() - start, 3)}
+            if request["method"] == "call":
+                out["answer"] = result
         except Exception as exc:  # one bad request must not end the worker
             out = {"id": request.get("id"), "error": f"{type(exc).__name__}: {exc}"}
         print(json.dumps(out), flush=True)

@@ -1,0 +1,196 @@
+"""A LiteLLM proxy hook: every model behind the gateway gets long prompts compressed by ilre first.
+
+In the proxy's config.yaml (the module-level `compression` reads its settings from ILRE_LITELLM_*):
+
+    litellm_settings:
+      callbacks: ilre.integrations.litellm.compression
+
+    ILRE_LITELLM_TARGET=127.0.0.1:50051   # an ilre service (gRPC, or http://...); unset = in process (needs ilre[server])
+    ILRE_LITELLM_BUDGET=1024  ILRE_LITELLM_STRICT=0  ILRE_LITELLM_TIMEOUT_S=30  ILRE_API_KEY=...
+
+or a file of your own beside config.yaml, `callbacks: my_hooks.ilre` with
+`ilre = IlreCompression(target="127.0.0.1:50051", budget=2048, strict=True)`.
+
+What is compressed: chat messages (`messages`) and completion prompts (`prompt`) longer than the budget.
+- The query ILRe ranks by is the last user message; when it is long itself (a question after pasted
+  documents), its last QUERY_TOKENS tokens are the query and stay whole and the rest is compressed.
+- Messages whose content is a plain string and which are not system messages are compressed, each to
+  its share of the budget (in proportion to its length); system messages, short messages and messages
+  with parts (images, audio, files) stay as they are, as do tools and tool calls.
+- A completion prompt is compressed by its own end (its last QUERY_TOKENS tokens are the query).
+- A prompt that fits the budget passes untouched.
+The facts land in the response headers (`x-ilre-action`: compressed, passthrough or failed;
+`x-ilre-original-tokens`, `x-ilre-compressed-tokens`, `x-ilre-reason`) and in the request's metadata
+under "ilre". If ilre fails or times out the call goes on uncompressed (logged, counted in `failures`,
+`x-ilre-action: failed`), unless `strict`: then the caller gets 503 naming the cause.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+from dataclasses import dataclass, field
+from typing import Any, Mapping
+
+from litellm.integrations.custom_logger import CustomLogger
+
+from ..compressor.defaults import DEFAULT_BUDGET, QUERY_TOKENS
+from .backend import Backend, compress_by_its_end, count_tokens
+
+log = logging.getLogger(__name__)
+
+CHAT_CALLS = ("completion", "acompletion")
+TEXT_CALLS = ("text_completion", "atext_completion")
+LONG_QUERY = 2 * QUERY_TOKENS  # a last user message longer than this is a document followed by its question
+
+
+@dataclass
+class Outcome:
+    """What the hook did with one request (its headers and metadata)."""
+
+    action: str
+    original_tokens: int | None = None
+    compressed_tokens: int | None = None
+    reason: str | None = None
+
+    def headers(self) -> dict[str, str]:
+        out = {"x-ilre-action": self.action}
+        if self.original_tokens is not None:
+            out.update({"x-ilre-original-tokens": str(self.original_tokens),
+                        "x-ilre-compressed-tokens": str(self.compressed_tokens)})
+        if self.reason:
+            out["x-ilre-reason"] = " ".join(self.reason.split())[:200]
+        return out
+
+
+@dataclass
+class _Part:
+    """One compressible message: its index, text, tokens and (for the long last user message) its IDs."""
+
+    index: int
+    text: str
+    tokens: int
+    ids: list[int] = field(default_factory=list)
+
+
+class IlreCompression(CustomLogger):
+    """target: None = in process (the embedded model), "HOST:PORT" = an ilre service's gRPC API,
+    "http(s)://HOST:PORT" its HTTP API; budget: prompt tokens to aim for (the model's tokens); strategy:
+    an ilre strategy (None: the default); strict: a failure of ilre fails the call (503) instead of
+    sending the prompt uncompressed; timeout_s: per ilre request."""
+
+    def __init__(self, target: str | None = None, budget: int = DEFAULT_BUDGET, strategy: str | None = None,
+                 strict: bool = False, timeout_s: float = 30.0, api_key: str | None = None, **kwargs: Any):
+        super().__init__(**kwargs)
+        if not isinstance(budget, int) or budget <= 2 * QUERY_TOKENS:
+            raise ValueError(f"budget: must be an integer above {2 * QUERY_TOKENS} (got {budget!r})")
+        if not timeout_s > 0:
+            raise ValueError(f"timeout_s: must be > 0 (got {timeout_s!r})")
+        self.backend = Backend(target, api_key, timeout_s)
+        self.budget, self.strategy, self.strict, self.timeout_s = budget, strategy, strict, timeout_s
+        self.failures = 0  # calls that went on uncompressed because ilre failed
+
+    @classmethod
+    def from_env(cls, environ: Mapping[str, str]) -> "IlreCompression":
+        """Settings from ILRE_LITELLM_TARGET, _BUDGET, _STRATEGY, _STRICT, _TIMEOUT_S and ILRE_API_KEY."""
+        def get(name: str) -> str | None:
+            return environ.get(f"ILRE_LITELLM_{name}") or None
+
+        try:
+            return cls(target=get("TARGET"), budget=int(get("BUDGET") or DEFAULT_BUDGET), strategy=get("STRATEGY"),
+                       strict=(get("STRICT") or "0").lower() in ("1", "true", "yes", "on"),
+                       timeout_s=float(get("TIMEOUT_S") or 30.0), api_key=environ.get("ILRE_API_KEY") or None)
+        except ValueError as exc:
+            raise ValueError(f"ILRE_LITELLM_{str(exc).split(':')[0].upper()}: {exc}") from None
+
+    async def async_pre_call_hook(self, user_api_key_dict: Any, cache: Any, data: dict, call_type: str) -> dict:
+        """Before the call: the request with its long prompt compressed (or as it came, with the reason)."""
+        if call_type not in CHAT_CALLS + TEXT_CALLS:
+            return data
+        try:
+            outcome = await asyncio.wait_for(asyncio.to_thread(self._compress, data), self.timeout_s)
+        except Exception as exc:  # ilre down, timed out or refusing: the call goes on as it came, unless strict
+            reason = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
+            if self.strict:
+                from fastapi import HTTPException
+
+                raise HTTPException(status_code=503, detail=f"ilre: compression failed ({reason})") from None
+            self.failures += 1
+            log.warning("ilre: compression failed, the call goes on uncompressed (%s); %d so far", reason, self.failures)
+            outcome = Outcome("failed", reason=reason)
+        metadata = data.get("metadata")
+        if not isinstance(metadata, dict):
+            metadata = data["metadata"] = {}
+        metadata["ilre"] = outcome.headers()
+        return data
+
+    async def async_post_call_response_headers_hook(self, data: dict, user_api_key_dict: Any, response: Any,
+                                                    request_headers: Any = None, **kwargs: Any) -> dict[str, str] | None:
+        """The x-ilre-* headers of what the pre-call hook did."""
+        facts = (data.get("metadata") or {}).get("ilre") if isinstance(data, dict) else None
+        return dict(facts) if facts else None
+
+    # -- compression (runs in a worker thread: the backend's calls block) -----------------------------------
+    def _compress(self, data: dict) -> Outcome:
+        if isinstance(data.get("messages"), list):
+            return self._compress_chat(data)
+        prompt = data.get("prompt")
+        if isinstance(prompt, str) and prompt:
+            length, ids = count_tokens(self.backend, prompt)
+            if length <= self.budget:
+                return Outcome("passthrough", length, length, "fits the budget")
+            short = compress_by_its_end(self.backend, prompt, self.budget, self.strategy, ids)
+            data["prompt"] = short.text
+            return Outcome("compressed", short.original_tokens, short.kept_tokens)
+        return Outcome("passthrough", reason="no single text prompt")
+
+    def _compress_chat(self, data: dict) -> Outcome:
+        messages = data["messages"]
+        texts = {i: m["content"] for i, m in enumerate(messages)
+                 if isinstance(m, dict) and isinstance(m.get("content"), str) and m["content"]}
+        last_user = max((i for i in texts if messages[i].get("role") == "user"), default=None)
+        if last_user is None:
+            return Outcome("passthrough", reason="no user message with text")
+        total, _ = count_tokens(self.backend, "\n\n".join(texts.values()))
+        if total <= self.budget:
+            return Outcome("passthrough", total, total, "fits the budget")
+        parts, query = self._parts(messages, texts, last_user)
+        if not parts:
+            return Outcome("passthrough", total, total, "no compressible message")
+        whole = total - sum(p.tokens for p in parts)  # what stays as it is: system, short and multimodal messages
+        room = max(len(parts), self.budget - whole)
+        compressible = sum(p.tokens for p in parts)
+        for part in parts:
+            share = max(1, room * part.tokens // compressible)
+            if part.ids:  # the long last user message: compressed by its own end, which is the query
+                new = compress_by_its_end(self.backend, part.text, share + QUERY_TOKENS, self.strategy, part.ids).text
+            elif share >= part.tokens:
+                continue
+            else:
+                fields = {"context": part.text, "query": query, "budget": share}
+                new = self.backend.compress(**fields, **({"strategy": self.strategy} if self.strategy else {})
+                                            ).compressed_context
+            messages[part.index] = {**messages[part.index], "content": new}
+        kept = whole + sum(min(room * p.tokens // compressible, p.tokens) for p in parts)
+        return Outcome("compressed", total, kept)
+
+    def _parts(self, messages: list, texts: dict[int, str], last_user: int) -> tuple[list[_Part], str]:
+        """The compressible messages and the query: the last user message whole when it is short, else
+        its last QUERY_TOKENS tokens (the message itself then becomes a part, compressed by its end)."""
+        length, ids = count_tokens(self.backend, texts[last_user])
+        parts, query = [], texts[last_user]
+        if length > LONG_QUERY:
+            parts.append(_Part(last_user, texts[last_user], length - QUERY_TOKENS, ids))
+            query = self.backend.compress(context_ids=ids[:-QUERY_TOKENS], query_ids=ids[-QUERY_TOKENS:],
+                                          ratio=1.0).query
+        for i, text in texts.items():
+            if i == last_user or messages[i].get("role") == "system":
+                continue
+            tokens, _ = count_tokens(self.backend, text)
+            if tokens > QUERY_TOKENS:
+                parts.append(_Part(i, text, tokens))
+        return sorted(parts, key=lambda p: p.index), query
+
+
+compression = IlreCompression.from_env(os.environ)  # `callbacks: ilre.integrations.litellm.compression`

@@ -1,0 +1,184 @@
+"""LLMLingua's `PromptCompressor`, answered by ilre: switching is the import line.
+
+    from ilre.integrations.llmlingua import PromptCompressor   # was: from llmlingua import PromptCompressor
+    compressor = PromptCompressor()                              # the embedded model, in process
+    compressor = PromptCompressor(target="127.0.0.1:50051")      # or a running ilre (gRPC, or http://...)
+    result = compressor.compress_prompt(context, instruction="", question="...", target_token=200)
+    result["compressed_prompt"], result["origin_tokens"], result["ratio"]     # '11.2x', as LLMLingua writes it
+
+How LLMLingua's arguments map:
+- `context` (a string or a list of strings, joined by blank lines as LLMLingua joins them) is the document
+  ILRe compresses; `question` is its query, and when there is none the instruction is (ILRe ranks context
+  tokens by the query's attention, so a question gives the best selection); the instruction and the
+  question are kept whole, and the compressed prompt is "instruction\\n\\ncompressed context\\n\\nquestion"
+  as LLMLingua builds it (`concate_question=False` leaves the question out).
+- `target_token` is the budget of context tokens; otherwise `rate` sets it as LLMLingua does:
+  rate x (instruction + context + question tokens) - instruction - question.
+- `rank_method` ("llmlingua" / "longllmlingua"), `condition_in_question` and `condition_compare` choose
+  LLMLingua's question-aware ranking: ILRe's ranking is always the question's attention, so every value
+  LLMLingua accepts is accepted (and "longllmlingua" needs a question, as there).
+- Token counts are the model's own tokens (LLMLingua counts GPT-3.5's), summed over instruction, context
+  and question; `ratio`, `rate` and `saving` are formatted exactly as LLMLingua formats them.
+- Every other LLMLingua option is accepted at its default value; any other value raises ValueError naming
+  the option and what to do instead (`OPTIONS_WITHOUT_MAPPING`): nothing is silently ignored.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .backend import Backend, compress_by_its_end, count_tokens
+
+# LLMLingua's options ilre has no counterpart for: their default values, and what to do instead of another value
+OPTIONS_WITHOUT_MAPPING: dict[str, tuple[Any, str]] = {
+    "iterative_size": (200, "ILRe scores the whole context in one pass; drop the option"),
+    "force_context_ids": (None, "ilre compresses the contexts as one document; keep a context whole by putting it in "
+                                "the instruction"),
+    "force_context_number": (None, "ilre compresses the contexts as one document; drop the option"),
+    "use_sentence_level_filter": (False, "ILRe keeps tokens, not sentences; drop the option"),
+    "use_context_level_filter": (True, "ILRe's allocation spans every context at once; drop the option"),
+    "use_token_level_filter": (True, "ILRe always selects tokens; drop the option"),
+    "keep_split": (False, "ilre keeps no separators on purpose; drop the option"),
+    "keep_first_sentence": (0, "put the sentences to keep in the instruction"),
+    "keep_last_sentence": (0, "put the sentences to keep in the question"),
+    "keep_sentence_number": (0, "ILRe keeps tokens, not sentences; drop the option"),
+    "high_priority_bonus": (100, "drop the option"),
+    "context_budget": ("+100", "set target_token or rate for the whole budget"),
+    "token_budget_ratio": (1.4, "set target_token or rate for the whole budget"),
+    "reorder_context": ("original", "ilre keeps the contexts in the order given: sort them before the call"),
+    "dynamic_context_compression_ratio": (0.0, "ILRe's pooling allocation already gives relevant regions more of the "
+                                                "budget; drop the option"),
+    "add_instruction": (False, "the question already conditions the selection; drop the option"),
+    "context_segs": (None, "structured compression is not offered: compress each segment with its own call"),
+    "context_segs_rate": (None, "structured compression is not offered: compress each segment with its own call"),
+    "context_segs_compress": (None, "structured compression is not offered: compress each segment with its own call"),
+    "target_context": (-1, "set target_token (context tokens)"),
+    "context_level_rate": (1.0, "set rate or target_token"),
+    "context_level_target_token": (-1, "set rate or target_token"),
+    "force_tokens": ([], "ILRe keeps the tokens the question attends to and cannot force particular ones in; "
+                         "drop the option"),
+    "force_reserve_digit": (False, "drop the option"),
+    "drop_consecutive": (False, "drop the option"),
+    "chunk_end_tokens": ([".", "\n"], "ILRe reads the whole context at once; drop the option"),
+    "return_word_label": (False, "read kept tokens from ilre's own API (kept_indices)"),
+    "word_sep": ("\t\t|\t\t", "drop the option"),
+    "label_sep": (" ", "drop the option"),
+    "token_to_word": ("mean", "drop the option"),
+}
+RANK_METHODS = ("llmlingua", "longllmlingua")
+CONDITIONS = ("none", "before", "after")
+
+
+class PromptCompressor:
+    """LLMLingua's class, backed by ilre. model_name: the model ILRe runs (a checkpoint folder, .gguf or hub
+    id; None = the embedded default; in process only); target: None = in process, "HOST:PORT" = an ilre
+    service's gRPC API, "http(s)://HOST:PORT" its HTTP API; strategy: an ilre strategy (None: the default).
+    LLMLingua's `device_map`, `model_config`, `open_api_config`, `use_llmlingua2` and `llmlingua2_config`
+    are accepted at their defaults (device_map also as "cpu"/"cuda"/"auto", where ilre places the model itself)."""
+
+    def __init__(self, model_name: str | None = None, device_map: str = "cuda", model_config: dict | None = None,
+                 open_api_config: dict | None = None, use_llmlingua2: bool = False,
+                 llmlingua2_config: dict | None = None, *, target: str | None = None, api_key: str | None = None,
+                 strategy: str | None = None, timeout_s: float = 300.0):
+        if model_name is not None and ("llmlingua-2" in model_name or use_llmlingua2):
+            raise ValueError(f"model_name: {model_name} is an LLMLingua-2 token classifier; ilre ranks with the "
+                             "downstream model's own layers: leave model_name out (the embedded model) or name a "
+                             "Llama-architecture model (folder, .gguf or hub id)")
+        if model_name is not None and target is not None:
+            raise ValueError("model_name: a remote ilre (target) runs its own model: give one of model_name, target")
+        for name, value in (("model_config", model_config), ("open_api_config", open_api_config),
+                            ("llmlingua2_config", llmlingua2_config)):
+            if value:
+                raise ValueError(f"{name}: ilre loads and places its model itself; drop the option")
+        if not isinstance(device_map, str) or device_map.split(":")[0] not in ("cuda", "cpu", "auto", "npu", "mps"):
+            raise ValueError(f"device_map: must name a device such as cuda or cpu (got {device_map!r})")
+        self.backend = Backend(target, api_key, timeout_s, model=model_name)
+        self.strategy = strategy
+
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
+        return self.compress_prompt(*args, **kwargs)
+
+    def compress_prompt(self, context: str | list[str], instruction: str = "", question: str = "",
+                        rate: float = 0.5, target_token: float = -1, rank_method: str = "llmlingua",
+                        condition_in_question: str = "none", condition_compare: bool = False,
+                        concate_question: bool = True, **options: Any) -> dict[str, Any]:
+        """LLMLingua's call and answer: {"compressed_prompt", "origin_tokens", "compressed_tokens", "ratio",
+        "rate", "saving"} (see the module docstring for how each argument maps)."""
+        _check_options(options)
+        contexts = [context] if isinstance(context, str) else list(context or [])
+        if not all(isinstance(c, str) for c in contexts):
+            raise ValueError("context: must be a string or a list of strings")
+        if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 < rate <= 1:
+            raise ValueError(f"rate: must be a number in (0, 1] (got {rate!r})")
+        if rank_method not in RANK_METHODS:
+            raise ValueError(f"rank_method: must be one of {', '.join(RANK_METHODS)} (got {rank_method!r})")
+        if condition_in_question.removesuffix("_condition") not in CONDITIONS:
+            raise ValueError(f"condition_in_question: must be one of {', '.join(CONDITIONS)}, optionally with "
+                             f"_condition (got {condition_in_question!r})")
+        if rank_method == "longllmlingua" and not question:
+            raise ValueError("question: LongLLMLingua's ranking (rank_method='longllmlingua') needs a question")
+        document = "\n\n".join(c for c in contexts if c.strip())
+        query = question or instruction
+        if document and not query.strip():  # no question: the prompt's own end is the query (the sidecar's rule)
+            return self._compress_by_its_end(document, rate, target_token)
+        instruction_tokens = self._count(instruction) if question else None
+        if not document:
+            question_tokens = self._count(question)
+            return _answer(instruction, "", question, concate_question, 0, 0, instruction_tokens or
+                           self._count(instruction), question_tokens)
+        if target_token is not None and target_token != -1:
+            result = self._send(document, query, budget=max(1, int(target_token)))
+        else:  # LLMLingua's rule: rate of the whole prompt, less the parts kept whole
+            result = whole = self._send(document, query, ratio=1.0)
+            length, asked = whole.original_tokens, len(whole.token_ids) - whole.compressed_tokens
+            kept_whole = (instruction_tokens if question else asked) + (asked if question and concate_question else 0)
+            total = length + asked + (instruction_tokens or 0)
+            budget = math.floor(total * rate - kept_whole)
+            if budget < length:
+                result = self._send(document, query, budget=max(1, budget))
+        asked = len(result.token_ids) - result.compressed_tokens
+        return _answer(instruction, result.compressed_context, question, concate_question, result.original_tokens,
+                       result.compressed_tokens, instruction_tokens if question else asked, asked if question else 0)
+
+    def _compress_by_its_end(self, document: str, rate: float, target_token: float) -> dict[str, Any]:
+        """A prompt without question or instruction: its end is the query (backend.compress_by_its_end);
+        `rate` or `target_token` cover the whole prompt."""
+        length, ids = count_tokens(self.backend, document)
+        target = int(target_token) if target_token is not None and target_token != -1 else math.floor(length * rate)
+        short = compress_by_its_end(self.backend, document, target, self.strategy, ids)
+        return _answer("", short.text, "", False, short.original_tokens, short.kept_tokens, 0, 0)
+
+    def _send(self, document: str, query: str, budget: int | None = None, ratio: float | None = None):
+        fields: dict[str, Any] = {"context": document, "query": query}
+        fields.update({"budget": budget} if budget is not None else {"ratio": ratio})
+        if self.strategy is not None:
+            fields["strategy"] = self.strategy
+        return self.backend.compress(**fields)
+
+    def _count(self, text: str) -> int:
+        """Tokens of `text` in the model's tokenizer (0 for none)."""
+        return count_tokens(self.backend, text)[0] if text else 0
+
+
+def _check_options(options: dict[str, Any]) -> None:
+    for name, value in options.items():
+        if name not in OPTIONS_WITHOUT_MAPPING:
+            raise TypeError(f"compress_prompt() got an unexpected keyword argument {name!r}")
+        default, instead = OPTIONS_WITHOUT_MAPPING[name]
+        if value != default:
+            raise ValueError(f"{name}: LLMLingua's option has no counterpart in ilre (got {value!r}, only its "
+                             f"default {default!r} is accepted): {instead}")
+
+
+def _answer(instruction: str, kept: str, question: str, with_question: bool, length: int, kept_tokens: int,
+            instruction_tokens: int, question_tokens: int) -> dict[str, Any]:
+    """LLMLingua's answer: the parts joined by blank lines, counts and LLMLingua's formatted figures."""
+    shown = question if with_question else ""
+    prompt = "\n\n".join(part for part in (instruction, kept, shown) if part.strip())
+    origin = instruction_tokens + length + question_tokens
+    compressed = instruction_tokens + kept_tokens + (question_tokens if shown else 0)
+    ratio = 1 if compressed == 0 else origin / compressed
+    saving = (origin - compressed) * 0.06 / 1000  # LLMLingua's GPT-4 price per 1K tokens, as it reports it
+    return {"compressed_prompt": prompt, "origin_tokens": origin, "compressed_tokens": compressed,
+            "ratio": f"{ratio:.1f}x", "rate": f"{100 / ratio:.1f}%", "saving": f", Saving ${saving:.1f} in GPT-4."}

@@ -1,0 +1,151 @@
+"""The LiteLLM proxy hook as a gateway runs it: LiteLLM's real proxy (its own environment with the thin
+ilre client, `make litellm`, built by `make test`) in front of llama.cpp's server (a 4096-token window),
+compressing through a real `ilre serve` on loopback; then the same with ilre stopped (fail-open) and in
+strict mode."""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+from pathlib import Path
+
+import httpx
+import pytest
+
+from ilre.evaluation.haystack import shakespeare_text
+
+from .conftest import free_port, served_by, wait_for
+from .engines import LlamaServer
+
+REPO = Path(__file__).resolve().parents[2]
+ANSWER = "The vault code of the museum is 4471."
+QUESTION = "What is the vault code of the museum? Answer with the code."
+
+
+def litellm_binary() -> Path:
+    return Path(os.environ.get("ILRE_LITELLM_BIN") or REPO / ".venv-litellm" / "bin" / "litellm")
+
+
+class Proxy:
+    """`litellm --config` on a free port: one model (the llama-server) and the ilre hook from the environment."""
+
+    def __init__(self, engine: LlamaServer, tmp_path: Path, **settings: str):
+        binary = litellm_binary()
+        if not binary.is_file():
+            pytest.fail(f"LiteLLM's proxy not found at {binary}: run `make litellm` (make test does)")
+        config = tmp_path / f"config-{len(list(tmp_path.glob('config-*')))}.yaml"
+        config.write_text(f"""model_list:
+  - model_name: smollm
+    litellm_params:
+      model: openai/smollm
+      api_base: {engine.url}/v1
+      api_key: none
+litellm_settings:
+  callbacks: ilre.integrations.litellm.compression
+""")
+        self.port = free_port()
+        self.log = tmp_path / f"proxy-{self.port}.log"
+        self.key = "sk-" + secrets.token_hex(24)  # the proxy refuses to start without a master key
+        env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False",
+               "LITELLM_MASTER_KEY": self.key,
+               **{f"ILRE_LITELLM_{k.upper()}": v for k, v in settings.items()}}
+        self.proc = subprocess.Popen([str(binary), "--config", str(config), "--host", "127.0.0.1", "--port",
+                                      str(self.port)], env=env, stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
+                                     cwd=tmp_path)
+        wait_for(self._live, 240, "LiteLLM's proxy to start", interval=0.5)
+
+    def _live(self) -> bool:
+        if self.proc.poll() is not None:
+            raise AssertionError(f"litellm exited with {self.proc.returncode}: {self.log.read_text()[-3000:]}")
+        try:
+            return httpx.get(f"http://127.0.0.1:{self.port}/health/liveliness", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def chat(self, messages: list[dict]) -> httpx.Response:
+        return httpx.post(f"http://127.0.0.1:{self.port}/v1/chat/completions", timeout=600,
+                          headers={"authorization": f"Bearer {self.key}"},
+                          json={"model": "smollm", "messages": messages, "max_tokens": 8, "temperature": 0})
+
+    def stop(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+
+
+def document(chars: int) -> str:
+    text = shakespeare_text()[:chars]
+    return text[:chars // 2] + " " + ANSWER + " " + text[chars // 2:]
+
+
+def chat_of(chars: int) -> list[dict]:
+    return [{"role": "system", "content": "You answer from the document."},
+            {"role": "user", "content": document(chars) + "\n\n" + QUESTION}]
+
+
+def direct(engine: LlamaServer, messages: list[dict]) -> httpx.Response:
+    return httpx.post(f"{engine.url}/v1/chat/completions", timeout=600,
+                      json={"messages": messages, "max_tokens": 8, "temperature": 0})
+
+
+@pytest.fixture(scope="module")
+def engine():
+    server = LlamaServer(4096)
+    yield server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def ilre_served():
+    with served_by("--budget", "1024") as served:
+        yield served
+
+
+def test_long_chat_refused_whole_is_answered_through_the_proxy(engine, ilre_served, tmp_path):
+    long = chat_of(40000)  # ~10K tokens
+    refused = direct(engine, long)
+    assert refused.status_code == 400 and "context" in refused.text  # the engine cannot take it whole
+    proxy = Proxy(engine, tmp_path, target=ilre_served.grpc, budget="1024")
+    try:
+        answer = proxy.chat(long)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-ilre-action"] == "compressed"
+        original, kept = int(answer.headers["x-ilre-original-tokens"]), int(answer.headers["x-ilre-compressed-tokens"])
+        assert original > 9000 and kept <= 1024 + 64
+        usage = answer.json()["usage"]["prompt_tokens"]
+        assert kept <= usage <= kept + 64, (usage, kept)  # the engine saw the compressed prompt (plus its chat template)
+
+        short = [{"role": "user", "content": "Say hello."}]
+        untouched = proxy.chat(short)
+        assert untouched.status_code == 200 and untouched.headers["x-ilre-action"] == "passthrough"
+        assert untouched.headers["x-ilre-reason"] == "fits the budget"
+        assert untouched.json()["usage"]["prompt_tokens"] == direct(engine, short).json()["usage"]["prompt_tokens"]
+    finally:
+        proxy.stop()
+
+
+def test_ilre_stopped_fails_open_and_strict_mode_refuses(engine, tmp_path):
+    middle = chat_of(8000)  # ~2K tokens: above the budget, within the engine's window
+    proxies: list[Proxy] = []
+    try:
+        with served_by("--budget", "1024") as served:
+            proxies.append(proxy := Proxy(engine, tmp_path, target=served.grpc, budget="1024"))
+            assert proxy.chat(middle).headers["x-ilre-action"] == "compressed"
+        answer = proxy.chat(middle)  # ilre is gone: the call goes on uncompressed
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-ilre-action"] == "failed" and "UNAVAILABLE" in answer.headers["x-ilre-reason"]
+        assert answer.json()["usage"]["prompt_tokens"] == direct(engine, middle).json()["usage"]["prompt_tokens"]
+        assert "compression failed, the call goes on uncompressed" in proxy.log.read_text()
+
+        proxies.append(strict := Proxy(engine, tmp_path, target=served.grpc, budget="1024", strict="1"))
+        refused = strict.chat(middle)
+        assert refused.status_code == 503, refused.text
+        assert "ilre: compression failed" in refused.text and "UNAVAILABLE" in refused.text
+    finally:
+        for proxy in proxies:
+            proxy.stop()

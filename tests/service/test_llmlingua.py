@@ -1,0 +1,140 @@
+"""The LLMLingua-compatible API: LLMLingua's README examples with only the import changed, in process and
+against a real ilre server on loopback (gRPC and HTTP); its answer has LLMLingua's keys, types and formats
+(compared with LLMLingua's own output where its environment exists: `make test` builds it); options
+without a counterpart are refused by name."""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from ilre.evaluation.haystack import shakespeare_text
+from ilre.integrations.llmlingua import PromptCompressor  # was: from llmlingua import PromptCompressor
+
+ANSWER = "The vault code of the museum is 4471."
+QUESTION = "Question: What is the vault code of the museum?\nAnswer:"
+INSTRUCTION = "Answer the question from the passages."
+KEYS = {"compressed_prompt", "origin_tokens", "compressed_tokens", "ratio", "rate", "saving"}
+FORMATS = {"ratio": r"\d+\.\dx", "rate": r"\d+\.\d%", "saving": r", Saving \$\d+\.\d in GPT-4\."}
+
+
+def passages() -> list[str]:
+    """Four retrieved passages of Shakespeare (~700 tokens each); the third holds the answer."""
+    text = shakespeare_text()
+    chunks = [text[i * 3000:(i + 1) * 3000] for i in range(4)]
+    chunks[2] = chunks[2][:1500] + " " + ANSWER + " " + chunks[2][1500:]
+    return chunks
+
+
+def check_answer(result: dict) -> None:
+    """LLMLingua's keys, their types, its formats, and figures that agree with each other."""
+    assert set(result) == KEYS
+    assert isinstance(result["compressed_prompt"], str)
+    assert isinstance(result["origin_tokens"], int) and isinstance(result["compressed_tokens"], int)
+    for key, pattern in FORMATS.items():
+        assert re.fullmatch(pattern, result[key]), (key, result[key])
+    assert result["ratio"] == f"{result['origin_tokens'] / result['compressed_tokens']:.1f}x"
+
+
+@pytest.fixture(scope="module")
+def in_process() -> PromptCompressor:
+    return PromptCompressor()  # the README's first line: the embedded model, loaded here
+
+
+def test_readme_example_llmlingua(in_process):
+    """LLMLingua's first README example as written: a plain prompt, no question, target_token=200."""
+    prompt = "\n\n".join(passages()) + "\n\n" + QUESTION
+    llm_lingua = in_process
+    compressed_prompt = llm_lingua.compress_prompt(prompt, instruction="", question="", target_token=200)
+    check_answer(compressed_prompt)
+    assert compressed_prompt["compressed_tokens"] == 200
+    assert compressed_prompt["origin_tokens"] > 2000
+    assert compressed_prompt["compressed_prompt"].endswith("What is the vault code of the museum?\nAnswer:")
+
+
+def test_readme_example_longllmlingua(in_process):
+    """LongLLMLingua's README example: refused by name for the two options ilre has no counterpart for,
+    then run without them; the answer survives at rate 0.55 of the whole prompt."""
+    llm_lingua, prompt_list, question = in_process, passages(), QUESTION
+    with pytest.raises(ValueError, match=r"^reorder_context: .*sort them before the call"):
+        llm_lingua.compress_prompt(prompt_list, question=question, rate=0.55, condition_in_question="after_condition",
+                                   reorder_context="sort", dynamic_context_compression_ratio=0.3,
+                                   condition_compare=True, context_budget="+100", rank_method="longllmlingua")
+    compressed_prompt = llm_lingua.compress_prompt(
+        prompt_list, question=question, rate=0.55, condition_in_question="after_condition",
+        condition_compare=True, context_budget="+100", rank_method="longllmlingua")
+    check_answer(compressed_prompt)
+    assert ANSWER in compressed_prompt["compressed_prompt"]
+    assert compressed_prompt["compressed_prompt"].endswith(question)
+    assert abs(compressed_prompt["compressed_tokens"] - 0.55 * compressed_prompt["origin_tokens"]) <= 1
+
+
+def test_readme_example_llmlingua2_names_what_to_do():
+    with pytest.raises(ValueError, match=r"^model_name: .*LLMLingua-2 token classifier.*leave model_name out"):
+        PromptCompressor(model_name="microsoft/llmlingua-2-xlm-roberta-large-meetingbank", use_llmlingua2=True)
+
+
+@pytest.mark.parametrize("transport", ["grpc", "http"])
+def test_remote_instruction_context_question(local_service, transport):
+    target = (f"127.0.0.1:{local_service.grpc_port}" if transport == "grpc"
+              else f"http://127.0.0.1:{local_service.http_port}")
+    result = PromptCompressor(target=target).compress_prompt(passages(), instruction=INSTRUCTION, question=QUESTION,
+                                                             rate=0.3)
+    check_answer(result)
+    prompt = result["compressed_prompt"]
+    assert prompt.startswith(INSTRUCTION + "\n\n") and prompt.endswith("\n\n" + QUESTION)
+    assert ANSWER in prompt
+    # LLMLingua's rule: 30% of the whole prompt, the instruction and the question kept whole
+    assert abs(result["compressed_tokens"] - 0.3 * result["origin_tokens"]) <= 1
+
+
+def test_remote_transports_agree(local_service):
+    grpc = PromptCompressor(target=f"127.0.0.1:{local_service.grpc_port}")
+    http = PromptCompressor(target=f"http://127.0.0.1:{local_service.http_port}")
+    args = dict(question=QUESTION, target_token=300, concate_question=False)
+    a, b = grpc.compress_prompt(passages(), **args), http.compress_prompt(passages(), **args)
+    assert a == b
+    assert not a["compressed_prompt"].endswith(QUESTION)  # concate_question=False leaves it out, as LLMLingua does
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"force_tokens": ["\n", "?"]}, r"^force_tokens: .*cannot force"),
+    ({"use_sentence_level_filter": True}, r"^use_sentence_level_filter: .*only its default False"),
+    ({"rate": 1.5}, r"^rate: must be a number in \(0, 1\]"),
+    ({"rank_method": "bm25"}, r"^rank_method: must be one of llmlingua, longllmlingua"),
+    ({"rank_method": "longllmlingua", "question": ""}, r"^question: LongLLMLingua's ranking"),
+])
+def test_options_without_a_mapping_are_refused_by_name(local_service, kwargs, message):
+    compressor = PromptCompressor(target=f"127.0.0.1:{local_service.grpc_port}")
+    with pytest.raises(ValueError, match=message):
+        compressor.compress_prompt(passages(), **{"question": QUESTION, **kwargs})
+    with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_option'"):
+        compressor.compress_prompt(passages(), question=QUESTION, no_such_option=1)
+
+
+def test_same_keys_types_and_formats_as_llmlingua_itself(local_service, tmp_path):
+    """LLMLingua's real answer on the same input (its own environment, counting the model's tokens)."""
+    from ilre.evaluation.lingua import LinguaPeer, lingua_unavailable
+    from ilre.models.embedded import embedded_checkpoint
+
+    reason = lingua_unavailable()
+    if reason is not None:
+        if os.environ.get("ILRE_REQUIRE_LINGUA"):
+            pytest.fail(f"LLMLingua's environment is required here: {reason}")
+        pytest.skip(reason)
+    peer = LinguaPeer(embedded_checkpoint(), tmp_path / "lingua-model")
+    try:
+        theirs = peer.call(passages(), instruction=INSTRUCTION, question=QUESTION, rate=0.3)
+    finally:
+        peer.close()
+    ours = PromptCompressor(target=f"127.0.0.1:{local_service.grpc_port}").compress_prompt(
+        passages(), instruction=INSTRUCTION, question=QUESTION, rate=0.3)
+    assert set(ours) == set(theirs) == KEYS
+    assert {k: type(v) for k, v in ours.items()} == {k: type(v) for k, v in theirs.items()}
+    for key, pattern in FORMATS.items():
+        assert re.fullmatch(pattern, theirs[key]), (key, theirs[key])
+    assert theirs["compressed_prompt"].startswith(INSTRUCTION) and theirs["compressed_prompt"].endswith(QUESTION)
+    # both count the model's own tokens of the same parts: the original sizes agree within the separators
+    assert abs(ours["origin_tokens"] - theirs["origin_tokens"]) <= 8
