@@ -49,7 +49,7 @@ test: setup engine lingua litellm  ## everything: the real-model needle test, th
 test-fast: setup engine   ## skip the tests marked slow
 	$(PY) -m pytest -q -m "not slow"
 
-bench: setup engine ## latency and peak memory; per dtype up to 1M tokens vs the roofline; documents asked again; service load; the sidecar
+bench: setup engine litellm ## latency and peak memory; per dtype up to 1M tokens vs the roofline; documents asked again; service load; the sidecar
 	$(PY) bench/default_bench.py
 	$(PY) bench/compress_bench.py
 	$(PY) bench/speed_bench.py
@@ -57,6 +57,7 @@ bench: setup engine ## latency and peak memory; per dtype up to 1M tokens vs the
 	$(PY) bench/document_bench.py
 	$(PY) bench/service_bench.py
 	$(PY) bench/sidecar_bench.py
+	$(PY) bench/litellm_hook_bench.py
 
 soak: setup tools   ## an hour of mixed traffic on front end + 2 workers + Redis: errors, latency and RSS over time -> results/soak/
 	$(PY) bench/soak.py --minutes $(or $(MINUTES),60)

@@ -30,6 +30,7 @@ class Backend:
     timeout_s: float = 300.0
     model: str | None = None
     _engine: Any = field(default=None, repr=False)
+    _client: Any = field(default=None, repr=False)
 
     def compress(self, **fields: Any) -> CompressResult:
         """One CompressRequest's fields (context or context_ids, query, budget or ratio, strategy...) -> its result."""
@@ -52,13 +53,14 @@ class Backend:
             return CompressResult(**reply.json())
         from ..service.client import Client, ClientError
 
-        with Client(self.target, api_key=self.api_key, timeout=self.timeout_s) as client:
-            try:
-                return client.compress(**fields)
-            except ClientError as exc:
-                if exc.code == "INVALID_ARGUMENT":
-                    raise ValueError(exc.message) from None
-                raise
+        if self._client is None:  # one channel for every call (gRPC channels are thread-safe)
+            self._client = Client(self.target, api_key=self.api_key, timeout=self.timeout_s)
+        try:
+            return self._client.compress(**fields)
+        except ClientError as exc:
+            if exc.code == "INVALID_ARGUMENT":
+                raise ValueError(exc.message) from None
+            raise
 
 
 @dataclass(frozen=True)

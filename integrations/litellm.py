@@ -137,6 +137,8 @@ class IlreCompression(CustomLogger):
             return self._compress_chat(data)
         prompt = data.get("prompt")
         if isinstance(prompt, str) and prompt:
+            if len(prompt.encode()) <= self.budget:
+                return Outcome("passthrough", reason="fits the budget")
             length, ids = count_tokens(self.backend, prompt)
             if length <= self.budget:
                 return Outcome("passthrough", length, length, "fits the budget")
@@ -152,6 +154,8 @@ class IlreCompression(CustomLogger):
         last_user = max((i for i in texts if messages[i].get("role") == "user"), default=None)
         if last_user is None:
             return Outcome("passthrough", reason="no user message with text")
+        if sum(len(t.encode()) for t in texts.values()) <= self.budget:  # a token is at least a byte: no need to ask
+            return Outcome("passthrough", reason="fits the budget")
         total, _ = count_tokens(self.backend, "\n\n".join(texts.values()))
         if total <= self.budget:
             return Outcome("passthrough", total, total, "fits the budget")
