@@ -14,6 +14,7 @@ from starlette.requests import Request
 from ..errors import Code, ServiceError
 
 MAX_JSON_DEPTH = 64          # arrays/objects nested deeper than this are refused
+MAX_INT_DIGITS = 4300        # digits of an integer literal (Python's own conversion limit)
 DISCONNECT_POLL_S = 0.25     # how often a waiting request checks that its client is still there
 
 
@@ -45,7 +46,9 @@ def decode_json(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
     except UnicodeDecodeError as exc:
         raise _invalid("request", f"not valid UTF-8 (byte 0x{body[exc.start]:02x} at offset {exc.start})") from None
     try:
-        data = json.loads(text)
+        data = json.loads(text, parse_int=_bounded_int)
+    except _TooManyDigits as exc:
+        raise _invalid("request", f"a number of {exc.digits} digits exceeds the limit of {MAX_INT_DIGITS} digits") from None
     except RecursionError:
         raise _invalid("request", f"nested deeper than the limit of {max_depth} levels") from None
     except json.JSONDecodeError as exc:
@@ -54,6 +57,21 @@ def decode_json(body: bytes, max_depth: int = MAX_JSON_DEPTH) -> Any:
         raise _invalid("request", f"not usable JSON ({exc})") from None
     _check_values(data, max_depth)
     return data
+
+
+class _TooManyDigits(ValueError):
+    def __init__(self, digits: int):
+        super().__init__(digits)
+        self.digits = digits
+
+
+def _bounded_int(literal: str) -> int:
+    """json's integer hook: the literal's digits checked against MAX_INT_DIGITS before Python converts
+    it (whose own refusal talks of interpreter settings instead of the request)."""
+    digits = len(literal) - literal.startswith("-")
+    if digits > MAX_INT_DIGITS:
+        raise _TooManyDigits(digits)
+    return int(literal)
 
 
 def _check_values(data: Any, max_depth: int) -> None:
