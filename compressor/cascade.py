@@ -72,8 +72,8 @@ def _groups(candidates: torch.Tensor, n_query: int, length: int, config: Prefill
     base = bounds[-2][0] if len(bounds) >= 2 else 0  # eq. 7 anchor
     starts = [start for start, _ in bounds] + [length]
     cuts = torch.searchsorted(candidates, torch.tensor(starts, device=candidates.device)).tolist()
-    lows = torch.searchsorted(candidates, torch.tensor([s - (config.window or s + 1) for s in starts],
-                                                       device=candidates.device)).tolist()
+    window_starts = [s - config.window if config.window else -1 for s in starts]  # no window: everything before
+    lows = torch.searchsorted(candidates, torch.tensor(window_starts, device=candidates.device)).tolist()
     n_sink = int(torch.searchsorted(candidates, config.sink))
     groups: list[_Group] = []
     for index, start in enumerate(starts):
