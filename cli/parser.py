@@ -215,6 +215,8 @@ def _sidecar_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine-timeout", type=float, help="deadline of a request without x-request-timeout: "
                         "compression plus the engine's answer, in s (default 600)")
     parser.add_argument("--connect-timeout", type=float, help="connecting to the engine, in s (default 5)")
+    parser.add_argument("--engine-health-interval", type=float, help="seconds between health checks of the engine; "
+                        "/ilre/readyz is ready while the latest one passed (default 5)")
     parser.add_argument("--query-tokens", type=int, help=f"plain prompts: the last N tokens are the query (default {QUERY_TOKENS})")
     parser.add_argument("--host", help="listen address (default 127.0.0.1; 0.0.0.0 in containers)")
     parser.add_argument("--port", type=int, help="listen port (env ILRE_HTTP_PORT; default 8080)")

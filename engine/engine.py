@@ -247,7 +247,7 @@ class Engine:
         try:
             score_layers(strategy, layer)
         except ValueError as exc:
-            raise InputError.from_error(exc, "strategy_options") from None
+            raise InputError.from_option_error(exc) from None
         if request.document_id is not None:
             doc = request.document_id
             context_ids = self.documents.ids(doc)

@@ -35,6 +35,16 @@ class InputError(ValueError):
         return cls(field_name, message) if message else cls(fallback_field, str(exc))
 
 
+    @classmethod
+    def from_option_error(cls, exc: Exception) -> "InputError":
+        """A strategy's error ("max_kernels: ...") under the option's full path in the request
+        (`strategy_options.max_kernels`); errors about the strategy itself keep their field."""
+        error = cls.from_error(exc, "strategy_options")
+        if error.field in ("strategy", "strategy_options") or error.field.startswith("strategy_options."):
+            return error
+        return cls(f"strategy_options.{error.field}", str(error).partition(": ")[2])
+
+
 class NotFoundError(InputError):
     """A request names something the service does not hold (an unknown or evicted document_id)."""
 
@@ -162,7 +172,7 @@ class CompressRequest:
         try:
             return make_strategy(self.strategy, self.strategy_options)
         except (TypeError, ValueError) as exc:
-            raise InputError.from_error(exc, "strategy_options") from None
+            raise InputError.from_option_error(exc) from None
 
     @classmethod
     def from_json(cls, data: Any, defaults: dict[str, Any] | None = None) -> "CompressRequest":

@@ -77,6 +77,7 @@ class Service:
         if self.sidecar_config is not None:
             options = CompressionOptions(query_tokens=self.sidecar_config.query_tokens)
             self.sidecar = Sidecar(self.frontend, self.sidecar_config, PromptSplitter(self.tokenizer), options)
+            await self.sidecar.start()
             app: Any = build_sidecar_app(self.sidecar)
             self._grpc = self._health = None
         else:

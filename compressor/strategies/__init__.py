@@ -29,7 +29,7 @@ def make_strategy(name: str, options: dict | None = None) -> Strategy:
     unknown = set(options or {}) - allowed
     if unknown:
         raise ValueError(
-            f"strategy_options: {name} does not take {', '.join(sorted(unknown))}"
+            f"strategy_options.{min(unknown)}: {name} does not take {', '.join(sorted(unknown))}"
             f" (options: {', '.join(sorted(allowed)) or 'none'})"
         )
     return cls(**(options or {}))

@@ -117,12 +117,12 @@ def test_unknown_strategy_names_the_field():
 
 @pytest.mark.parametrize("name", sorted(STRATEGIES))
 def test_unknown_option_names_the_field_and_the_option(name):
-    with pytest.raises(ValueError, match=r"^strategy_options: .*bogus"):
+    with pytest.raises(ValueError, match=r"^strategy_options.bogus: .*bogus"):
         make_strategy(name, {"bogus": 1})
 
 
 def test_allocator_is_not_an_option():
-    with pytest.raises(ValueError, match="^strategy_options:"):
+    with pytest.raises(ValueError, match="^strategy_options.allocator:"):
         make_strategy("ilre", {"allocator": None})
 
 

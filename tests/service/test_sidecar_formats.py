@@ -12,7 +12,7 @@ import pytest
 
 from ilre.engine.messages import InputError
 from ilre.service.transport.sidecar.formats import (LlamaCppCompletion, OpenAIChat, OpenAICompletions, SGLangGenerate,
-                                                    chat_chunk_from_completion, chat_from_completion, map_sse)
+                                                    chat_chunk_from_completion, chat_from_completion, chat_id, map_sse)
 from ilre.service.transport.sidecar.options import CompressionOptions
 from ilre.service.transport.sidecar.prompt import PromptSplitter, rebuild_messages
 
@@ -68,13 +68,19 @@ def test_chat_prompts_need_text_contents():
 
 
 def test_completion_answers_are_reshaped_into_chat_answers():
-    completion = {"id": "c1", "object": "text_completion", "created": 5, "model": "m",
+    completion = {"id": "cmpl-c1", "object": "text_completion", "created": 5, "model": "m",
                   "choices": [{"index": 0, "text": " 42", "logprobs": None, "finish_reason": "stop"}],
                   "usage": {"prompt_tokens": 9, "completion_tokens": 1, "total_tokens": 10}}
     chat = chat_from_completion(completion)
-    assert chat["object"] == "chat.completion" and chat["usage"] == completion["usage"] and chat["id"] == "c1"
+    assert chat["object"] == "chat.completion" and chat["usage"] == completion["usage"]
+    assert chat["id"] == "chatcmpl-c1"  # named as the engines name their chat answers
     assert chat["choices"] == [{"index": 0, "message": {"role": "assistant", "content": " 42"}, "logprobs": None,
                                 "finish_reason": "stop"}]
+
+
+def test_chat_ids_follow_the_engines_convention():
+    assert [chat_id(i) for i in ("cmpl-9f", "chatcmpl-9f", "9f")] == ["chatcmpl-9f"] * 3
+    assert chat_id(None).startswith("chatcmpl-") and chat_id(None) != chat_id(None)
 
 
 def run_sse(chunks: list[bytes]) -> list[bytes]:
@@ -97,6 +103,7 @@ def test_sse_events_are_reshaped_one_by_one_across_chunk_boundaries():
     assert first["object"] == "chat.completion.chunk"
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": "He"}
     assert second["choices"][0]["delta"] == {"content": "llo"}
+    assert first["id"] == second["id"] == "chatcmpl-c"
     assert json.loads(payloads[2]) == {"error": {"message": "boom"}}  # errors pass unchanged
     assert payloads[3] == b"[DONE]" and any(e.startswith(b": keep-alive") for e in out)
 

@@ -7,7 +7,9 @@ One request on a compressible route (formats.py):
   -> else compress through the front end (in-process queue or Redis workers, as `ilre serve`)
   -> the body with the compressed prompt: token IDs when the engine's tokenizer is ours, else text
   -> relay the engine's answer chunk by chunk (chat answers reshaped when they went to /v1/completions)
-Every other path is relayed to the engine unchanged. ilre's own endpoints live under /ilre/.
+Every other path is relayed to the engine unchanged. ilre's own endpoints live under /ilre/;
+/ilre/readyz is ready while the model is loaded and the engine passed its latest health check.
+Every 4xx/5xx answer, the sidecar's own or the engine's relayed, is logged once (logger ilre.sidecar).
 """
 
 from __future__ import annotations
@@ -38,9 +40,10 @@ from ..http_common import decode_json, parse_timeout, read_body, unless_disconne
 from .formats import FORMATS, Prompt, RouteFormat, chat_chunk_from_completion, chat_from_completion, map_sse
 from .options import BODY_FIELD, CompressionOptions
 from .prompt import ChatTemplateError, PromptSplitter, Split, rebuild_messages
-from .upstream import PROBE_TEXT, EngineError, Upstream, response_headers
+from .upstream import PROBE_TEXT, EngineError, EngineHealth, Upstream, response_headers
 
 log = logging.getLogger(__name__)
+failures = logging.getLogger("ilre.sidecar")
 
 OPEN_PATHS = ("/health", "/ilre/healthz", "/ilre/readyz", "/ilre/metrics")  # probes need no API key
 PROBE_TIMEOUT_S = 10.0  # the longest the tokenizer probe of the engine may take (less when the deadline is nearer)
@@ -67,12 +70,30 @@ class Sidecar:
                  defaults: CompressionOptions):
         self.frontend, self.config, self.splitter, self.defaults = frontend, config, splitter, defaults
         self.upstream = Upstream(config.engine_url, config.engine_api, config.connect_timeout_s)
+        self.health = EngineHealth(self.upstream, config.engine_health_interval_s)
         self.metrics = frontend.metrics
         self._forward: str | None = None if config.forward == "auto" else config.forward
         self._budget: int | None = None  # the engine's default budget, once known
+        self._health_task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        """Check the engine's health now (at most its timeout, 5 s), then every interval in the background."""
+        await self.health.check()
+        self._health_task = asyncio.create_task(self.health.run())
 
     async def close(self) -> None:
+        if self._health_task is not None:
+            self._health_task.cancel()
+            await asyncio.gather(self._health_task, return_exceptions=True)
         await self.upstream.close()
+
+    async def readyz(self, request: Request) -> Response:
+        """Ready = the compressor's model is loaded and the engine passed its latest health check."""
+        model = await self.frontend.ready()
+        engine = self.health.report()
+        ready = model and self.health.healthy
+        return JSONResponse({"ready": ready, "model_loaded": model, "queue": self.frontend.queue.kind, "engine": engine},
+                            status_code=200 if ready else 503)
 
     async def forward_mode(self, deadline: float | None = None) -> str:
         """ids when the engine's tokenizer gives our IDs for a probe text, else text (checked once;
@@ -97,7 +118,7 @@ class Sidecar:
         try:
             rid = request_id(request.headers.get("x-request-id"))
         except ServiceError as exc:
-            return self._error(fmt.name, exc)
+            return self._error(fmt.name, exc, request_id(None))
         attributes = {"http.route": fmt.path, "ilre.request_id": rid}
         with tracing.tracer().start_as_current_span("ilre.sidecar", context=tracing.extract(dict(request.headers)),
                                                     kind=SpanKind.SERVER, attributes=attributes):
@@ -115,9 +136,9 @@ class Sidecar:
             options = self.defaults.resolve(request.headers, data.get(BODY_FIELD))
             self._request(options, [0], [0])  # bad options fail even where the prompt would pass through
         except InputError as exc:
-            return self._error(fmt.name, ServiceError.from_input(exc))
+            return self._error(fmt.name, ServiceError.from_input(exc), rid)
         except ServiceError as exc:
-            return self._error(fmt.name, exc)
+            return self._error(fmt.name, exc, rid)
         deadline = time.monotonic() + timeout
         body = {k: v for k, v in data.items() if k != BODY_FIELD}
         untouched = raw if BODY_FIELD not in data else json.dumps(body, ensure_ascii=False).encode()
@@ -129,16 +150,16 @@ class Sidecar:
             try:
                 plan = await unless_disconnected(request, work)
             except InputError as exc:
-                return self._error(fmt.name, ServiceError.from_input(exc))
+                return self._error(fmt.name, ServiceError.from_input(exc), rid)
             except ServiceError as exc:
-                return self._error(fmt.name, exc)
+                return self._error(fmt.name, exc, rid)
             if plan is None:
-                return Response(status_code=HTTP_STATUS[Code.CANCELLED])
+                return self._cancelled(rid, fmt.name, "the client closed the connection during compression")
         self.metrics.sidecar_requests.labels(fmt.name, plan.action).inc()
         if plan.original_tokens is not None:
             self.metrics.sidecar_tokens.labels("original").inc(plan.original_tokens)
             self.metrics.sidecar_tokens.labels("forwarded").inc(plan.forwarded_tokens)
-        return await self.relay(request, plan, deadline, fmt.name)
+        return await self.relay(request, plan, deadline, fmt.name, rid)
 
     async def _plan(self, fmt: RouteFormat, body: dict[str, Any], untouched: bytes, options: CompressionOptions,
                     deadline: float, caller: KeyPolicy, rid: str) -> Forwarded:
@@ -199,8 +220,9 @@ class Sidecar:
         return self.splitter.plain(ids, options.query_tokens, from_text=prompt.ids is None)
 
     # -- the engine ----------------------------------------------------------------------------
-    async def relay(self, request: Request, plan: Forwarded, deadline: float, route: str) -> Response:
-        """Send `plan` to the engine and stream its answer back (no buffering but the chat reshape)."""
+    async def relay(self, request: Request, plan: Forwarded, deadline: float, route: str, rid: str) -> Response:
+        """Send `plan` to the engine and stream its answer back (no buffering but the chat reshape and
+        the engine's error answers, which are read whole to log their cause)."""
         opened = time.perf_counter()
         work = asyncio.ensure_future(self.upstream.open(request.method, plan.path, request.url.query, request.headers,
                                                         plan.content, max(deadline - time.monotonic(), 0.001)))
@@ -211,16 +233,21 @@ class Sidecar:
             except EngineError as exc:
                 self.metrics.sidecar_engine_errors.labels("timeout" if exc.status == 504 else "unreachable").inc()
                 span.set_attribute("http.response.status_code", exc.status)
+                self._log_failure(exc.status, rid, route, exc.message)
                 return _engine_error(exc.status, exc.message)
             if response is not None:
                 span.set_attribute("http.response.status_code", response.status_code)
         if response is None:  # the client went away before the engine answered: request cancelled
-            return Response(status_code=HTTP_STATUS[Code.CANCELLED])
+            return self._cancelled(rid, route, "the client closed the connection before the engine answered")
         self.metrics.sidecar_engine_latency.labels(route).observe(time.perf_counter() - opened)
-        if response.status_code >= 400:
-            self.metrics.sidecar_engine_errors.labels(f"status_{response.status_code // 100}xx").inc()
         reshape = plan.to_chat and response.status_code == 200
         headers = {**response_headers(response, rewritten=reshape), **_report(plan)}
+        if response.status_code >= 400:
+            self.metrics.sidecar_engine_errors.labels(f"status_{response.status_code // 100}xx").inc()
+            body = b"".join([chunk async for chunk in self.upstream.body(response)])
+            cause = _error_message(body, response.headers.get("content-encoding"))
+            self._log_failure(response.status_code, rid, route, f"the engine answered {plan.path}: {cause}")
+            return Response(body, status_code=response.status_code, headers=headers)
         if not reshape:
             return StreamingResponse(self.upstream.body(response), status_code=response.status_code, headers=headers)
         if "text/event-stream" in response.headers.get("content-type", ""):
@@ -230,24 +257,48 @@ class Sidecar:
         try:
             data = json.loads(b"".join([c async for c in self.upstream.body(response, decoded=True)]))
         except ValueError:
-            return _engine_error(502, f"engine: {self.config.engine_url}{plan.path} answered 200 with a body that is not JSON")
+            message = f"engine: {self.config.engine_url}{plan.path} answered 200 with a body that is not JSON"
+            self._log_failure(502, rid, route, message)
+            return _engine_error(502, message)
         headers.pop("content-type", None)
         return JSONResponse(chat_from_completion(data), headers=headers)
 
     async def passthrough(self, request: Request) -> Response:
         """Any other path: the request as it came (body streamed), the answer as it comes."""
+        try:
+            rid = request_id(request.headers.get("x-request-id"))
+        except ServiceError:
+            rid = request_id(None)  # not ours to refuse: the engine sees the caller's header as it came
         if request.url.path.startswith("/ilre/"):
-            return _engine_error(404, f"path: {request.url.path} is not an ilre endpoint (see /ilre/v1/model)")
-        deadline = time.monotonic() + self.config.engine_timeout_s
-        return await self.relay(request, Forwarded(request.url.path, request.stream(), "other"), deadline, "other")
+            message = f"path: {request.url.path} is not an ilre endpoint (see /ilre/v1/model)"
+            self._log_failure(404, rid, "other", message)
+            response = _engine_error(404, message)
+        else:
+            deadline = time.monotonic() + self.config.engine_timeout_s
+            response = await self.relay(request, Forwarded(request.url.path, request.stream(), "other"), deadline,
+                                        "other", rid)
+        response.headers["x-ilre-request-id"] = rid
+        return response
 
-    def _error(self, route: str, exc: ServiceError) -> Response:
+    def _error(self, route: str, exc: ServiceError, rid: str) -> Response:
         self.metrics.sidecar_requests.labels(route, "error").inc()
         self.frontend.record_error(exc.code)
+        self._log_failure(exc.http_status, rid, route, exc.message)
         response = _engine_error(exc.http_status, exc.message, exc.field, exc.code.value)
         if exc.retry_after_s is not None:
             response.headers["retry-after"] = retry_after_header(exc.retry_after_s)
         return response
+
+    def _cancelled(self, rid: str, route: str, cause: str) -> Response:
+        self._log_failure(HTTP_STATUS[Code.CANCELLED], rid, route, cause)
+        return Response(status_code=HTTP_STATUS[Code.CANCELLED])
+
+    def _log_failure(self, status: int, rid: str, route: str, cause: str) -> None:
+        """The one log line of a 4xx/5xx answer: request id, route, engine URL, cause."""
+        fields = {"request_id": rid, "route": route, "status": status, "engine_url": self.config.engine_url,
+                  "cause": cause}
+        failures.warning("%d %s request_id=%s engine=%s: %s", status, route, rid, self.config.engine_url, cause,
+                         extra={"fields": fields})
 
 
 def _report(plan: Forwarded) -> dict[str, str]:
@@ -267,6 +318,24 @@ def _engine_error(status: int, message: str, field: str | None = None, code: str
     kind = "invalid_request_error" if status == 400 else "ilre_error"
     return JSONResponse({"error": {"message": message, "type": kind, "param": field, "code": code or status}},
                         status_code=status)
+
+
+def _error_message(body: bytes, encoding: str | None) -> str:
+    """What an engine's error body says: its error.message (OpenAI, SGLang, llama.cpp), message or
+    detail (FastAPI), else the start of its text."""
+    if encoding not in (None, "identity"):
+        return f"{len(body)} bytes ({encoding})"
+    try:
+        data = json.loads(body)
+    except ValueError:
+        data = None
+    if isinstance(data, dict):
+        error = data.get("error")
+        for found in ((error.get("message") if isinstance(error, dict) else error), data.get("message"), data.get("detail")):
+            if isinstance(found, str) and found:
+                return found[:500]
+    text = " ".join(body.decode("utf-8", "replace").split())
+    return text[:500] or "(empty body)"
 
 
 def _ms(start: float) -> float:
@@ -292,7 +361,7 @@ def build_sidecar_app(sidecar: Sidecar) -> Starlette:
         await app(scope, receive, send)
 
     routes = [Route(fmt.path, route(fmt), methods=["POST"]) for fmt in FORMATS]
-    routes += [Mount("/ilre", app=build_app(sidecar.frontend)),
+    routes += [Route("/ilre/readyz", sidecar.readyz), Mount("/ilre", app=build_app(sidecar.frontend)),
                Route("/{path:path}", sidecar.passthrough, methods=["GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS"])]
     app = Starlette(routes=routes)
     return guarded

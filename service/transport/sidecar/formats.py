@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import time
+import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
@@ -137,8 +138,8 @@ def chat_from_completion(data: dict[str, Any]) -> dict[str, Any]:
     choices = [{"index": c.get("index", i), "message": {"role": "assistant", "content": c.get("text", "")},
                 "logprobs": c.get("logprobs"), "finish_reason": c.get("finish_reason")}
                for i, c in enumerate(data.get("choices") or [])]
-    out = {k: v for k, v in data.items() if k not in ("choices", "object")}
-    return {"id": data.get("id"), "object": "chat.completion", "created": data.get("created", int(time.time())),
+    out = {k: v for k, v in data.items() if k not in ("id", "choices", "object")}
+    return {"id": chat_id(data.get("id")), "object": "chat.completion", "created": data.get("created", int(time.time())),
             **out, "choices": choices}
 
 
@@ -154,8 +155,17 @@ def chat_chunk_from_completion(data: dict[str, Any], started: set[int]) -> dict[
             delta = {"role": "assistant", **delta}
         choices.append({"index": index, "delta": delta, "logprobs": c.get("logprobs"),
                         "finish_reason": c.get("finish_reason")})
-    out = {k: v for k, v in data.items() if k not in ("choices", "object")}
-    return {"id": data.get("id"), "object": "chat.completion.chunk", **out, "choices": choices}
+    out = {k: v for k, v in data.items() if k not in ("id", "choices", "object")}
+    return {"id": chat_id(data.get("id")), "object": "chat.completion.chunk", **out, "choices": choices}
+
+
+def chat_id(completion_id: Any) -> str:
+    """The chat answer's id for a completion's: `cmpl-X` -> `chatcmpl-X`, as the engines' own chat
+    routes name theirs (the same completion id gives the same chat id, chunk after chunk)."""
+    text = completion_id if isinstance(completion_id, str) and completion_id else uuid.uuid4().hex
+    if text.startswith("chatcmpl-"):
+        return text
+    return "chatcmpl-" + text.removeprefix("cmpl-")
 
 
 async def map_sse(chunks: AsyncIterator[bytes], convert: Callable[[dict[str, Any]], dict[str, Any]]) -> AsyncIterator[bytes]:

@@ -4,6 +4,9 @@ failures mapped to one error type, and the start-up check that the engine's toke
 Failures: cannot connect -> 502; the connection breaks -> 502; no answer (headers, or the next body
 chunk) within the deadline -> 504. The engine's own error answers are not failures here: they are
 relayed with their status and body.
+
+EngineHealth asks the engine's `GET /health` (SGLang, vLLM and llama.cpp all serve it) every few
+seconds; the sidecar's /ilre/readyz is ready only while the latest answer was a recent 200.
 """
 
 from __future__ import annotations
@@ -11,6 +14,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import time
 from typing import Any, AsyncIterator, Mapping
 
 import httpx
@@ -20,6 +24,8 @@ log = logging.getLogger(__name__)
 # headers that belong to one connection, not to the request (RFC 9110 7.6.1), and ours
 HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy-authorization", "te", "trailer",
                         "transfer-encoding", "upgrade", "host", "content-length"})
+# the engine's own response headers the sidecar's server sets itself (relayed, each would appear twice)
+OWN_RESPONSE_HEADERS = frozenset({"date", "server"})
 PROBE_TEXT = "Tokenizer probe: naïve café, 1234567 <tag> {\"json\": [1, 2]}\n\tend."
 
 
@@ -75,6 +81,22 @@ class Upstream:
         finally:
             await response.aclose()
 
+    async def health(self, timeout_s: float) -> str | None:
+        """None when the engine's GET /health answers 200 within `timeout_s`, else what went wrong."""
+        try:
+            response = await self.open("GET", "/health", "", {}, None, timeout_s)
+        except EngineError as exc:
+            return exc.message
+        try:
+            await response.aread()
+        except httpx.HTTPError as exc:
+            return f"engine: {self.base_url}/health broke off ({_reason(exc)})"
+        finally:
+            await response.aclose()
+        if response.status_code != 200:
+            return f"engine: {self.base_url}/health answered {response.status_code}"
+        return None
+
     async def tokenize(self, text: str, timeout_s: float = 10.0) -> list[int] | None:
         """The engine's token IDs for `text`, no special tokens added (its /tokenize endpoint);
         None when it answers without them; EngineError when it cannot be reached."""
@@ -105,8 +127,47 @@ def forward_headers(headers: Mapping[str, str]) -> dict[str, str]:
 
 def response_headers(response: httpx.Response, rewritten: bool) -> dict[str, str]:
     """The engine's response headers to relay; a body the sidecar rewrites loses its length/encoding."""
-    drop = HOP_BY_HOP | ({"content-encoding"} if rewritten else set())
+    drop = HOP_BY_HOP | OWN_RESPONSE_HEADERS | ({"content-encoding"} if rewritten else set())
     return {k: v for k, v in response.headers.items() if k.lower() not in drop}
+
+
+class EngineHealth:
+    """The engine's health as last seen: `run()` asks `upstream.health` every `interval_s`, each
+    check allowed `timeout_s` (SGLang's /health runs a one-token generation: ~1 s on a CPU). Healthy
+    means the latest check answered 200 and finished no longer ago than three intervals plus one
+    timeout (a check that hangs counts against it)."""
+
+    def __init__(self, upstream: Upstream, interval_s: float, timeout_s: float = 5.0):
+        self.upstream, self.interval_s, self.timeout_s = upstream, interval_s, timeout_s
+        self.checked_at: float | None = None  # time.monotonic() of the latest finished check
+        self.cause: str | None = "not checked yet"
+
+    @property
+    def healthy(self) -> bool:
+        fresh = self.checked_at is not None and time.monotonic() - self.checked_at <= 3 * self.interval_s + self.timeout_s
+        return fresh and self.cause is None
+
+    async def check(self) -> bool:
+        """One check now; True when the engine answered 200."""
+        cause = await self.upstream.health(self.timeout_s)
+        if cause != self.cause:
+            if cause is None:
+                log.info("engine %s: healthy", self.upstream.base_url)
+            else:
+                log.warning("engine %s: not healthy: %s", self.upstream.base_url, cause)
+        self.cause, self.checked_at = cause, time.monotonic()
+        return cause is None
+
+    async def run(self) -> None:
+        """Check every `interval_s` (the first after one interval) until cancelled."""
+        while True:
+            await asyncio.sleep(self.interval_s)
+            await self.check()
+
+    def report(self) -> dict[str, object]:
+        """The state for /ilre/readyz."""
+        ago = None if self.checked_at is None else round(time.monotonic() - self.checked_at, 3)
+        return {"url": self.upstream.base_url, "healthy": self.healthy, "checked_s_ago": ago, "cause": self.cause}
 
 
 def _reason(exc: BaseException) -> str:

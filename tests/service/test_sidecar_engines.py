@@ -1,0 +1,208 @@
+"""The sidecar in front of the engines its users run: a real vLLM OpenAI server and a real SGLang
+server (both on this CPU, serving the embedded model with a 4096-token window), each behind a
+recording relay so that every test reads exactly what the engine received. One engine runs at a
+time; each is started once for the module and restarted once, by the last test."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+
+from ilre.service.config import SidecarConfig
+from ilre.service.server import ServiceThread
+
+from .conftest import service_config, wait_for
+from .engines import RecordingRelay, SGLangServer, VllmServer, wait_idle
+from .test_sidecar import CHAT_QUESTION, QUESTION, haystack, reference_ids
+
+pytestmark = pytest.mark.slow
+
+WINDOW = 4096
+CODE = "7302946"
+ENGINES = {"vllm": (VllmServer, "openai"), "sglang": (SGLangServer, "sglang")}
+
+
+@pytest.fixture(scope="module", params=sorted(ENGINES))
+def served(request):
+    """(engine name, the running engine)."""
+    server_class, _ = ENGINES[request.param]
+    server = server_class(WINDOW).start()
+    print(f"\n{request.param}: ready in {server.start_s:.1f} s")
+    yield request.param, server
+    server.stop()
+
+
+@pytest.fixture(scope="module")
+def relay(served):
+    recorder = RecordingRelay(served[1].port)
+    yield recorder
+    recorder.close()
+
+
+def sidecar_for(engine, served, url: str, **settings) -> ServiceThread:
+    config = SidecarConfig(engine_url=url, engine_api=ENGINES[served[0]][1], engine_health_interval_s=0.5, **settings)
+    return ServiceThread(service_config(), engine, sidecar=config, tokenizer=engine.tokenizer)
+
+
+@pytest.fixture(scope="module")
+def http(engine, served, relay):
+    with sidecar_for(engine, served, relay.url) as svc, \
+            httpx.Client(base_url=f"http://127.0.0.1:{svc.http_port}", timeout=600) as client:
+        yield client
+
+
+@pytest.fixture(scope="module")
+def long_prompt(engine):
+    """~6,000 tokens with the fact planted: more than the engine's window."""
+    return haystack(engine.tokenizer, 6000) + QUESTION
+
+
+@pytest.fixture(scope="module")
+def expected(engine, long_prompt):
+    """What `ilre compress` keeps of the long prompt (query = its last 64 tokens, budget 1024)."""
+    return reference_ids(engine, engine.tokenizer(long_prompt).input_ids, 64)
+
+
+def events(reply: httpx.Response) -> list[dict]:
+    """The JSON payloads of an SSE answer, [DONE] left out."""
+    return [json.loads(line[5:]) for line in reply.iter_lines() if line.startswith("data:") and line[5:].strip() != "[DONE]"]
+
+
+def completion_body(served, prompt, **extra) -> dict:
+    return {"model": "smollm2", "prompt": prompt, "max_tokens": 12, "temperature": 0, **extra}
+
+
+# -- the long prompt: refused whole, answered through the sidecar -------------------------------------
+def test_the_engine_refuses_the_whole_prompt_and_the_sidecar_relays_that(served, http, long_prompt):
+    server = served[1]
+    direct = httpx.post(server.url + "/v1/completions", json=completion_body(served, long_prompt), timeout=120)
+    via = http.post("/v1/completions", json=completion_body(served, long_prompt), headers={"x-ilre-compress": "off"})
+    assert direct.status_code == via.status_code == 400, (direct.text, via.text)
+    assert via.json() == direct.json() or via.json()["error"]["message"] == direct.json()["error"]["message"]
+    assert via.headers["x-ilre-action"] == "off"
+
+
+def test_completions_text_and_token_ids_streamed_and_not(engine, served, relay, http, long_prompt, expected):
+    reply = http.post("/v1/completions", json=completion_body(served, long_prompt))
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["x-ilre-action"] == "compressed"
+    assert int(reply.headers["x-ilre-compressed-tokens"]) == len(expected) == 1024 + 64
+    sent = relay.last("/v1/completions").json()
+    assert sent["prompt"] == expected and sent["max_tokens"] == 12  # IDs on the wire, the rest untouched
+    assert reply.json()["usage"]["prompt_tokens"] == len(expected)
+    assert CODE in reply.json()["choices"][0]["text"]
+
+    ids = engine.tokenizer(long_prompt).input_ids
+    body = completion_body(served, ids, stream=True, stream_options={"include_usage": True})
+    with http.stream("POST", "/v1/completions", json=body) as streamed:
+        assert streamed.status_code == 200 and streamed.headers["content-type"].startswith("text/event-stream")
+        chunks = events(streamed)
+    assert relay.last("/v1/completions").json()["prompt"] == expected
+    assert CODE in "".join(c["choices"][0]["text"] for c in chunks if c.get("choices"))
+    assert chunks[-1]["usage"]["prompt_tokens"] == len(expected)
+
+
+def test_chat_streamed_and_not(engine, served, relay, http):
+    document = haystack(engine.tokenizer, 6000)
+    messages = [{"role": "system", "content": "Answer questions about this document.\n\n" + document},
+                {"role": "user", "content": CHAT_QUESTION}]
+    body = {"model": "smollm2", "messages": messages, "max_tokens": 24, "temperature": 0}
+    reply = http.post("/v1/chat/completions", json=body)
+    assert reply.status_code == 200, reply.text
+    answer = reply.json()
+    forwarded = int(reply.headers["x-ilre-compressed-tokens"])
+    sent = relay.last("/v1/completions").json()  # no engine takes token IDs on its chat route
+    assert "messages" not in sent and len(sent["prompt"]) == forwarded and sent["max_tokens"] == 24
+    assert answer["object"] == "chat.completion" and answer["id"].startswith("chatcmpl-")
+    assert CODE in answer["choices"][0]["message"]["content"]
+    assert answer["usage"]["prompt_tokens"] == forwarded < 1200
+
+    with http.stream("POST", "/v1/chat/completions",
+                     json={**body, "stream": True, "stream_options": {"include_usage": True}}) as streamed:
+        assert streamed.status_code == 200
+        chunks = events(streamed)
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+    assert len({c["id"] for c in chunks}) == 1 and chunks[0]["id"].startswith("chatcmpl-")
+    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
+    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
+    assert text == answer["choices"][0]["message"]["content"]
+    assert chunks[-1]["usage"]["prompt_tokens"] == forwarded
+
+
+def test_sglang_generate_text_and_input_ids_streamed_and_not(engine, served, relay, http, long_prompt, expected):
+    if served[0] != "sglang":
+        pytest.skip("/generate is SGLang's own route")
+    params = {"max_new_tokens": 12, "temperature": 0.0}
+    reply = http.post("/generate", json={"text": long_prompt, "sampling_params": params})
+    assert reply.status_code == 200, reply.text
+    assert relay.last("/generate").json() == {"input_ids": expected, "sampling_params": params}
+    assert reply.json()["meta_info"]["prompt_tokens"] == len(expected)
+    assert CODE in reply.json()["text"]
+
+    ids = engine.tokenizer(long_prompt).input_ids
+    with http.stream("POST", "/generate", json={"input_ids": ids, "sampling_params": params, "stream": True}) as streamed:
+        assert streamed.status_code == 200
+        chunks = events(streamed)
+    assert relay.last("/generate").json()["input_ids"] == expected
+    assert len(chunks) > 2 and CODE in chunks[-1]["text"]  # SGLang streams the text so far, event by event
+    assert chunks[-1]["meta_info"]["prompt_tokens"] == len(expected)
+
+
+# -- what passes through, how the sidecar settles on IDs --------------------------------------------
+def test_a_short_prompt_passes_through_byte_for_byte(served, relay, http):
+    raw = (b'{"model": "smollm2",  "prompt": "Hello there,\\u00e9 how are you?" , "max_tokens": 3,'
+           b'"temperature":0, "user": "x-1"}')
+    reply = http.post("/v1/completions", content=raw, headers={"content-type": "application/json"})
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["x-ilre-action"] == "passthrough"
+    assert relay.last("/v1/completions").body == raw
+    assert len(reply.headers.get_list("date")) == len(reply.headers.get_list("server")) == 1
+
+
+def test_forward_auto_settled_on_ids_through_tokenize_and_text_also_works(engine, served, relay, long_prompt, expected):
+    probes = [r for r in relay.requests() if r.path == "/tokenize"]
+    assert probes, "the sidecar never asked the engine's /tokenize"
+    assert probes[0].json()["prompt"].startswith("Tokenizer probe")
+    with sidecar_for(engine, served, relay.url, forward="text") as svc:
+        reply = httpx.post(f"http://127.0.0.1:{svc.http_port}/v1/completions", timeout=600,
+                           json=completion_body(served, long_prompt))
+    assert reply.status_code == 200 and reply.headers["x-ilre-action"] == "compressed"
+    assert relay.last("/v1/completions").json()["prompt"] == engine.tokenizer.decode(expected)
+    assert CODE in reply.json()["choices"][0]["text"]
+
+
+# -- a client that goes away; the engine that goes away ------------------------------------------------
+def test_a_client_gone_mid_stream_frees_the_engine(served, http):
+    _, server = served
+    wait_idle(server)
+    body = completion_body(served, "Count from one to one thousand:", max_tokens=3000, ignore_eos=True, stream=True)
+    with http.stream("POST", "/v1/completions", json=body) as streamed:
+        data = (line for line in streamed.iter_lines() if line.startswith("data:"))
+        assert len([line for line, _ in zip(data, range(5))]) == 5
+        wait_for(lambda: server.running() == 1, 10, f"{server.name} to report the request running")
+    wait_for(lambda: server.running() == 0, 30, f"{server.name} to drop the request of the client that left",
+             interval=0.2)
+
+
+def test_the_engine_gone_is_502_and_back_it_is_used_again(served, relay, http, caplog):
+    name, server = served
+    assert http.get("/ilre/readyz").status_code == 200
+    server.stop()
+    wait_for(lambda: http.get("/ilre/readyz").status_code == 503, 10, "/ilre/readyz to report the engine down")
+    ready = http.get("/ilre/readyz").json()
+    assert ready["model_loaded"] is True and ready["engine"]["healthy"] is False
+    assert http.get("/ilre/healthz").status_code == 200  # the sidecar itself lives on
+
+    with caplog.at_level("WARNING", logger="ilre.sidecar"):
+        down = http.post("/v1/completions", json=completion_body(served, "Hello"), headers={"x-request-id": f"down-{name}"})
+    assert down.status_code == 502 and "error" in down.json()
+    (logged,) = [r for r in caplog.records if r.name == "ilre.sidecar" and f"down-{name}" in r.getMessage()]
+    assert logged.fields["status"] == 502 and logged.fields["route"] == "openai.completions"
+    assert logged.fields["engine_url"] == relay.url and logged.fields["cause"] == down.json()["error"]["message"]
+
+    server.start()
+    wait_for(lambda: http.get("/ilre/readyz").status_code == 200, 15, "/ilre/readyz to see the engine back")
+    again = http.post("/v1/completions", json=completion_body(served, "The capital of France is"))
+    assert again.status_code == 200 and again.json()["choices"][0]["text"].strip()
