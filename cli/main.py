@@ -190,7 +190,8 @@ def run_sidecar(args: argparse.Namespace) -> int:
         sidecar = SidecarConfig.from_env(os.environ, engine_url=args.engine_url, engine_api=args.engine_api,
                                          forward=args.forward, engine_timeout_s=args.engine_timeout,
                                          connect_timeout_s=args.connect_timeout, query_tokens=args.query_tokens,
-                                         engine_health_interval_s=args.engine_health_interval)
+                                         engine_health_interval_s=args.engine_health_interval,
+                                         engine_health_timeout_s=args.engine_health_timeout)
         tokenizer = load_tokenizer(resolve_checkpoint(args.model).path)
     except (FileNotFoundError, KeyError, ValueError) as exc:
         raise CliError(str(exc).strip("'\"")) from None

@@ -217,6 +217,8 @@ def _sidecar_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--connect-timeout", type=float, help="connecting to the engine, in s (default 5)")
     parser.add_argument("--engine-health-interval", type=float, help="seconds between health checks of the engine; "
                         "/ilre/readyz is ready while the latest one passed (default 5)")
+    parser.add_argument("--engine-health-timeout", type=float, help="seconds one health check of the engine may take "
+                        "(default 20: SGLang answers its /health after the running batch's next step)")
     parser.add_argument("--query-tokens", type=int, help=f"plain prompts: the last N tokens are the query (default {QUERY_TOKENS})")
     parser.add_argument("--host", help="listen address (default 127.0.0.1; 0.0.0.0 in containers)")
     parser.add_argument("--port", type=int, help="listen port (env ILRE_HTTP_PORT; default 8080)")

@@ -106,6 +106,7 @@ class SidecarConfig:
     engine_timeout_s: float = 600.0              # deadline of a request that brings no x-request-timeout
     connect_timeout_s: float = 5.0               # connecting to the engine
     engine_health_interval_s: float = 5.0        # GET /health of the engine this often (/ilre/readyz reads it)
+    engine_health_timeout_s: float = 20.0        # ... each allowed this long (SGLang's own check waits 20 s)
     query_tokens: int = QUERY_TOKENS             # plain prompts: the last N tokens are the query
 
     def __post_init__(self) -> None:
@@ -115,7 +116,7 @@ class SidecarConfig:
             raise ConfigError(f"engine_api: must be one of {', '.join(ENGINE_APIS)} (got {self.engine_api!r})")
         if self.forward not in FORWARD_MODES:
             raise ConfigError(f"forward: must be one of {', '.join(FORWARD_MODES)} (got {self.forward!r})")
-        for name in ("engine_timeout_s", "connect_timeout_s", "engine_health_interval_s"):
+        for name in ("engine_timeout_s", "connect_timeout_s", "engine_health_interval_s", "engine_health_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{name}: must be > 0 (got {getattr(self, name)})")
         if not 1 <= self.query_tokens <= MAX_QUERY_TOKENS:

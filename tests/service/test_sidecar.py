@@ -10,27 +10,15 @@ import time
 import httpx
 import pytest
 
-from ilre.engine.messages import CompressRequest
-from ilre.evaluation.haystack import filler_ids
 from ilre.service.config import SidecarConfig
 from ilre.service.request_log import TEXT_FORMAT, JsonFormatter
 from ilre.service.server import ServiceThread
 
 from .conftest import free_port, service_config, wait_for
 from .engines import LlamaServer, RecordingRelay, wait_idle
+from .haystacks import CHAT_QUESTION, FACT, QUESTION, haystack, reference_ids
 
-FACT = "\n\nThe vault code of the Duke of Milan's museum is 7302946.\n\n"
-QUESTION = ("\n\nQuestion: What is the vault code of the Duke of Milan's museum?\n"
-            "Answer: The vault code of the Duke of Milan's museum is")
-CHAT_QUESTION = "What is the vault code of the Duke of Milan's museum? Reply with the number."
 GREEDY = {"temperature": 0, "top_k": 1}
-
-
-def haystack(tokenizer, n_tokens: int) -> str:
-    """`n_tokens` of Shakespeare with FACT planted at 40%."""
-    filler = tokenizer.decode(filler_ids(tokenizer, n_tokens))
-    at = filler.rfind("\n", 0, int(len(filler) * 0.4)) + 1
-    return filler[:at] + FACT + filler[at:]
 
 
 @pytest.fixture(scope="module")
@@ -67,12 +55,6 @@ def http(sidecar):
 @pytest.fixture(scope="module")
 def long_prompt(engine):
     return haystack(engine.tokenizer, 16000) + QUESTION
-
-
-def reference_ids(engine, ids: list[int], n_query: int, budget: int = 1024) -> list[int]:
-    """What `ilre compress` returns for the same context/query split."""
-    result = engine.compress(CompressRequest(context_ids=ids[:-n_query], query_ids=ids[-n_query:], budget=budget))
-    return result.token_ids
 
 
 # -- a 16K-token prompt through every request format ---------------------------------------------
@@ -253,6 +235,7 @@ def test_strategy_options_are_named_by_their_full_path(http):
 def test_engine_down_is_502_naming_the_engine_logged_once_and_not_ready(engine, caplog):
     url = f"http://127.0.0.1:{free_port()}"
     with sidecar_service(engine, url) as svc, httpx.Client(base_url=f"http://127.0.0.1:{svc.http_port}") as client:
+        wait_for(lambda: client.get("/ilre/readyz").json()["engine"]["checked_s_ago"] is not None, 30, "a health check")
         ready = client.get("/ilre/readyz")
         assert ready.status_code == 503 and client.get("/ilre/healthz").status_code == 200
         assert ready.json()["model_loaded"] is True and ready.json()["engine"]["healthy"] is False
@@ -353,15 +336,19 @@ def test_compression_through_redis_workers_forwards_the_same_ids(engine, relay, 
     assert relay.last("/completion").json()["prompt"] == reference_ids(engine, ids, 64, budget=256)
 
 
-def test_api_keys_guard_every_route_but_the_probes(engine, relay):
+def test_api_keys_guard_every_route_but_the_probes(engine, relay, caplog):
     config = service_config({"ILRE_API_KEYS": "k1"})
     sidecar = SidecarConfig(engine_url=relay.url, engine_api="llamacpp")
     with ServiceThread(config, engine, sidecar=sidecar, tokenizer=engine.tokenizer) as svc, \
             httpx.Client(base_url=f"http://127.0.0.1:{svc.http_port}", timeout=60) as client:
-        refused = client.post("/completion", json={"prompt": "hi", "n_predict": 1})
+        with caplog.at_level("WARNING", logger="ilre.sidecar"):
+            refused = client.post("/completion", json={"prompt": "hi", "n_predict": 1})
         assert refused.status_code == 401 and refused.json()["error"]["param"] == "authorization"
+        (logged,) = [r for r in caplog.records if r.name == "ilre.sidecar"]
+        assert logged.fields["status"] == 401 and logged.fields["route"] == "/completion"
         assert client.get("/v1/models").status_code == 401
-        assert client.get("/health").status_code == 200 and client.get("/ilre/readyz").status_code == 200
+        assert client.get("/health").status_code == 200
+        wait_for(lambda: client.get("/ilre/readyz").status_code == 200, 30, "the engine's first health check")
         relay.clear()
         ok = client.post("/completion", json={"prompt": "hi", "n_predict": 1}, headers={"authorization": "Bearer k1"})
         assert ok.status_code == 200

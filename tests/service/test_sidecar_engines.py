@@ -15,7 +15,7 @@ from ilre.service.server import ServiceThread
 
 from .conftest import service_config, wait_for
 from .engines import RecordingRelay, SGLangServer, VllmServer, wait_idle
-from .test_sidecar import CHAT_QUESTION, QUESTION, haystack, reference_ids
+from .haystacks import CHAT_QUESTION, QUESTION, haystack, reference_ids
 
 pytestmark = pytest.mark.slow
 

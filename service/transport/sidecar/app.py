@@ -70,15 +70,15 @@ class Sidecar:
                  defaults: CompressionOptions):
         self.frontend, self.config, self.splitter, self.defaults = frontend, config, splitter, defaults
         self.upstream = Upstream(config.engine_url, config.engine_api, config.connect_timeout_s)
-        self.health = EngineHealth(self.upstream, config.engine_health_interval_s)
+        self.health = EngineHealth(self.upstream, config.engine_health_interval_s, config.engine_health_timeout_s)
         self.metrics = frontend.metrics
         self._forward: str | None = None if config.forward == "auto" else config.forward
         self._budget: int | None = None  # the engine's default budget, once known
         self._health_task: asyncio.Task | None = None
 
     async def start(self) -> None:
-        """Check the engine's health now (at most its timeout, 5 s), then every interval in the background."""
-        await self.health.check()
+        """Check the engine's health in the background, now and then every interval (/ilre/readyz
+        is 503 until the first check has passed)."""
         self._health_task = asyncio.create_task(self.health.run())
 
     async def close(self) -> None:
@@ -233,7 +233,7 @@ class Sidecar:
             except EngineError as exc:
                 self.metrics.sidecar_engine_errors.labels("timeout" if exc.status == 504 else "unreachable").inc()
                 span.set_attribute("http.response.status_code", exc.status)
-                self._log_failure(exc.status, rid, route, exc.message)
+                self.log_failure(exc.status, rid, route, exc.message)
                 return _engine_error(exc.status, exc.message)
             if response is not None:
                 span.set_attribute("http.response.status_code", response.status_code)
@@ -246,7 +246,7 @@ class Sidecar:
             self.metrics.sidecar_engine_errors.labels(f"status_{response.status_code // 100}xx").inc()
             body = b"".join([chunk async for chunk in self.upstream.body(response)])
             cause = _error_message(body, response.headers.get("content-encoding"))
-            self._log_failure(response.status_code, rid, route, f"the engine answered {plan.path}: {cause}")
+            self.log_failure(response.status_code, rid, route, f"the engine answered {plan.path}: {cause}")
             return Response(body, status_code=response.status_code, headers=headers)
         if not reshape:
             return StreamingResponse(self.upstream.body(response), status_code=response.status_code, headers=headers)
@@ -258,7 +258,7 @@ class Sidecar:
             data = json.loads(b"".join([c async for c in self.upstream.body(response, decoded=True)]))
         except ValueError:
             message = f"engine: {self.config.engine_url}{plan.path} answered 200 with a body that is not JSON"
-            self._log_failure(502, rid, route, message)
+            self.log_failure(502, rid, route, message)
             return _engine_error(502, message)
         headers.pop("content-type", None)
         return JSONResponse(chat_from_completion(data), headers=headers)
@@ -271,7 +271,7 @@ class Sidecar:
             rid = request_id(None)  # not ours to refuse: the engine sees the caller's header as it came
         if request.url.path.startswith("/ilre/"):
             message = f"path: {request.url.path} is not an ilre endpoint (see /ilre/v1/model)"
-            self._log_failure(404, rid, "other", message)
+            self.log_failure(404, rid, "other", message)
             response = _engine_error(404, message)
         else:
             deadline = time.monotonic() + self.config.engine_timeout_s
@@ -283,17 +283,17 @@ class Sidecar:
     def _error(self, route: str, exc: ServiceError, rid: str) -> Response:
         self.metrics.sidecar_requests.labels(route, "error").inc()
         self.frontend.record_error(exc.code)
-        self._log_failure(exc.http_status, rid, route, exc.message)
+        self.log_failure(exc.http_status, rid, route, exc.message)
         response = _engine_error(exc.http_status, exc.message, exc.field, exc.code.value)
         if exc.retry_after_s is not None:
             response.headers["retry-after"] = retry_after_header(exc.retry_after_s)
         return response
 
     def _cancelled(self, rid: str, route: str, cause: str) -> Response:
-        self._log_failure(HTTP_STATUS[Code.CANCELLED], rid, route, cause)
+        self.log_failure(HTTP_STATUS[Code.CANCELLED], rid, route, cause)
         return Response(status_code=HTTP_STATUS[Code.CANCELLED])
 
-    def _log_failure(self, status: int, rid: str, route: str, cause: str) -> None:
+    def log_failure(self, status: int, rid: str, route: str, cause: str) -> None:
         """The one log line of a 4xx/5xx answer: request id, route, engine URL, cause."""
         fields = {"request_id": rid, "route": route, "status": status, "engine_url": self.config.engine_url,
                   "cause": cause}
@@ -356,6 +356,7 @@ def build_sidecar_app(sidecar: Sidecar) -> Starlette:
             request = Request(scope, receive)
             if not keys.check(request.headers.get("authorization")):
                 sidecar.frontend.record_error(Code.UNAUTHENTICATED)
+                sidecar.log_failure(401, request_id(None), scope["path"], UNAUTHENTICATED_MESSAGE)
                 await _engine_error(401, UNAUTHENTICATED_MESSAGE, "authorization", Code.UNAUTHENTICATED.value)(scope, receive, send)
                 return
         await app(scope, receive, send)

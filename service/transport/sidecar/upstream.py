@@ -86,7 +86,7 @@ class Upstream:
         try:
             response = await self.open("GET", "/health", "", {}, None, timeout_s)
         except EngineError as exc:
-            return exc.message
+            return exc.message if exc.status != 504 else f"engine: {self.base_url}/health did not answer within {timeout_s:g} s"
         try:
             await response.aread()
         except httpx.HTTPError as exc:
@@ -133,11 +133,12 @@ def response_headers(response: httpx.Response, rewritten: bool) -> dict[str, str
 
 class EngineHealth:
     """The engine's health as last seen: `run()` asks `upstream.health` every `interval_s`, each
-    check allowed `timeout_s` (SGLang's /health runs a one-token generation: ~1 s on a CPU). Healthy
-    means the latest check answered 200 and finished no longer ago than three intervals plus one
-    timeout (a check that hangs counts against it)."""
+    check allowed `timeout_s` (SGLang's /health queues a one-token generation behind the running
+    batch and gives it 20 s itself: a long prefill on a CPU holds it for seconds). Healthy means the
+    latest finished check answered 200 no longer ago than three intervals plus one timeout (a check
+    in flight keeps the previous verdict until then)."""
 
-    def __init__(self, upstream: Upstream, interval_s: float, timeout_s: float = 5.0):
+    def __init__(self, upstream: Upstream, interval_s: float, timeout_s: float = 20.0):
         self.upstream, self.interval_s, self.timeout_s = upstream, interval_s, timeout_s
         self.checked_at: float | None = None  # time.monotonic() of the latest finished check
         self.cause: str | None = "not checked yet"
@@ -159,10 +160,11 @@ class EngineHealth:
         return cause is None
 
     async def run(self) -> None:
-        """Check every `interval_s` (the first after one interval) until cancelled."""
+        """Check now, then every `interval_s` until cancelled."""
         while True:
-            await asyncio.sleep(self.interval_s)
+            started = time.monotonic()
             await self.check()
+            await asyncio.sleep(max(0.0, self.interval_s - (time.monotonic() - started)))
 
     def report(self) -> dict[str, object]:
         """The state for /ilre/readyz."""

@@ -1,0 +1,25 @@
+"""The long prompts of the sidecar tests and benchmark: Shakespeare with one planted fact and a
+question about it, and what `ilre compress` keeps of them."""
+
+from __future__ import annotations
+
+from ilre.engine.messages import CompressRequest
+from ilre.evaluation.haystack import filler_ids
+
+FACT = "\n\nThe vault code of the Duke of Milan's museum is 7302946.\n\n"
+QUESTION = ("\n\nQuestion: What is the vault code of the Duke of Milan's museum?\n"
+            "Answer: The vault code of the Duke of Milan's museum is")
+CHAT_QUESTION = "What is the vault code of the Duke of Milan's museum? Reply with the number."
+
+
+def haystack(tokenizer, n_tokens: int) -> str:
+    """`n_tokens` of Shakespeare with FACT planted at 40%."""
+    filler = tokenizer.decode(filler_ids(tokenizer, n_tokens))
+    at = filler.rfind("\n", 0, int(len(filler) * 0.4)) + 1
+    return filler[:at] + FACT + filler[at:]
+
+
+def reference_ids(engine, ids: list[int], n_query: int, budget: int = 1024) -> list[int]:
+    """What `ilre compress` returns for the same context/query split."""
+    result = engine.compress(CompressRequest(context_ids=ids[:-n_query], query_ids=ids[-n_query:], budget=budget))
+    return result.token_ids
