@@ -38,7 +38,7 @@ def test_reattention_by_name_with_options(local_service, engine):
         assert comparable(result) == comparable(expected) and result.compressed_tokens == 96
         with pytest.raises(ClientError) as err:
             client.compress(context(8), QUERY, strategy="reattention", strategy_options={"span": 0})
-    assert err.value.field == "span" and "must be an integer >= 1" in err.value.message
+    assert err.value.field == "strategy_options.span" and "must be an integer >= 1" in err.value.message
 
 
 def test_locret_needs_no_query_and_actqkv_reports_its_automatic_budget(local_service, engine):
@@ -55,7 +55,7 @@ def test_locret_needs_no_query_and_actqkv_reports_its_automatic_budget(local_ser
     assert data["layer"] in engine.head_layers()  # no layer asked: where its head is stored
     assert comparable(engine.compress(CompressRequest(**body))) == comparable(data)
     assert 30 <= auto["budget"] <= 120 and auto["compressed_tokens"] == auto["budget"] == len(auto["kept_indices"])
-    assert bad.status_code == 400 and bad.json()["field"] == "stabilisers"
+    assert bad.status_code == 400 and bad.json()["field"] == "strategy_options.stabilisers"
     assert headless.status_code == 400 and headless.json()["field"] == "strategy"
     assert "ilre train-locret --layer 5" in headless.json()["error"] and "layer 8" in headless.json()["error"]
     with grpc_client(local_service) as client:
