@@ -95,8 +95,10 @@ def run_engine(name: str, lengths: list[int], budget: int, engine: Engine, done:
                 prompt = haystack(tok, n) + QUESTION
                 path, body = request_for(name, prompt)
                 tokens = len(tok(prompt).input_ids)
-                for way, url, headers in (("straight", server.url + path, None),
-                                          ("sidecar", f"http://127.0.0.1:{svc.http_port}{path}", {"x-ilre-budget": str(budget)})):
+                # through the sidecar first: a prompt past the model's window can leave vLLM answering the
+                # next request wrongly (seen at 32K: " " instead of the code its fresh server gives)
+                for way, url, headers in (("sidecar", f"http://127.0.0.1:{svc.http_port}{path}", {"x-ilre-budget": str(budget)}),
+                                          ("straight", server.url + path, None)):
                     if (name, n, way) in done:
                         continue
                     r = timed_stream(url, body, headers)
