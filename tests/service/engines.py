@@ -74,7 +74,9 @@ class EngineServer:
 
     def __init__(self):
         self.port = free_port()
-        self.log_path = Path(tempfile.mkstemp(prefix=f"ilre-{self.name}-", suffix=".log")[1])
+        handle, path = tempfile.mkstemp(prefix=f"ilre-{self.name}-", suffix=".log")
+        os.close(handle)  # reopened for each start
+        self.log_path = Path(path)
         self.proc: subprocess.Popen | None = None
         self.start_s: float | None = None  # seconds the latest start took
 
