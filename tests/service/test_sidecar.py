@@ -13,6 +13,7 @@ import pytest
 from ilre.service.config import SidecarConfig
 from ilre.service.request_log import TEXT_FORMAT, JsonFormatter
 from ilre.service.server import ServiceThread
+from ilre.service.transport.sidecar.upstream import IDLE_CONNECTION_S
 
 from .conftest import free_port, service_config, wait_for
 from .engines import LlamaServer, RecordingRelay, wait_idle
@@ -175,6 +176,22 @@ def test_short_prompts_pass_through_byte_for_byte(relay, http):
     assert reply.status_code == 200
     assert reply.headers["x-ilre-action"] == "passthrough"
     assert relay.last("/completion").body == raw
+
+
+def test_an_engine_connection_idle_past_its_keep_alive_is_not_reused(engine, relay):
+    """Engines close a connection idle for 5 s; one reused at that instant fails with no answer.
+    The sidecar drops idle connections well before: a request after a pause gets a fresh one, a
+    request soon after reuses it. (Its own sidecar: no health check in between to reuse it.)"""
+    with sidecar_service(engine, relay.url, engine_health_interval_s=3600) as svc, \
+            httpx.Client(base_url=f"http://127.0.0.1:{svc.http_port}", timeout=60) as client:
+        def connection(marker: str) -> int:
+            reply = client.post("/tokenize", json={"content": marker})
+            assert reply.status_code == 200, reply.text
+            return relay.connection_of(marker.encode())
+        first = connection("keep-alive-one")
+        assert connection("keep-alive-two") == first
+        time.sleep(IDLE_CONNECTION_S + 1.0)  # still inside the engine's 5 s
+        assert connection("keep-alive-three") != first
 
 
 def _undated(value):
