@@ -133,6 +133,7 @@ def _service_config(args: argparse.Namespace, **settings: Any):
     flags = {name: getattr(args, name) for name in names if hasattr(args, name)}
     flags["doc_cache_ttl_s"] = getattr(args, "doc_cache_ttl", None)
     flags.update(request_timeout_s=getattr(args, "request_timeout", None), shutdown_grace_s=getattr(args, "shutdown_grace", None),
+                 http_keep_alive_s=getattr(args, "http_keep_alive", None),
                  api_keys_file=getattr(args, "api_keys_file", None))
     try:
         return ServiceConfig.from_env(os.environ, **flags, **settings)

@@ -201,6 +201,8 @@ def _service_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
     parser.add_argument("--tls-client-ca", help="PEM CA of client certificates: mutual TLS")
     parser.add_argument("--shutdown-grace", type=float, help="seconds in-flight calls get on SIGTERM (default 10)")
+    parser.add_argument("--http-keep-alive", type=float,
+                        help="seconds an idle HTTP client connection stays open (default 75)")
 
 
 def _sidecar_options(parser: argparse.ArgumentParser) -> None:
@@ -229,3 +231,5 @@ def _sidecar_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (with --tls-key)")
     parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
     parser.add_argument("--shutdown-grace", type=float, help="seconds in-flight requests get on SIGTERM (default 10)")
+    parser.add_argument("--http-keep-alive", type=float,
+                        help="seconds an idle HTTP client connection stays open (default 75)")

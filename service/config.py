@@ -41,6 +41,8 @@ class ServiceConfig:
     tls_key: str | None = None
     tls_client_ca: str | None = None      # PEM CA of client certificates: mutual TLS
     shutdown_grace_s: float = 10.0        # in-flight requests get this long on SIGTERM
+    http_keep_alive_s: float = 75.0       # an idle HTTP client connection stays open this long: longer than
+                                          # clients' pools keep one (httpx 5 s) and load balancers' idle timeouts
     redis_retry_s: float = 5.0            # a waiting request rides out a Redis outage this long
     claim_idle_ms: int = 30000            # worker: reclaim entries idle this long (their worker died)
     max_attempts: int = 3                 # worker: deliveries before an entry goes to the dead letters
@@ -59,7 +61,7 @@ class ServiceConfig:
         for name in ("max_wait_ms", "shutdown_grace_s", "redis_retry_s", "doc_cache_shared_mb"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"{name}: must be >= 0 (got {getattr(self, name)})")
-        for name in ("request_timeout_s", "heartbeat_s", "doc_cache_ttl_s"):
+        for name in ("request_timeout_s", "heartbeat_s", "doc_cache_ttl_s", "http_keep_alive_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be > 0 (got {getattr(self, name)})")
         if bool(self.tls_cert) != bool(self.tls_key):

@@ -94,6 +94,7 @@ class Service:
                 tls.update(ssl_ca_certs=cfg.tls_client_ca, ssl_cert_reqs=ssl.CERT_REQUIRED)
         self._http = _Uvicorn(uvicorn.Config(app, lifespan="off", log_config=None,
                                              access_log=False, timeout_graceful_shutdown=max(1, int(cfg.shutdown_grace_s)),
+                                             timeout_keep_alive=cfg.http_keep_alive_s,  # type: ignore[arg-type]
                                              **tls))
         self._http_task = asyncio.create_task(self._http.serve(sockets=[sock]))
         while not self._http.started:

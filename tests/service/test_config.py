@@ -23,6 +23,7 @@ def test_defaults_environment_and_overrides():
     ({}, {"http_port": 70000}, "http_port: must be a port in 0..65535 (got 70000)"),
     ({}, {"max_batch": 0}, "max_batch: must be >= 1 (got 0)"),
     ({}, {"request_timeout_s": 0}, "request_timeout_s: must be > 0"),
+    ({"ILRE_HTTP_KEEP_ALIVE_S": "-1"}, {}, "http_keep_alive_s: must be > 0"),
     ({}, {"tls_cert": "a.pem"}, "tls_cert: give both tls_cert and tls_key"),
     ({}, {"tls_client_ca": "ca.pem"}, "tls_client_ca: mutual TLS needs tls_cert and tls_key"),
     ({}, {"redis_url": "localhost:6379"}, "redis_url: must start with redis://"),

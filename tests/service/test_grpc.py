@@ -4,6 +4,8 @@ JSON mirror against the same server."""
 from __future__ import annotations
 
 import asyncio
+import time
+from http.client import HTTPConnection
 
 import grpc
 import pytest
@@ -125,6 +127,22 @@ def test_json_mirror_keeps_integer_ids_and_applies_ratio(http):
     assert reply.status_code == 200 and reply.json()["id"] == 7
     data = reply.json()
     assert data["compressed_tokens"] == -(-data["original_tokens"] // 2)
+
+
+def test_an_idle_http_connection_outlives_client_pools(local_service):
+    """A client pool keeps an idle connection 5 s (httpx); the server must not close it first, or a
+    request sent on it just then fails with no answer. One idle for 6 s still answers."""
+    conn = HTTPConnection("127.0.0.1", local_service.http_port, timeout=10)
+    try:
+        for pause in (0.0, 6.0):
+            time.sleep(pause)
+            conn.request("GET", "/healthz")
+            sock = conn.sock if pause == 0 else sock
+            reply = conn.getresponse()
+            assert reply.status == 200 and reply.read() == b'{"status":"ok"}'
+        assert conn.sock is sock  # the same connection both times
+    finally:
+        conn.close()
 
 
 def test_http_health_ready_model_and_metrics(http, client):
