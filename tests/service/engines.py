@@ -6,6 +6,7 @@ exact bytes of every request the engine got."""
 
 from __future__ import annotations
 
+import bisect
 import json
 import os
 import re
@@ -233,13 +234,15 @@ class RecordingRelay:
     """A TCP relay on a free loopback port in front of `target_port`: bytes pass both ways
     unchanged; what the client side sends is kept and parsed into requests on demand.
     `answer_delay_s` holds each connection's first response bytes back that long (an engine slow on
-    purpose, whatever the CPU)."""
+    purpose, whatever the CPU); `close_delay_s` holds back the engine's closing of a connection (a
+    client then sees it open a while after the engine closed it: the keep-alive race, made wide)."""
 
-    def __init__(self, target_port: int, answer_delay_s: float = 0.0):
-        self.target_port, self.answer_delay_s = target_port, answer_delay_s
+    def __init__(self, target_port: int, answer_delay_s: float = 0.0, close_delay_s: float = 0.0):
+        self.target_port, self.answer_delay_s, self.close_delay_s = target_port, answer_delay_s, close_delay_s
         self.server = socket.create_server(("127.0.0.1", 0))
         self.port = self.server.getsockname()[1]
         self._streams: list[bytearray] = []
+        self._arrivals: list[tuple[int, int]] = []  # (connection, offset in its stream) of each chunk, in order
         self.closed: list[bool] = []  # per connection: the client side (the sidecar) has closed it
         self.answered: list[bool] = []  # per connection: the engine has sent response bytes
         self.closed_unanswered: list[bool] = []  # the client side closed before any response byte came
@@ -285,7 +288,9 @@ class RecordingRelay:
                     if first and self.answer_delay_s:
                         time.sleep(self.answer_delay_s)
                 if record is not None:
-                    record.extend(data)
+                    with self._lock:
+                        self._arrivals.append((index, len(record)))
+                        record.extend(data)
                 if sink_open:
                     try:
                         sink.sendall(data)
@@ -298,34 +303,47 @@ class RecordingRelay:
                 with self._lock:
                     self.closed_unanswered[index] = not self.answered[index]
                     self.closed[index] = True
+            elif self.close_delay_s:
+                time.sleep(self.close_delay_s)
             try:
                 sink.shutdown(socket.SHUT_WR)
             except OSError:
                 pass
 
-    def connection_of(self, marker: bytes) -> int:
-        """The index of the connection whose bytes contain `marker`."""
+    def connections_with(self, marker: bytes) -> list[int]:
+        """The indexes of the connections whose bytes contain `marker`."""
         with self._lock:
-            return next(i for i, stream in enumerate(self._streams) if marker in stream)
+            return [i for i, stream in enumerate(self._streams) if marker in stream]
+
+    def connection_of(self, marker: bytes) -> int:
+        """The index of the first connection whose bytes contain `marker`."""
+        return self.connections_with(marker)[0]
 
     def requests(self) -> list[Recorded]:
-        """Every complete request received so far, connection by connection, in order."""
+        """Every complete request received so far, in the order their first bytes arrived."""
         with self._lock:
             streams = [bytes(s) for s in self._streams]
-        out = []
-        for data in streams:
-            while data:
-                parsed = _parse_request(data)
-                if parsed is None:
-                    break
-                request, data = parsed
-                out.append(request)
-        return out
+            arrivals = list(self._arrivals)
+        order = {arrival: n for n, arrival in enumerate(arrivals)}
+        starts: dict[int, list[int]] = {}  # connection -> the offsets its chunks began at, in order
+        for connection, offset in arrivals:
+            starts.setdefault(connection, []).append(offset)
+        keyed = []
+        for connection, data in enumerate(streams):
+            offset = 0
+            while parsed := _parse_request(data[offset:]):
+                request, rest = parsed
+                chunk = bisect.bisect_right(starts[connection], offset) - 1  # the chunk holding its first byte
+                keyed.append(((order[connection, starts[connection][chunk]], offset), request))
+                offset = len(data) - len(rest)
+        return [request for _, request in sorted(keyed, key=lambda pair: pair[0])]
 
     def clear(self) -> None:
+        """Forget what was recorded so far."""
         with self._lock:
             for stream in self._streams:
                 stream.clear()
+            self._arrivals.clear()
 
     def last(self, path: str, timeout: float = 10.0) -> Recorded:
         """The newest complete request to `path` (waiting briefly for its bytes)."""

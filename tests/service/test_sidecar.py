@@ -194,6 +194,32 @@ def test_an_engine_connection_idle_past_its_keep_alive_is_not_reused(engine, rel
         assert connection("keep-alive-three") != first
 
 
+def test_a_request_on_a_connection_the_engine_just_closed_is_sent_again(engine, llama):
+    """llama.cpp's server closes its connection right after each streamed answer, its headers saying
+    nothing of it: a request sent on that connection before the close shows fails unanswered (CI saw
+    502s). The sidecar sends it again on a new connection. A relay that shows the close 0.5 s late
+    makes the race certain."""
+    late = RecordingRelay(llama.port, close_delay_s=0.5)
+    try:
+        with sidecar_service(engine, late.url, engine_health_interval_s=3600) as svc, \
+                httpx.Client(base_url=f"http://127.0.0.1:{svc.http_port}", timeout=60) as client:
+            def stream() -> None:
+                streamed = {"prompt": "Count: 1, 2,", "n_predict": 4, "stream": True, **GREEDY}
+                with client.stream("POST", "/completion", json=streamed) as reply:
+                    assert reply.status_code == 200 and len(sse_payloads(reply)) > 1
+            stream()
+            reply = client.post("/completion", json={"prompt": "And after the stream", "n_predict": 2, **GREEDY})
+            assert reply.status_code == 200, reply.text
+            # on the connection the engine had closed, then on a new one
+            assert len(late.connections_with(b"And after the stream")) == 2
+            stream()  # a request on another route, without a body, is sent again too
+            reply = client.get("/props?after-the-stream")
+            assert reply.status_code == 200, reply.text
+            assert len(late.connections_with(b"after-the-stream")) == 2
+    finally:
+        late.close()
+
+
 def _undated(value):
     """A JSON value without its "created" timestamps (the engine stamps each answer with the second)."""
     if isinstance(value, dict):

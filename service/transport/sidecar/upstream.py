@@ -1,7 +1,8 @@
 """The engine behind the sidecar: one pooled HTTP client, requests opened as streams, transport
 failures mapped to one error type, and the start-up check that the engine's tokenizer is ours.
 
-Failures: cannot connect -> 502; the connection breaks -> 502; no answer (headers, or the next body
+Failures: cannot connect -> 502; the connection breaks -> 502 (a kept-alive one the engine closed
+just as it was reused: the request goes again on a new one); no answer (headers, or the next body
 chunk) within the deadline -> 504. The engine's own error answers are not failures here: they are
 relayed with their status and body.
 
@@ -31,6 +32,8 @@ OWN_RESPONSE_HEADERS = frozenset({"date", "server"})
 # reused just as the engine closes it fails with no answer: 6 of 40 requests did, sent 4.990-5.010 s
 # after the previous one on the same connection (httpx's default expiry is the same 5 s)
 IDLE_CONNECTION_S = 2.0
+# a request whose kept-alive connection was closed under it goes again this many times at most
+STALE_RETRIES = 2
 PROBE_TEXT = "Tokenizer probe: naïve café, 1234567 <tag> {\"json\": [1, 2]}\n\tend."
 
 
@@ -40,6 +43,18 @@ class EngineError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status, self.message = status, message
+
+
+class ConnectionUse:
+    """Whether one request opened a new connection or went on a kept-alive one (httpx's `trace`
+    request extension reports each step of a request; opening a TCP connection is one of them)."""
+
+    def __init__(self) -> None:
+        self.opened = False
+
+    async def trace(self, event: str, info: dict[str, Any]) -> None:
+        if event == "connection.connect_tcp.started":
+            self.opened = True
 
 
 class Upstream:
@@ -57,9 +72,33 @@ class Upstream:
     async def open(self, method: str, path: str, query: str, headers: Mapping[str, str], content: Any,
                    timeout_s: float) -> httpx.Response:
         """Send a request and return the engine's response with its body not yet read; EngineError
-        when the engine is unreachable or sends no headers within `timeout_s`."""
-        url = path + (f"?{query}" if query else "")
-        request = self.client.build_request(method, url, headers=forward_headers(headers), content=content,
+        when the engine is unreachable or sends no headers within `timeout_s`.
+
+        A kept-alive connection that the engine closes just as it is reused fails with no answer
+        (llama.cpp's server closes one right after each streamed answer; any engine at its idle
+        timeout). The engine never read that request, so it goes again on another connection, up to
+        STALE_RETRIES times; a new connection closed unanswered is a failure. Only a body given as
+        bytes is sent again: a client's body stream is read once."""
+        deadline = time.monotonic() + timeout_s
+        replayable = content is None or isinstance(content, (bytes, bytearray))
+        for attempt in range(STALE_RETRIES + 1):
+            connection = ConnectionUse()
+            try:
+                return await self._send(method, path, query, headers, content, deadline, connection)
+            except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
+                if connection.opened or not replayable or attempt == STALE_RETRIES:
+                    raise EngineError(502, f"engine: {self.base_url} closed the connection ({_reason(exc)})") from None
+                log.debug("engine %s: a kept-alive connection was closed under %s %s; sending it again", self.base_url,
+                          method, path)
+        raise AssertionError("unreachable")
+
+    async def _send(self, method: str, path: str, query: str, headers: Mapping[str, str], content: Any,
+                    deadline: float, connection: ConnectionUse) -> httpx.Response:
+        """One attempt of `open` on a pooled connection; transport errors other than timeouts and
+        refused connections are raised as they are."""
+        timeout_s = max(deadline - time.monotonic(), 0.001)
+        request = self.client.build_request(method, path + (f"?{query}" if query else ""), headers=forward_headers(headers),
+                                            content=content, extensions={"trace": connection.trace},
                                             timeout=httpx.Timeout(timeout_s, connect=min(self.connect_timeout_s, timeout_s)))
         try:
             return await asyncio.wait_for(self.client.send(request, stream=True), timeout_s)
@@ -71,8 +110,6 @@ class Upstream:
                                    "--engine-timeout)") from None
         except httpx.ConnectError as exc:
             raise EngineError(502, f"engine: cannot connect to {self.base_url} ({_reason(exc)})") from None
-        except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-            raise EngineError(502, f"engine: {self.base_url} closed the connection ({_reason(exc)})") from None
 
     async def body(self, response: httpx.Response, decoded: bool = False) -> AsyncIterator[bytes]:
         """The response body as it arrives: the bytes as sent, or content-decoded (for rewriting).
