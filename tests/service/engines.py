@@ -233,8 +233,8 @@ class Recorded:
 class RecordingRelay:
     """A TCP relay on a free loopback port in front of `target_port`: bytes pass both ways
     unchanged; what the client side sends is kept and parsed into requests on demand.
-    `answer_delay_s` holds each connection's first response bytes back that long (an engine slow on
-    purpose, whatever the CPU); `close_delay_s` holds back the engine's closing of a connection (a
+    `answer_delay_s` holds the first response bytes to each request back that long (an engine slow
+    on purpose, whatever the CPU); `close_delay_s` holds back the engine's closing of a connection (a
     client then sees it open a while after the engine closed it: the keep-alive race, made wide)."""
 
     def __init__(self, target_port: int, answer_delay_s: float = 0.0, close_delay_s: float = 0.0):
@@ -244,8 +244,8 @@ class RecordingRelay:
         self._streams: list[bytearray] = []
         self._arrivals: list[tuple[int, int]] = []  # (connection, offset in its stream) of each chunk, in order
         self.closed: list[bool] = []  # per connection: the client side (the sidecar) has closed it
-        self.answered: list[bool] = []  # per connection: the engine has sent response bytes
-        self.closed_unanswered: list[bool] = []  # the client side closed before any response byte came
+        self.answered: list[bool] = []  # per connection: the engine has sent response bytes since its latest request bytes
+        self.closed_unanswered: list[bool] = []  # the client side closed with its latest request unanswered
         self._lock = threading.Lock()
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -277,8 +277,8 @@ class RecordingRelay:
     def _pipe(self, source: socket.socket, sink: socket.socket, record: bytearray | None, index: int | None,
               answer: int | None = None) -> None:
         """Copy source -> sink until source closes, then half-close sink (the other direction goes on).
-        The client side is recorded to its end even if the engine stopped reading (e.g. a 404); the
-        engine side (`answer` = its connection) marks when its response starts."""
+        The client side is recorded to its end even if the engine stopped reading (e.g. a 404) and
+        marks a request pending; the engine side (`answer` = its connection) marks it answered."""
         sink_open = True
         try:
             while data := source.recv(65536):
@@ -291,6 +291,7 @@ class RecordingRelay:
                     with self._lock:
                         self._arrivals.append((index, len(record)))
                         record.extend(data)
+                        self.answered[index] = False  # a kept-alive connection's next request
                 if sink_open:
                     try:
                         sink.sendall(data)

@@ -335,10 +335,11 @@ def test_a_client_that_goes_away_while_waiting_closes_the_engine_request(llama, 
     called directly too); SGLang and vLLM abort it. What the sidecar owes: closing the request."""
     wait_idle(llama)
     marker = "Count to five hundred, slowly:"
-    with pytest.raises(httpx.ReadTimeout):
-        httpx.post(f"http://127.0.0.1:{sidecar.http_port}/completion", timeout=1.0,
-                   json={"prompt": marker, "n_predict": 1500, "ignore_eos": True})  # seconds of generation
-    connection = wait_for(lambda: relay.connection_of(marker.encode()) + 1, 10, "the request at the engine") - 1
+    with httpx.Client(base_url=f"http://127.0.0.1:{sidecar.http_port}", timeout=1.0) as client:
+        assert client.get("/props").status_code == 200  # its engine connection, kept alive, takes the next request
+        with pytest.raises(httpx.ReadTimeout):
+            client.post("/completion", json={"prompt": marker, "n_predict": 1500, "ignore_eos": True})  # seconds of work
+    connection = wait_for(lambda: relay.connections_with(marker.encode())[-1:], 10, "the request at the engine")[0]
     wait_for(lambda: relay.closed[connection], 10, "the sidecar to close the engine request")
     assert relay.closed_unanswered[connection]  # closed by the sidecar before the engine had answered
     wait_idle(llama, timeout=600)
