@@ -275,7 +275,7 @@ class Sidecar:
             response = _engine_error(404, message)
         else:
             deadline = time.monotonic() + self.config.engine_timeout_s
-            bodyless = "content-length" not in request.headers and "transfer-encoding" not in request.headers
+            bodyless = request.headers.get("content-length", "0") == "0" and "transfer-encoding" not in request.headers
             content = None if bodyless else request.stream()  # None can be sent twice (Upstream.open)
             response = await self.relay(request, Forwarded(request.url.path, content, "other"), deadline, "other", rid)
         response.headers["x-ilre-request-id"] = rid

@@ -29,8 +29,8 @@ HOP_BY_HOP = frozenset({"connection", "keep-alive", "proxy-authenticate", "proxy
 OWN_RESPONSE_HEADERS = frozenset({"date", "server"})
 # an idle pooled connection is dropped after this long: well before the engines' own keep-alive
 # timeout (5 s in llama.cpp's server and in uvicorn, which serves vLLM and SGLang). A connection
-# reused just as the engine closes it fails with no answer: 6 of 40 requests did, sent 4.990-5.010 s
-# after the previous one on the same connection (httpx's default expiry is the same 5 s)
+# reused just as the engine closes it fails with no answer (bench/engine_connections.py counts how
+# often, for requests sent 4.990-5.010 s apart; httpx's default expiry is the same 5 s)
 IDLE_CONNECTION_S = 2.0
 # a request whose kept-alive connection was closed under it goes again this many times at most
 STALE_RETRIES = 2
@@ -81,16 +81,17 @@ class Upstream:
         bytes is sent again: a client's body stream is read once."""
         deadline = time.monotonic() + timeout_s
         replayable = content is None or isinstance(content, (bytes, bytearray))
-        for attempt in range(STALE_RETRIES + 1):
+        resent = 0
+        while True:
             connection = ConnectionUse()
             try:
                 return await self._send(method, path, query, headers, content, deadline, connection)
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
-                if connection.opened or not replayable or attempt == STALE_RETRIES:
+                if connection.opened or not replayable or resent == STALE_RETRIES:
                     raise EngineError(502, f"engine: {self.base_url} closed the connection ({_reason(exc)})") from None
+                resent += 1
                 log.debug("engine %s: a kept-alive connection was closed under %s %s; sending it again", self.base_url,
                           method, path)
-        raise AssertionError("unreachable")
 
     async def _send(self, method: str, path: str, query: str, headers: Mapping[str, str], content: Any,
                     deadline: float, connection: ConnectionUse) -> httpx.Response:
