@@ -22,6 +22,7 @@ from .cascade import candidate_prefill, pick_candidates, recent_share
 from .defaults import AUTO_BATCH_TOKENS
 from .prefill import ContextState, PrefillConfig, RetrievalState, encode_context, prefill_query
 from .strategies import ScoreInputs, Strategy
+from .unit_selection import select_units
 
 
 @dataclass
@@ -38,12 +39,14 @@ class Selection:
 
 @dataclass(frozen=True)
 class SelectionJob:
-    """One request of `select_contexts`: context_ids (L,), query_ids (Lq,) int64, its budget and strategy."""
+    """One request of `select_contexts`: context_ids (L,), query_ids (Lq,) int64, its budget and strategy;
+    units: (U+1,) unit bounds (compressor/units.py) to keep whole units, None = single tokens."""
 
     context_ids: torch.Tensor
     query_ids: torch.Tensor
     budget: int
     strategy: Strategy
+    units: torch.Tensor | None = None
 
 
 def select_context(
@@ -54,6 +57,7 @@ def select_context(
     strategy: Strategy,
     config: PrefillConfig,
     encoded: Callable[[], ContextState] | None = None,
+    units: torch.Tensor | None = None,
 ) -> Selection:
     """Choose at most `budget` context tokens for the query: encode_context, then `select`.
 
@@ -61,6 +65,7 @@ def select_context(
     and count against the budget; the strategy allocates the other budget - S among the rest.
     `model` may be None for strategies that do not need attention. `encoded` supplies the
     context's ContextState instead of encoding it (a document cache); it runs only when needed.
+    `units`: (U+1,) unit bounds (compressor/units.py): whole units are kept (compressor/unit_selection.py).
     """
     length = context_ids.numel()
     if length <= budget:
@@ -69,7 +74,7 @@ def select_context(
         score_layers(strategy, model.n_layers)  # the options against l_R, before they are resolved for the length
     strategy = strategy.for_context(length, budget)
     if not strategy.needs_attention:
-        return _choose(None, None, length, budget, strategy, config.sink, {})
+        return _choose(None, None, length, budget, strategy, config.sink, {}, units=units)
     if model is None:
         raise ValueError(f"strategy: {strategy.name} needs a model")
     clock = time.perf_counter()
@@ -77,15 +82,17 @@ def select_context(
     with torch.inference_mode():
         state = encoded() if encoded is not None else encode_context(model, context_ids, config, layers,
                                                                      parts=strategy.context_parts)
-    return select(model, state, query_ids, budget, strategy, {"prefill": _lap(clock)}, context_ids)
+    return select(model, state, query_ids, budget, strategy, {"prefill": _lap(clock)}, context_ids, units)
 
 
 def select(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor, budget: int, strategy: Strategy,
-           timings: dict[str, float] | None = None, context_ids: torch.Tensor | None = None) -> Selection:
+           timings: dict[str, float] | None = None, context_ids: torch.Tensor | None = None,
+           units: torch.Tensor | None = None) -> Selection:
     """The query-dependent part: the query chunk against an encoded context, scoring, allocation.
     Any number of queries may be selected from one ContextState, one after another; `timings`
     (ms so far, e.g. the context's "prefill") are carried into the Selection. A cascade
-    (`strategy.cascade_layer`) also runs its candidates, which needs the context's ids (L,)."""
+    (`strategy.cascade_layer`) also runs its candidates, which needs the context's ids (L,). `units`: (U+1,)
+    unit bounds to keep whole units (None: single tokens)."""
     timings = dict(timings or {})
     if state.length <= budget:
         return Selection(torch.arange(state.length), timings, passthrough=True)
@@ -97,7 +104,7 @@ def select(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor, bud
         raise ValueError(f"strategy: {strategy.name} reads layers {sorted(lacking)} that the encoded context lacks")
     if not strategy.needs_query:  # scores from the context alone: computed once, memoised on the state
         return _choose(model, RetrievalState(state.keys, {}, dict(state.parts)), state.length, budget, strategy,
-                       state.config.sink, timings, memo=state.scores)
+                       state.config.sink, timings, memo=state.scores, units=units)
     clock = time.perf_counter()
     with torch.inference_mode():
         retrieval = prefill_query(model, state, query_ids, strategy.query_parts)
@@ -108,7 +115,7 @@ def select(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor, bud
             attention, coarse = _cascade_attention(model, state, retrieval, context_ids, query_ids, budget, strategy)
     timings["prefill"] = round(timings.get("prefill", 0.0) + _lap(clock), 3)
     return _choose(model, retrieval, state.length, budget, strategy, state.config.sink, timings,
-                   attention=attention, coarse=coarse)
+                   attention=attention, coarse=coarse, units=units)
 
 
 def _cascade_attention(model: TruncatedLM, state: ContextState, retrieval: RetrievalState, context_ids: torch.Tensor,
@@ -156,10 +163,11 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
         for i, state in zip(group, states):
             job = jobs[i]
             finished(i, _choose(model, state, job.context_ids.numel(), job.budget, strategies[i], config.sink,
-                                {"prefill": prefill_ms}))
+                                {"prefill": prefill_ms}, units=job.units))
     for i, job in enumerate(jobs):
         if out[i] is None:
-            finished(i, select_context(model, job.context_ids, job.query_ids, job.budget, job.strategy, config))
+            finished(i, select_context(model, job.context_ids, job.query_ids, job.budget, job.strategy, config,
+                                       units=job.units))
     return out  # type: ignore[return-value]
 
 
@@ -185,9 +193,11 @@ def score_layers(strategy: Strategy, l_r: int) -> tuple[int, ...]:
 
 def _choose(model: TruncatedLM | None, state: RetrievalState | None, length: int, budget: int, strategy: Strategy,
             sink: int, timings: dict[str, float], memo: dict[str, torch.Tensor] | None = None,
-            attention: torch.Tensor | None = None, coarse: torch.Tensor | None = None) -> Selection:
+            attention: torch.Tensor | None = None, coarse: torch.Tensor | None = None,
+            units: torch.Tensor | None = None) -> Selection:
     """Score (A^C at l_R when the state holds the query, unless `attention` (L,) is given; `coarse`: a
-    cascade's A^C at its coarse layer) and allocate: the sink + budget - S tokens. `memo`: where a
+    cascade's A^C at its coarse layer) and allocate: the sink + budget - S tokens, or with `units` (U+1,)
+    bounds, as many tokens in whole units around the strategy's own choice. `memo`: where a
     query-agnostic strategy's scores for this context are kept between queries."""
     clock = time.perf_counter()
     with torch.inference_mode():
@@ -202,7 +212,10 @@ def _choose(model: TruncatedLM | None, state: RetrievalState | None, length: int
                 memo[strategy.memo_key] = scores
         timings["score"] = _lap(clock)
         clock = time.perf_counter()
-        kept = strategy.select(scores, budget, sink).cpu()
+        kept = strategy.select(scores, budget, sink)
+        if units is not None:
+            kept = select_units(scores, units, kept, sink)
+        kept = kept.cpu()
         timings["allocate"] = _lap(clock)
     return Selection(kept, timings, scores=scores)
 

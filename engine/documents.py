@@ -74,10 +74,12 @@ class _Document:
     ids: torch.Tensor
     states: dict[str, ContextState] = field(default_factory=dict)
     uses: int = 1  # requests that named it (its context again, or its id)
+    units: dict[str, torch.Tensor] = field(default_factory=dict)  # unit bounds per segmentation setting
 
     @property
     def nbytes(self) -> int:
-        return self.ids.numel() * self.ids.element_size() + sum(s.nbytes for s in self.states.values())
+        held = [self.ids, *self.units.values()]
+        return sum(t.numel() * t.element_size() for t in held) + sum(s.nbytes for s in self.states.values())
 
 
 class DocumentCache:
@@ -142,6 +144,32 @@ class DocumentCache:
                 self.shared.put_state(doc, key, state.to_tensors())
         self._add_state(doc, key, state)
         return state
+
+    def units(self, doc: str, key: str, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+        """The document's unit bounds (U+1,) for segmentation setting `key`: from this process, else the
+        shared store (under the state key `key`, as the tensor "bounds"), else `compute()`d and stored in
+        both. Kept with the document's IDs (a few bytes per unit), evicted with the document."""
+        with self._lock:
+            entry = self._docs.get(doc)
+            found = entry.units.get(key) if entry is not None else None
+            if found is not None:
+                self.stats.hits["units", "local"] += 1
+                return found
+        self.stats.misses["units", "local"] += 1
+        tensors = self.shared.get_state(doc, key) if self.shared is not None else None
+        if self.shared is not None:
+            (self.stats.hits if tensors is not None else self.stats.misses)["units", "shared"] += 1
+        bounds = tensors.get("bounds") if tensors is not None else None
+        if bounds is None:
+            bounds = compute()
+            if self.shared is not None:
+                self.shared.put_state(doc, key, {"bounds": bounds})
+        with self._lock:
+            entry = self._docs.get(doc)
+            if entry is not None:
+                entry.units[key] = bounds
+                self._fit(keep=doc)
+        return bounds
 
     def clear(self) -> None:
         """Forget every document this process holds (the shared tier is left as it is)."""

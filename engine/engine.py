@@ -16,15 +16,17 @@ import torch
 
 from ..compressor.batched_prefill import fits_one_chunk
 from ..compressor.defaults import (AUTO_BATCH_TOKENS, DEFAULT_BUDGET, DOC_CACHE_MB, MAX_CONTEXT_TOKENS,
-                                  MAX_EXPLAIN_TOKENS, MAX_QUERY_TOKENS)
+                                  MAX_EXPLAIN_TOKENS, MAX_QUERY_TOKENS, UNIT_TOKENS)
 from ..compressor.pipeline import Selection, SelectionJob, batchable, score_layers, select_context, select_contexts
 from ..compressor.prefill import ContextState, PrefillConfig, encode_context
 from ..compressor.strategies import Strategy
+from ..compressor.units import kept_spans, unit_bounds
 from ..models.device import resolve_placement
 from ..models.llama import TruncatedLM
 from ..models.loader import load_spec, load_tokenizer, load_truncated, resolve_checkpoint
 from ..models.profiles import load_profile
 from ..models.retaining_head import attach_head, head_directories, head_path
+from ..models.token_bytes import context_bytes, token_bytes
 from ..models.tokenize import TooManyTokens, tokenize_text
 from .documents import DocumentCache, SharedDocuments, document_id, state_key
 from .explain import ExplanationFacts, render_explanation
@@ -129,6 +131,12 @@ class Engine:
         if not 1 <= layer <= self.spec.num_layers:
             raise InputError(name, f"must be in 1..{self.spec.num_layers} (got {layer})")
 
+    def units(self, document: str, context_ids: torch.Tensor) -> torch.Tensor:
+        """The context's unit bounds (U+1,) (compressor/units.py), computed once per document and kept
+        with it in the document cache."""
+        return self.documents.units(document, f"units-v1-max{UNIT_TOKENS}",
+                                    lambda: unit_bounds(context_bytes(token_bytes(self.tokenizer), context_ids), UNIT_TOKENS))
+
     def _ids(self, name: str, text: str | None, ids: list[int] | None, limit: int, limit_name: str,
              ids_field: str | None = None) -> torch.Tensor:
         """(T,) int64 token ids of a text or checked ids; InputError when empty, too long, off-vocabulary
@@ -231,8 +239,8 @@ class Engine:
                     lambda tensors: ContextState.from_tensors(model, prefill, tensors)))
             return encoded[0]
 
-        return [select_context(model, job.context_ids, query_ids, job.budget, job.strategy, prefill, encoded=state)
-                for query_ids in job.queries]
+        return [select_context(model, job.context_ids, query_ids, job.budget, job.strategy, prefill, encoded=state,
+                               units=job.units) for query_ids in job.queries]
 
     def _prepare(self, request: CompressRequest) -> "_Job":
         """Check and tokenize a request; InputError naming the field when it cannot run."""
@@ -272,12 +280,14 @@ class Engine:
         total = len(context_ids) + max(len(q) for q in queries)
         dca = request.dca == "on" or (request.dca == "auto" and total > self.spec.native_context)
         prefill = PrefillConfig(self.config.prefill.sink, self.config.prefill.window, self.config.prefill.chunk, dca)
+        granularity = request.granularity or self.profile.granularity
+        units = self.units(doc, context_ids) if granularity == "unit" and budget < len(context_ids) else None
         model = self.model_at(layer) if strategy.needs_attention else None
         if "retaining" in strategy.context_parts and model.retaining_head is None:
             raise InputError("strategy", f"{strategy.name} needs a retaining head for {self.model_name} at layer {layer}: "
                              f"train one with `ilre train-locret --layer {layer}` (heads found: {self._heads_found()})")
         return _Job(request, doc, context_ids, queries, budget, strategy, layer, prefill, model, dca,
-                    start, _ms(start, time.perf_counter()))
+                    start, _ms(start, time.perf_counter()), granularity, units)
 
     def _finish(self, job: "_Job", selections: list[Selection]) -> Outcome:
         """Kept indices -> token ids, detokenized text and timings: one result per query."""
@@ -303,7 +313,11 @@ class Engine:
             ratio=round(len(kept) / len(context_ids), 6), model=self.model_name, layer=job.layer,
             strategy=job.strategy.name, dca=job.dca, passthrough=selection.passthrough, timings_ms=timings,
             document_id=job.document_id, budget=job.budget if selection.passthrough else len(kept),
+            granularity=job.granularity,
         )
+        if job.units is not None and not selection.passthrough:
+            text = context_bytes(token_bytes(self.tokenizer), context_ids)
+            result.kept_spans = kept_spans(job.units, selection.kept, text)
         if request.explain:
             result.explanation = self._explanation(job, selection, result)
         return result
@@ -337,9 +351,11 @@ class _Job:
     dca: bool
     started: float
     tokenize_ms: float
+    granularity: str = "token"
+    units: torch.Tensor | None = None  # (U+1,) unit bounds when granularity is "unit"
 
     def selection(self, index: int) -> SelectionJob:
-        return SelectionJob(self.context_ids, self.queries[index], self.budget, self.strategy)
+        return SelectionJob(self.context_ids, self.queries[index], self.budget, self.strategy, self.units)
 
 
 def _ms(a: float, b: float) -> float:

@@ -17,6 +17,7 @@ if TYPE_CHECKING:  # the strategies need torch; a thin client builds requests wi
     from ..compressor.strategies import Strategy
 
 DCA_MODES = ("auto", "on", "off")
+GRANULARITIES = ("token", "unit")  # keep single tokens, or whole units (sentences, lines, records: compressor/units.py)
 
 
 
@@ -72,6 +73,7 @@ class CompressRequest:
     strategy_options: dict[str, Any] = field(default_factory=dict)
     dca: str = "auto"
     layer: int | str | None = None  # a layer number, or a name the model's profile offers (fast, default, robust)
+    granularity: str | None = None  # "token" or "unit"; None = the model profile's (token where it names none)
 
     def __post_init__(self) -> None:
         self._check_context()
@@ -90,6 +92,8 @@ class CompressRequest:
         if not isinstance(self.strategy_options, dict):
             raise InputError("strategy_options", "must be an object of option names to values")
         self.strategy_spec  # built (and checked) here, once
+        if self.granularity is not None and self.granularity not in GRANULARITIES:
+            raise InputError("granularity", f"must be one of {', '.join(GRANULARITIES)} (got {self.granularity!r})")
         if self.dca not in DCA_MODES:
             raise InputError("dca", f"must be one of {', '.join(DCA_MODES)} (got {self.dca!r})")
         if self.layer is not None and not isinstance(self.layer, str) and (not _is_int(self.layer) or self.layer < 1):
@@ -212,11 +216,14 @@ class CompressResult:
     document_id: str | None = None  # send it instead of the context to ask the same document again
     budget: int | None = None  # the context-token budget applied: the request's, or what an automatic one chose
     explanation: str | None = None  # the HTML page, when the request asked to explain
+    granularity: str = "token"  # what was kept whole: single tokens, or units (sentences, lines, records)
+    kept_spans: list[list[int]] | None = None  # with units: [start, end) characters of each kept unit in the context
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        if data["explanation"] is None:
-            del data["explanation"]
+        for optional in ("explanation", "kept_spans"):
+            if data[optional] is None:
+                del data[optional]
         return data
 
 

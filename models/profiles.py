@@ -31,6 +31,12 @@ class Profile:
         named = {str(k): int(v) for k, v in self.details.get("choices", {}).items()}
         return {**named, "default": self.retrieval_layer}
 
+    @property
+    def granularity(self) -> str:
+        """What a request that names no granularity keeps: "unit" (whole sentences, lines, records) where
+        the evaluation found units ahead for this model (`details.granularity`), else "token"."""
+        return str(self.details.get("granularity", "token"))
+
     def strategy_options(self, strategy: str) -> dict:
         """The calibrated options of a strategy (e.g. the cascade's coarse_layer and candidates), which
         fill what a request leaves unset; {} when `ilre calibrate` measured none."""

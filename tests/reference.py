@@ -461,3 +461,41 @@ def literal_actqkv(scores: list[float], budget: int, sink: int, local: int, chun
             if len(picked) < room:
                 picked.append(i)
     return sorted(list(range(sink)) + picked + list(range(length - local, length)))
+
+
+# --------------------------------------------------------------------------------------------
+# whole units (reference for compressor.unit_selection.select_units)
+# --------------------------------------------------------------------------------------------
+
+
+def literal_select_units(scores: list[float], bounds: list[int], tokens: list[int], sink: int,
+                         coverage: float) -> list[int]:
+    """The rule of unit_selection.py as a loop: units (clipped to the sink) scored max + coverage x mean in
+    float32; those the token selection touches first, then by score, then by position; whole units while
+    they fit len(tokens) - sink; the next one trimmed to a window around its first best token."""
+    f32 = torch.float32
+    length, budget = len(scores), len(tokens)
+    sink = min(sink, budget, length)
+    cuts = sorted({min(max(b, sink), length) for b in bounds} | {sink, length})
+    units = list(zip(cuts, cuts[1:]))
+    chosen = set(tokens)
+    keyed = []
+    for u, (a, z) in enumerate(units):
+        values = torch.tensor(scores[a:z], dtype=f32)
+        score = values.max() + torch.tensor(coverage, dtype=f32) * (values.sum() / torch.tensor(z - a, dtype=f32))
+        touched = any(t in chosen for t in range(a, z))
+        keyed.append((not touched, -float(score), u))
+    keyed.sort()
+    kept, room = list(range(sink)), budget - sink
+    for _, _, u in keyed:
+        a, z = units[u]
+        if z - a <= room:
+            kept += range(a, z)
+            room -= z - a
+            continue
+        if room > 0:
+            peak = a + max(range(z - a), key=lambda i: (scores[a + i], -i))
+            first = min(max(peak - room // 2, a), z - room)
+            kept += range(first, first + room)
+        break
+    return sorted(kept)
