@@ -47,7 +47,7 @@ def request_defaults(args: argparse.Namespace) -> dict[str, Any]:
         except json.JSONDecodeError as exc:
             raise InputError("strategy-options", f"not valid JSON ({exc.msg})") from None
     return {"budget": args.budget, "ratio": args.ratio, "strategy": args.strategy, "dca": args.dca,
-            "strategy_options": options}
+            "strategy_options": options, "granularity": args.granularity}
 
 
 def read_context(args: argparse.Namespace) -> str:

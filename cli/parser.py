@@ -7,7 +7,7 @@ import os
 
 from ..compressor.defaults import (AUTO_BATCH_TOKENS, CHUNK, DEFAULT_BUDGET, DEFAULT_STRATEGY, DOC_CACHE_MB,
                                   MAX_CONTEXT_TOKENS, QUERY_TOKENS, SINK, WINDOW)
-from ..engine.messages import DCA_MODES
+from ..engine.messages import DCA_MODES, GRANULARITIES
 
 
 def _placement_options(parser: argparse.ArgumentParser) -> None:
@@ -19,6 +19,13 @@ def _placement_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--dtype", default=os.environ.get("ILRE_DTYPE", "auto"),
                         help=f"{', '.join(DTYPE_CHOICES)} (default auto: bfloat16 on GPUs, NPUs and CPUs with native "
                         "bfloat16, else float32; env ILRE_DTYPE)")
+
+
+def granularity_arg(value: str) -> str:
+    """--granularity (also its ILRE_GRANULARITY default): token or unit."""
+    if value not in GRANULARITIES:
+        raise argparse.ArgumentTypeError(f"must be one of {', '.join(GRANULARITIES)} (got {value!r})")
+    return value
 
 
 def layer_arg(value: str) -> int | str:
@@ -38,6 +45,10 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--strategy-options", default=None, metavar="JSON",
                         help='the strategy\'s options as a JSON object, e.g. \'{"lag": 256}\' for lagkv')
     parser.add_argument("--dca", choices=DCA_MODES, default=None, help="dual chunk attention: auto = on beyond the native window")
+    parser.add_argument("--granularity", type=granularity_arg, metavar="|".join(GRANULARITIES),
+                        default=os.environ.get("ILRE_GRANULARITY") or None,
+                        help="keep single tokens, or whole units: sentences, lines, JSON records, messages "
+                        "(default: the model's profile, token where it names none; env ILRE_GRANULARITY)")
     parser.add_argument("--sink", type=int, default=SINK, help=f"S sink tokens (default {SINK})")
     parser.add_argument("--window", type=int, default=WINDOW,
                         help=f"W sliding-window tokens below l_R; 0 = unbounded (default {WINDOW})")
@@ -72,7 +83,8 @@ def build_parser() -> argparse.ArgumentParser:
     _engine_options(compress)
     _remote_options(compress)
     batch = sub.add_parser("batch", help="compress every line of a JSONL file with one loaded model")
-    batch.add_argument("--input", required=True, help="JSONL: {id, context, query, optional budget|ratio|strategy}")
+    batch.add_argument("--input", required=True,
+                       help="JSONL: {id, context, query, optional budget|ratio|strategy|granularity}")
     batch.add_argument("--output", required=True, help="JSONL results, one line per input line, same order")
     _engine_options(batch)
     demo = sub.add_parser("demo", help="compress a generated long document with a planted fact and report")

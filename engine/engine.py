@@ -330,8 +330,10 @@ class Engine:
         facts = ExplanationFacts(model=result.model, layer=result.layer, strategy=result.strategy, dca=result.dca,
                                  budget=budget, sink=self.config.prefill.sink,
                                  budget_split=job.strategy.budget_split(allocated), query=result.query,
-                                 timings_ms=result.timings_ms, passthrough=result.passthrough)
-        return render_explanation(tokens, selection.scores, result.kept_indices, facts)
+                                 timings_ms=result.timings_ms, passthrough=result.passthrough,
+                                 granularity=job.granularity)
+        units = job.units.tolist() if job.units is not None else None
+        return render_explanation(tokens, selection.scores, result.kept_indices, facts, units)
 
 
 @dataclass(frozen=True)

@@ -78,8 +78,13 @@ def count_tokens(backend: Backend, text: str, query: str = ".") -> tuple[int, li
     return whole.original_tokens, whole.token_ids[:whole.original_tokens]
 
 
+def chosen(strategy: str | None = None, granularity: str | None = None) -> dict[str, Any]:
+    """The request fields an adapter's strategy and granularity set (None: the server's default)."""
+    return {name: value for name, value in (("strategy", strategy), ("granularity", granularity)) if value is not None}
+
+
 def compress_by_its_end(backend: Backend, text: str, target: int, strategy: str | None = None,
-                        ids: list[int] | None = None) -> Shortened:
+                        ids: list[int] | None = None, granularity: str | None = None) -> Shortened:
     """A prompt with no separate question, cut to `target` tokens: its last QUERY_TOKENS tokens are the
     query ILRe ranks by and stay whole (ILRe's LongBench rule, the sidecar's for plain prompts), the rest
     is compressed to the remaining budget. `ids`: the text's token IDs when already known."""
@@ -88,7 +93,7 @@ def compress_by_its_end(backend: Backend, text: str, target: int, strategy: str 
     if len(ids) <= QUERY_TOKENS or target >= len(ids):
         return Shortened(text, len(ids), len(ids))
     result = backend.compress(context_ids=ids[:-QUERY_TOKENS], query_ids=ids[-QUERY_TOKENS:],
-                              budget=max(1, target - QUERY_TOKENS), **({"strategy": strategy} if strategy else {}))
+                              budget=max(1, target - QUERY_TOKENS), **chosen(strategy, granularity))
     return Shortened(result.compressed_context + result.query, len(ids), result.compressed_tokens + QUERY_TOKENS)
 
 
@@ -96,7 +101,8 @@ def compress_by_its_end(backend: Backend, text: str, target: int, strategy: str 
 class DocumentCompression:
     """ratio: kept share of each document (default 0.3) unless `budget` (context tokens over all the
     documents) is given; strategy: a strategy name (None: the server's default, the cascade); query_template: how the user's
-    question becomes ILRe's query (question plus answer prefix)."""
+    question becomes ILRe's query (question plus answer prefix); granularity: "token" or "unit" (whole sentences,
+    lines, records; None: the server's default)."""
 
     target: str | None = None
     ratio: float | None = None
@@ -105,6 +111,7 @@ class DocumentCompression:
     query_template: str = QUERY_TEMPLATE
     api_key: str | None = None
     timeout_s: float = 300.0
+    granularity: str | None = None
     _backend: Backend = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -119,9 +126,8 @@ class DocumentCompression:
             if not text.strip():
                 results.append(None)
                 continue
-            fields: dict[str, Any] = {"context": text, "query": question, **share}
-            if self.strategy is not None:
-                fields["strategy"] = self.strategy
+            fields: dict[str, Any] = {"context": text, "query": question, **share,
+                                      **chosen(self.strategy, self.granularity)}
             results.append(self._backend.compress(**fields))
         return results
 
@@ -133,7 +139,11 @@ class DocumentCompression:
 
 
 def compression_metadata(result: CompressResult) -> dict[str, Any]:
-    """What an adapter records in each compressed document's metadata under "ilre"."""
-    return {"original_tokens": result.original_tokens, "compressed_tokens": result.compressed_tokens,
+    """What an adapter records in each compressed document's metadata under "ilre" (with units also
+    `kept_spans`: the [start, end) characters of each kept unit in the original text)."""
+    info = {"original_tokens": result.original_tokens, "compressed_tokens": result.compressed_tokens,
             "ratio": result.ratio, "strategy": result.strategy, "layer": result.layer,
-            "document_id": result.document_id}
+            "document_id": result.document_id, "granularity": result.granularity}
+    if result.kept_spans is not None:
+        info["kept_spans"] = result.kept_spans
+    return info

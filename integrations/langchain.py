@@ -5,7 +5,8 @@
     retriever = ContextualCompressionRetriever(base_compressor=compressor, base_retriever=retriever)
 
 Each retrieved document comes back with its kept text as page_content, its metadata as it was plus
-`metadata["ilre"]` (token counts, ratio, strategy, layer, document_id); order is kept.
+`metadata["ilre"]` (token counts, ratio, strategy, layer, document_id, granularity; with units
+kept_spans); order is kept.
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from .options import CompressionOptions
 
 
 class IlreCompressor(CompressionOptions, BaseDocumentCompressor):
-    """Options: see CompressionOptions (target, ratio | budget, strategy, query_template, api_key)."""
+    """Options: see CompressionOptions (target, ratio | budget, strategy, granularity, query_template, api_key)."""
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 

@@ -7,6 +7,7 @@ In the proxy's config.yaml (the module-level `compression` reads its settings fr
 
     ILRE_LITELLM_TARGET=127.0.0.1:50051   # an ilre service (gRPC, or http://...); unset = in process (needs ilre[server])
     ILRE_LITELLM_BUDGET=1024  ILRE_LITELLM_STRICT=0  ILRE_LITELLM_TIMEOUT_S=30  ILRE_API_KEY=...
+    ILRE_LITELLM_GRANULARITY=unit         # keep whole sentences, lines, records (unset: the service's default)
 
 or a file of your own beside config.yaml, `callbacks: my_hooks.ilre` with
 `ilre = IlreCompression(target="127.0.0.1:50051", budget=2048, strict=True)`.
@@ -36,7 +37,8 @@ from typing import Any, Mapping
 from litellm.integrations.custom_logger import CustomLogger
 
 from ..compressor.defaults import DEFAULT_BUDGET, QUERY_TOKENS
-from .backend import Backend, compress_by_its_end, count_tokens
+from ..engine.messages import GRANULARITIES
+from .backend import Backend, chosen, compress_by_its_end, count_tokens
 
 log = logging.getLogger(__name__)
 
@@ -78,29 +80,35 @@ class IlreCompression(CustomLogger):
     """target: None = in process (the embedded model), "HOST:PORT" = an ilre service's gRPC API,
     "http(s)://HOST:PORT" its HTTP API; budget: prompt tokens to aim for (the model's tokens); strategy:
     an ilre strategy (None: the default); strict: a failure of ilre fails the call (503) instead of
-    sending the prompt uncompressed; timeout_s: per ilre request."""
+    sending the prompt uncompressed; timeout_s: per ilre request; granularity: "token" or "unit" (whole
+    sentences, lines, records; None: the service's default)."""
 
     def __init__(self, target: str | None = None, budget: int = DEFAULT_BUDGET, strategy: str | None = None,
-                 strict: bool = False, timeout_s: float = 30.0, api_key: str | None = None, **kwargs: Any):
+                 strict: bool = False, timeout_s: float = 30.0, api_key: str | None = None,
+                 granularity: str | None = None, **kwargs: Any):
         super().__init__(**kwargs)
         if not isinstance(budget, int) or budget <= 2 * QUERY_TOKENS:
             raise ValueError(f"budget: must be an integer above {2 * QUERY_TOKENS} (got {budget!r})")
         if not timeout_s > 0:
             raise ValueError(f"timeout_s: must be > 0 (got {timeout_s!r})")
+        if granularity is not None and granularity not in GRANULARITIES:
+            raise ValueError(f"granularity: must be one of {', '.join(GRANULARITIES)} (got {granularity!r})")
         self.backend = Backend(target, api_key, timeout_s)
         self.budget, self.strategy, self.strict, self.timeout_s = budget, strategy, strict, timeout_s
+        self.granularity = granularity
         self.failures = 0  # calls that went on uncompressed because ilre failed
 
     @classmethod
     def from_env(cls, environ: Mapping[str, str]) -> "IlreCompression":
-        """Settings from ILRE_LITELLM_TARGET, _BUDGET, _STRATEGY, _STRICT, _TIMEOUT_S and ILRE_API_KEY."""
+        """Settings from ILRE_LITELLM_TARGET, _BUDGET, _STRATEGY, _STRICT, _TIMEOUT_S, _GRANULARITY and ILRE_API_KEY."""
         def get(name: str) -> str | None:
             return environ.get(f"ILRE_LITELLM_{name}") or None
 
         try:
             return cls(target=get("TARGET"), budget=int(get("BUDGET") or DEFAULT_BUDGET), strategy=get("STRATEGY"),
                        strict=(get("STRICT") or "0").lower() in ("1", "true", "yes", "on"),
-                       timeout_s=float(get("TIMEOUT_S") or 30.0), api_key=environ.get("ILRE_API_KEY") or None)
+                       timeout_s=float(get("TIMEOUT_S") or 30.0), api_key=environ.get("ILRE_API_KEY") or None,
+                       granularity=get("GRANULARITY"))
         except ValueError as exc:
             raise ValueError(f"ILRE_LITELLM_{str(exc).split(':')[0].upper()}: {exc}") from None
 
@@ -142,7 +150,7 @@ class IlreCompression(CustomLogger):
             length, ids = count_tokens(self.backend, prompt)
             if length <= self.budget:
                 return Outcome("passthrough", length, length, "fits the budget")
-            short = compress_by_its_end(self.backend, prompt, self.budget, self.strategy, ids)
+            short = compress_by_its_end(self.backend, prompt, self.budget, self.strategy, ids, self.granularity)
             data["prompt"] = short.text
             return Outcome("compressed", short.original_tokens, short.kept_tokens)
         return Outcome("passthrough", reason="no single text prompt")
@@ -168,13 +176,13 @@ class IlreCompression(CustomLogger):
         for part in parts:
             share = max(1, room * part.tokens // compressible)
             if part.ids:  # the long last user message: compressed by its own end, which is the query
-                new = compress_by_its_end(self.backend, part.text, share + QUERY_TOKENS, self.strategy, part.ids).text
+                new = compress_by_its_end(self.backend, part.text, share + QUERY_TOKENS, self.strategy, part.ids,
+                                          self.granularity).text
             elif share >= part.tokens:
                 continue
             else:
-                fields = {"context": part.text, "query": query, "budget": share}
-                new = self.backend.compress(**fields, **({"strategy": self.strategy} if self.strategy else {})
-                                            ).compressed_context
+                new = self.backend.compress(context=part.text, query=query, budget=share,
+                                            **chosen(self.strategy, self.granularity)).compressed_context
             messages[part.index] = {**messages[part.index], "content": new}
         kept = whole + sum(min(room * p.tokens // compressible, p.tokens) for p in parts)
         return Outcome("compressed", total, kept)

@@ -4,7 +4,8 @@
     engine = index.as_query_engine(node_postprocessors=[IlrePostprocessor(target="127.0.0.1:50051")])
 
 Each node keeps its id, metadata, relationships and score; its text becomes the kept text and
-`metadata["ilre"]` records the compression (token counts, ratio, strategy, layer, document_id).
+`metadata["ilre"]` records the compression (token counts, ratio, strategy, layer, document_id,
+granularity; with units kept_spans).
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from .options import CompressionOptions
 
 
 class IlrePostprocessor(CompressionOptions, BaseNodePostprocessor):
-    """Options: see CompressionOptions (target, ratio | budget, strategy, query_template, api_key)."""
+    """Options: see CompressionOptions (target, ratio | budget, strategy, granularity, query_template, api_key)."""
 
     @classmethod
     def class_name(cls) -> str:

@@ -17,6 +17,10 @@ How LLMLingua's arguments map:
 - `rank_method` ("llmlingua" / "longllmlingua"), `condition_in_question` and `condition_compare` choose
   LLMLingua's question-aware ranking: ILRe's ranking is always the question's attention, so every value
   LLMLingua accepts is accepted (and "longllmlingua" needs a question, as there).
+- `use_sentence_level_filter=True` keeps whole sentences: ilre's `granularity="unit"` (whole sentences,
+  lines, records; only the sink's first tokens and one unit cut to fill the budget exactly are partial),
+  with or without `use_token_level_filter` (False needs units: whole contexts alone are not offered).
+  `granularity=` may also be given directly, to the constructor or to the call.
 - Token counts are the model's own tokens (LLMLingua counts GPT-3.5's), summed over instruction, context
   and question; `ratio`, `rate` and `saving` are formatted exactly as LLMLingua formats them.
 - Every other LLMLingua option is accepted at its default value; any other value raises ValueError naming
@@ -28,7 +32,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .backend import Backend, compress_by_its_end, count_tokens
+from ..engine.messages import GRANULARITIES
+from .backend import Backend, chosen, compress_by_its_end, count_tokens
 
 # LLMLingua's options ilre has no counterpart for: their default values, and what to do instead of another value
 OPTIONS_WITHOUT_MAPPING: dict[str, tuple[Any, str]] = {
@@ -36,16 +41,16 @@ OPTIONS_WITHOUT_MAPPING: dict[str, tuple[Any, str]] = {
     "force_context_ids": (None, "ilre compresses the contexts as one document; keep a context whole by putting it in "
                                 "the instruction"),
     "force_context_number": (None, "ilre compresses the contexts as one document; drop the option"),
-    "use_sentence_level_filter": (False, "ILRe keeps tokens, not sentences; drop the option"),
     "use_context_level_filter": (True, "ILRe's allocation spans every context at once; drop the option"),
-    "use_token_level_filter": (True, "ILRe always selects tokens; drop the option"),
     "keep_split": (False, "ilre keeps no separators on purpose; drop the option"),
     "keep_first_sentence": (0, "put the sentences to keep in the instruction"),
     "keep_last_sentence": (0, "put the sentences to keep in the question"),
-    "keep_sentence_number": (0, "ILRe keeps tokens, not sentences; drop the option"),
+    "keep_sentence_number": (0, "ILRe keeps the sentences the question attends to and cannot force a number of them "
+                                "in; drop the option (use_sentence_level_filter=True keeps whole sentences)"),
     "high_priority_bonus": (100, "drop the option"),
     "context_budget": ("+100", "set target_token or rate for the whole budget"),
-    "token_budget_ratio": (1.4, "set target_token or rate for the whole budget"),
+    "token_budget_ratio": (1.4, "ilre keeps whole sentences within the budget itself, with no second, token-level "
+                                "pass to make room for; set target_token or rate for the whole budget"),
     "reorder_context": ("original", "ilre keeps the contexts in the order given: sort them before the call"),
     "dynamic_context_compression_ratio": (0.0, "ILRe's pooling allocation already gives relevant regions more of the "
                                                 "budget; drop the option"),
@@ -73,14 +78,15 @@ CONDITIONS = ("none", "before", "after")
 class PromptCompressor:
     """LLMLingua's class, backed by ilre. model_name: the model ILRe runs (a checkpoint folder, .gguf or hub
     id; None = the embedded default; in process only); target: None = in process, "HOST:PORT" = an ilre
-    service's gRPC API, "http(s)://HOST:PORT" its HTTP API; strategy: an ilre strategy (None: the default).
-    LLMLingua's `device_map`, `model_config`, `open_api_config`, `use_llmlingua2` and `llmlingua2_config`
-    are accepted at their defaults (device_map also as "cpu"/"cuda"/"auto", where ilre places the model itself)."""
+    service's gRPC API, "http(s)://HOST:PORT" its HTTP API; strategy: an ilre strategy (None: the default);
+    granularity: "token" or "unit" (whole sentences, lines, records; None: the default). LLMLingua's
+    `device_map`, `model_config`, `open_api_config`, `use_llmlingua2` and `llmlingua2_config` are accepted at
+    their defaults (device_map also as "cpu"/"cuda"/"auto", where ilre places the model itself)."""
 
     def __init__(self, model_name: str | None = None, device_map: str = "cuda", model_config: dict | None = None,
                  open_api_config: dict | None = None, use_llmlingua2: bool = False,
                  llmlingua2_config: dict | None = None, *, target: str | None = None, api_key: str | None = None,
-                 strategy: str | None = None, timeout_s: float = 300.0):
+                 strategy: str | None = None, timeout_s: float = 300.0, granularity: str | None = None):
         if model_name is not None and ("llmlingua-2" in model_name or use_llmlingua2):
             raise ValueError(f"model_name: {model_name} is an LLMLingua-2 token classifier; ilre ranks with the "
                              "downstream model's own layers: leave model_name out (the embedded model) or name a "
@@ -94,7 +100,7 @@ class PromptCompressor:
         if not isinstance(device_map, str) or device_map.split(":")[0] not in ("cuda", "cpu", "auto", "npu", "mps"):
             raise ValueError(f"device_map: must name a device such as cuda or cpu (got {device_map!r})")
         self.backend = Backend(target, api_key, timeout_s, model=model_name)
-        self.strategy = strategy
+        self.strategy, self.granularity = strategy, _checked_granularity(granularity)
 
     def __call__(self, *args: Any, **kwargs: Any) -> dict[str, Any]:
         return self.compress_prompt(*args, **kwargs)
@@ -102,10 +108,13 @@ class PromptCompressor:
     def compress_prompt(self, context: str | list[str], instruction: str = "", question: str = "",
                         rate: float = 0.5, target_token: float = -1, rank_method: str = "llmlingua",
                         condition_in_question: str = "none", condition_compare: bool = False,
-                        concate_question: bool = True, **options: Any) -> dict[str, Any]:
+                        concate_question: bool = True, use_sentence_level_filter: bool = False,
+                        use_token_level_filter: bool = True, granularity: str | None = None,
+                        **options: Any) -> dict[str, Any]:
         """LLMLingua's call and answer: {"compressed_prompt", "origin_tokens", "compressed_tokens", "ratio",
         "rate", "saving"} (see the module docstring for how each argument maps)."""
         _check_options(options)
+        grain = self._granularity(use_sentence_level_filter, use_token_level_filter, granularity)
         contexts = [context] if isinstance(context, str) else list(context or [])
         if not all(isinstance(c, str) for c in contexts):
             raise ValueError("context: must be a string or a list of strings")
@@ -121,44 +130,65 @@ class PromptCompressor:
         document = "\n\n".join(c for c in contexts if c.strip())
         query = question or instruction
         if document and not query.strip():  # no question: the prompt's own end is the query (the sidecar's rule)
-            return self._compress_by_its_end(document, rate, target_token)
+            return self._compress_by_its_end(document, rate, target_token, grain)
         instruction_tokens = self._count(instruction) if question else None
         if not document:
             question_tokens = self._count(question)
             return _answer(instruction, "", question, concate_question, 0, 0, instruction_tokens or
                            self._count(instruction), question_tokens)
         if target_token is not None and target_token != -1:
-            result = self._send(document, query, budget=max(1, int(target_token)))
+            result = self._send(document, query, grain, budget=max(1, int(target_token)))
         else:  # LLMLingua's rule: rate of the whole prompt, less the parts kept whole
-            result = whole = self._send(document, query, ratio=1.0)
+            result = whole = self._send(document, query, grain, ratio=1.0)
             length, asked = whole.original_tokens, len(whole.token_ids) - whole.compressed_tokens
             kept_whole = (instruction_tokens if question else asked) + (asked if question and concate_question else 0)
             total = length + asked + (instruction_tokens or 0)
             budget = math.floor(total * rate - kept_whole)
             if budget < length:
-                result = self._send(document, query, budget=max(1, budget))
+                result = self._send(document, query, grain, budget=max(1, budget))
         asked = len(result.token_ids) - result.compressed_tokens
         return _answer(instruction, result.compressed_context, question, concate_question, result.original_tokens,
                        result.compressed_tokens, instruction_tokens if question else asked, asked if question else 0)
 
-    def _compress_by_its_end(self, document: str, rate: float, target_token: float) -> dict[str, Any]:
+    def _granularity(self, sentences: bool, tokens: bool, granularity: str | None) -> str | None:
+        """The granularity of one call: `granularity`, else "unit" for LLMLingua's sentence-level filter,
+        else the constructor's; ValueError for a combination ilre has no counterpart for."""
+        given = _checked_granularity(granularity)
+        if sentences and given == "token":  # the flags are read as LLMLingua reads them: by their truth
+            raise ValueError("use_sentence_level_filter: True keeps whole sentences, granularity='token' single "
+                             "tokens: give one of them")
+        chosen_granularity = given or ("unit" if sentences else self.granularity)
+        if not tokens and chosen_granularity != "unit":
+            raise ValueError("use_token_level_filter: False keeps whole sentences or whole contexts; ilre keeps whole "
+                             "sentences with use_sentence_level_filter=True (granularity='unit'), whole contexts alone "
+                             "it does not offer")
+        return chosen_granularity
+
+    def _compress_by_its_end(self, document: str, rate: float, target_token: float,
+                             granularity: str | None) -> dict[str, Any]:
         """A prompt without question or instruction: its end is the query (backend.compress_by_its_end);
         `rate` or `target_token` cover the whole prompt."""
         length, ids = count_tokens(self.backend, document)
         target = int(target_token) if target_token is not None and target_token != -1 else math.floor(length * rate)
-        short = compress_by_its_end(self.backend, document, target, self.strategy, ids)
+        short = compress_by_its_end(self.backend, document, target, self.strategy, ids, granularity)
         return _answer("", short.text, "", False, short.original_tokens, short.kept_tokens, 0, 0)
 
-    def _send(self, document: str, query: str, budget: int | None = None, ratio: float | None = None):
-        fields: dict[str, Any] = {"context": document, "query": query}
+    def _send(self, document: str, query: str, granularity: str | None, budget: int | None = None,
+              ratio: float | None = None):
+        fields: dict[str, Any] = {"context": document, "query": query, **chosen(self.strategy, granularity)}
         fields.update({"budget": budget} if budget is not None else {"ratio": ratio})
-        if self.strategy is not None:
-            fields["strategy"] = self.strategy
         return self.backend.compress(**fields)
 
     def _count(self, text: str) -> int:
         """Tokens of `text` in the model's tokenizer (0 for none)."""
         return count_tokens(self.backend, text)[0] if text else 0
+
+
+def _checked_granularity(granularity: Any) -> str | None:
+    """`granularity` if None or one ilre offers, else ValueError naming it."""
+    if granularity is not None and granularity not in GRANULARITIES:
+        raise ValueError(f"granularity: must be one of {', '.join(GRANULARITIES)} (got {granularity!r})")
+    return granularity
 
 
 def _check_options(options: dict[str, Any]) -> None:

@@ -3,6 +3,8 @@
     with Client("127.0.0.1:50051") as client:
         result = client.compress(context=long_text, query="Question: ...? Answer:", budget=1024)
         result.token_ids, result.compressed_context
+        whole = client.compress(context=long_text, query="...", budget=1024, granularity="unit")
+        [long_text[start:end] for start, end in whole.kept_spans]   # the kept sentences, lines, records
         again = client.compress(document_id=result.document_id, query="Question: ...", budget=1024)
         many = client.compress_queries(long_text, ["Question: a?", "Question: b?"], budget=1024)
 
@@ -109,7 +111,8 @@ class Client:
     def compress(self, context: str | list[int] | None = None, query: str | list[int] | None = None, *,
                  timeout: float | None = None, **fields: Any) -> CompressResult:
         """One request; fields: id, document_id (instead of context), budget | ratio, strategy,
-        strategy_options, dca, layer."""
+        strategy_options, dca, layer, granularity ("token" | "unit": the result's kept_spans then name
+        the kept sentences, lines or records)."""
         request = dict_to_request(_fields(context, query, fields))
         return self._call(self._stub.Compress, request, timeout)
 

@@ -468,12 +468,10 @@ def literal_actqkv(scores: list[float], budget: int, sink: int, local: int, chun
 # --------------------------------------------------------------------------------------------
 
 
-def literal_select_units(scores: list[float], bounds: list[int], tokens: list[int], sink: int,
-                         coverage: float) -> list[int]:
-    """The rule of unit_selection.py as a loop: units (clipped to the sink) scored max + coverage x mean in
-    float32; those the token selection touches first, then by score, then by position; whole units while
-    they fit len(tokens) - sink; the next one trimmed to a window around its first best token."""
-    f32 = torch.float32
+def literal_select_units(scores: list[float], bounds: list[int], tokens: list[int], sink: int) -> list[int]:
+    """The rule of unit_selection.py as a loop: units (cut at the sink) by the share of their tokens in
+    `tokens` (float32), then their best score, then position; whole units while they fit len(tokens) - sink;
+    the next one trimmed to a window around its first best token."""
     length, budget = len(scores), len(tokens)
     sink = min(sink, budget, length)
     cuts = sorted({min(max(b, sink), length) for b in bounds} | {sink, length})
@@ -481,10 +479,9 @@ def literal_select_units(scores: list[float], bounds: list[int], tokens: list[in
     chosen = set(tokens)
     keyed = []
     for u, (a, z) in enumerate(units):
-        values = torch.tensor(scores[a:z], dtype=f32)
-        score = values.max() + torch.tensor(coverage, dtype=f32) * (values.sum() / torch.tensor(z - a, dtype=f32))
-        touched = any(t in chosen for t in range(a, z))
-        keyed.append((not touched, -float(score), u))
+        share = torch.tensor(float(sum(t in chosen for t in range(a, z))), dtype=torch.float32) / (z - a)
+        best = torch.tensor(scores[a:z], dtype=torch.float32).max()
+        keyed.append((-float(share), -float(best), u))
     keyed.sort()
     kept, room = list(range(sink)), budget - sink
     for _, _, u in keyed:

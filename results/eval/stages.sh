@@ -71,3 +71,10 @@ $ILRE --tasks $ALL --lengths 4K,16K,32K --samples 10 --strategies cascade --no-e
 $ILRE --tasks $T4 --lengths 64K,128K --samples 5 --strategies cascade --no-e2e
 #     and passkeys in Python's reference documentation (a corpus no other stage uses): the default, ILRe at 8 and 19
 .venv/bin/python -m ilre.evaluation.other_corpus --lengths 16K,32K --depths 8
+# 20. whole units (granularity "unit", compressor/units.py) against today's token selection and RAG:
+#     end to end on the target tasks at 4K-32K, 24 samples per length (6 per task), generation capped at 32 tokens
+$ILRE --tasks $T4 --lengths 4K,8K,16K,32K --samples 6 --strategies cascade,cascade_units,rag --max-new-tokens 32
+#     retention on every task, the structured ones included, at 4K-32K (10 samples per cell), then 64K and 128K (5)
+NEW=records_jsonl,records_json,records_csv,code_python,logs,markdown_table
+$ILRE --tasks $ALL,$NEW --lengths 4K,16K,32K --samples 10 --strategies cascade,cascade_units,rag --no-e2e
+$ILRE --tasks $T4,$NEW --lengths 64K,128K --samples 5 --strategies cascade,cascade_units,rag --no-e2e

@@ -54,6 +54,8 @@ def request_to_dict(msg: "pb.CompressRequest") -> dict[str, Any]:
         data["layer"] = msg.layer_choice
     if msg.explain:
         data["explain"] = True
+    if msg.granularity:
+        data["granularity"] = msg.granularity
     return data
 
 
@@ -62,7 +64,7 @@ def dict_to_request(data: dict[str, Any]) -> "pb.CompressRequest":
     msg = pb.CompressRequest()
     unknown = set(data) - {"id", "context", "context_ids", "query", "query_ids", "budget", "ratio",
                            "strategy", "strategy_options", "dca", "layer", "document_id", "queries", "queries_ids",
-                           "explain"}
+                           "explain", "granularity"}
     if unknown:
         raise InputError(sorted(unknown)[0], "unknown field")
     for name, value in data.items():
@@ -96,6 +98,7 @@ def result_to_proto(result: CompressResult) -> "pb.CompressResponse":
         ratio=result.ratio, model=result.model, layer=result.layer, strategy=result.strategy,
         dca=result.dca, passthrough=result.passthrough, timings_ms=result.timings_ms,
         document_id=result.document_id or "", explanation=result.explanation or "", budget=result.budget or 0,
+        granularity=result.granularity, kept_spans=[pb.Span(start=s, end=e) for s, e in result.kept_spans or ()],
     )
 
 
@@ -106,6 +109,7 @@ def result_from_proto(msg: "pb.CompressResponse") -> CompressResult:
         compressed_tokens=msg.compressed_tokens, ratio=msg.ratio, model=msg.model, layer=msg.layer,
         strategy=msg.strategy, dca=msg.dca, passthrough=msg.passthrough, timings_ms=dict(msg.timings_ms),
         document_id=msg.document_id or None, explanation=msg.explanation or None, budget=msg.budget or None,
+        granularity=msg.granularity or "token", kept_spans=[[s.start, s.end] for s in msg.kept_spans] or None,
     )
 
 

@@ -9,7 +9,7 @@ import torch
 
 from ilre.compressor.allocation import PoolingAllocator
 from ilre.compressor.strategies import make_strategy
-from ilre.compressor.unit_selection import COVERAGE, select_units
+from ilre.compressor.unit_selection import select_units
 from tests.reference import literal_select_units
 
 
@@ -28,9 +28,8 @@ def test_equals_the_literal_loop(seed):
     sink = rng.choice([0, 1, 4])
     budget = rng.randrange(sink + 1, length)
     scores, bounds, tokens = random_case(rng, length, rng.choice([1, 3, 8, 40]), budget, sink)
-    coverage = rng.choice([0.0, COVERAGE, 0.5])
-    got = select_units(torch.tensor(scores), torch.tensor(bounds), torch.tensor(tokens), sink, coverage).tolist()
-    assert got == literal_select_units(scores, bounds, tokens, sink, coverage)
+    got = select_units(torch.tensor(scores), torch.tensor(bounds), torch.tensor(tokens), sink).tolist()
+    assert got == literal_select_units(scores, bounds, tokens, sink)
     assert len(got) == budget and got == sorted(set(got))  # the budget exactly, sorted unique indices
     assert got[: min(sink, budget)] == list(range(min(sink, budget)))
     kept = set(got)

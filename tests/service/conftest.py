@@ -34,6 +34,28 @@ def context(i: int, repeats: int = 3) -> str:
     return FILLER * repeats + f"The vault code of the museum is {4000 + 37 * i}. " + FILLER * repeats
 
 
+LINES_QUERY = "Question: what is the value of item 17? Answer:"
+
+
+def lines_context(n: int = 40) -> str:
+    """`n` short lines, each one unit for granularity "unit": "Line N: the value of item N is V.\\n"."""
+    return "".join(f"Line {i}: the value of item {i} is {7 * i + 3}.\n" for i in range(1, n + 1))
+
+
+def assert_whole_lines(text: str, spans: list[list[int]] | None) -> None:
+    """`spans` (a unit-granularity result's kept_spans) are ascending [start, end) ranges of `text` (from
+    lines_context), each whole lines: starting a line and ending with ".\\n" or at the text's end; only
+    the first (the sink's tokens) and one more (cut to fill the budget exactly) may be partial."""
+    assert spans, "no kept_spans"
+    assert all(0 <= start < end <= len(text) for start, end in spans), spans
+    assert all(a[1] <= b[0] for a, b in zip(spans, spans[1:])), spans
+    starts_a_line = lambda start: start == 0 or text[start - 1] == "\n"  # noqa: E731
+    ends_a_line = lambda start, end: text[start:end].endswith(".\n") or end == len(text)  # noqa: E731
+    partial = [(start, end) for start, end in spans if not (starts_a_line(start) and ends_a_line(start, end))]
+    assert len([s for s in partial if s != tuple(spans[0])]) <= 1, [text[s:e] for s, e in partial]
+    assert len(spans) - len(partial) >= 1, "no whole line kept"
+
+
 def service_config(environ: dict[str, str] | None = None, **overrides) -> ServiceConfig:
     """Loopback, free ports, short grace; only `environ` is consulted, never os.environ."""
     base = dict(host="127.0.0.1", grpc_port=0, http_port=0, shutdown_grace_s=2.0, max_wait_ms=2.0)

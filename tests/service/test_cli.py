@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from .conftest import LINES_QUERY, assert_whole_lines, lines_context
+
 ILRE = [sys.executable, "-m", "ilre.cli"]
 CONTRACT = {"id", "token_ids", "kept_indices", "compressed_context", "query", "original_tokens",
             "compressed_tokens", "ratio", "model", "layer", "strategy", "timings_ms"}
@@ -71,6 +73,8 @@ def test_passthrough_when_context_fits():
         (["--context", "abc", "--device", "tpu"], None, "device: 'tpu' is not one of auto, cpu, cuda"),
         (["--context", "abc", "--device", "npu:0"], None, "device: npu needs the torch_npu package"),
         (["--context", "abc", "--device", "cuda:0"], None, "device: 'cuda:0' asked for, but"),
+        (["--context", "abc", "--granularity", "sentence"], None,
+         "argument --granularity: must be one of token, unit (got 'sentence')"),
     ],
 )
 def test_bad_input_names_field_without_traceback(args, stdin, message):
@@ -117,6 +121,31 @@ def test_batch_keeps_going_past_bad_lines(tmp_path: Path):
     assert out[5]["error"].startswith("colour: unknown field")
     assert "not valid UTF-8" in out[6]["error"]
     assert "5 compressed" not in proc.stderr.decode() and "2 compressed, 5 failed" in proc.stderr.decode()
+
+
+def test_granularity_unit_keeps_whole_lines_in_compress_and_batch(tmp_path: Path):
+    text = lines_context()
+    proc = run("compress", "--context", text, "--query", LINES_QUERY, "--budget", "60", "--granularity", "unit",
+               "--json")
+    assert proc.returncode == 0, proc.stderr.decode()
+    single = json.loads(proc.stdout)
+    assert single["granularity"] == "unit" and single["compressed_tokens"] == 60
+    assert_whole_lines(text, single["kept_spans"])
+
+    lines = [json.dumps({"id": "default", "context": text, "query": LINES_QUERY}),  # --granularity unit applies
+             json.dumps({"id": "token", "context": text, "query": LINES_QUERY, "granularity": "token"}),
+             json.dumps({"id": "bad", "context": text, "query": LINES_QUERY, "granularity": "sentence"})]
+    source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
+    source.write_text("\n".join(lines) + "\n")
+    proc = run("batch", "--input", str(source), "--output", str(target), "--budget", "60", "--granularity", "unit")
+    assert proc.returncode == 0, proc.stderr.decode()
+    out = [json.loads(line) for line in target.read_text().splitlines()]
+    assert {k: v for k, v in out[0].items() if k not in ("id", "timings_ms")} == \
+        {k: v for k, v in single.items() if k not in ("id", "timings_ms")}
+    assert out[1]["granularity"] == "token" and "kept_spans" not in out[1]
+    assert out[2] == {"id": "bad", "error": "granularity: must be one of token, unit (got 'sentence')"}
+    proc = run("compress", "--context", text, "--query", LINES_QUERY, env={"ILRE_GRANULARITY": "sentence"})
+    assert proc.returncode == 2 and "--granularity: must be one of token, unit (got 'sentence')" in proc.stderr.decode()
 
 
 def test_batch_missing_input_is_a_clear_failure(tmp_path: Path):

@@ -69,6 +69,8 @@ BAD = [
     ({"context": SHORT, "query": QUERY, "strategy": "snapkv", "strategy_options": {"kernel_size": 0}},
      "strategy_options.kernel_size", "strategy_options.kernel_size: must be an integer >= 1 (got 0)", True),
     ({"context": SHORT, "query": QUERY, "dca": "sometimes"}, "dca", "dca: must be one of auto, on, off", True),
+    ({"context": SHORT, "query": QUERY, "granularity": "sentence"}, "granularity",
+     "granularity: must be one of token, unit (got 'sentence')", True),
     ({"context": SHORT, "query": QUERY, "layer": 0}, "layer", "layer: must be a positive integer or a profile's layer name (got 0)", True),
     ({"context": SHORT, "query": QUERY, "layer": 99}, "layer", "layer: must be in 1..30 (got 99)", True),
     # JSON only: the protobuf types and oneofs rule these out on the wire

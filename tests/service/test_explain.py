@@ -24,10 +24,12 @@ QUERY = " What is the vault code of the museum? The vault code is"
 CHROMIUM = next((p for p in map(shutil.which, ("chromium", "chromium-browser", "google-chrome")) if p), None)
 
 RENDERED = """JSON.stringify({
-  underlined: [...document.querySelectorAll('#context span')]
+  underlined: [...document.querySelectorAll('#context span[data-i]')]
       .filter(s => getComputedStyle(s).borderBottomStyle === 'solid' && s.getBoundingClientRect().width > 0)
       .map(s => +s.dataset.i),
-  alpha: [...document.querySelectorAll('#context span')].map(s => {
+  units: [...document.querySelectorAll('#context span.unit')].map(u => ({
+      first: +u.querySelector('span[data-i]').dataset.i, bar: getComputedStyle(u).borderLeftWidth})),
+  alpha: [...document.querySelectorAll('#context span[data-i]')].map(s => {
       const m = getComputedStyle(s).backgroundColor.match(/rgba?\\(([^)]*)\\)/)[1].split(',');
       return m.length === 4 ? +m[3] : 1; }),
   title: document.title, ready: document.readyState})"""
@@ -120,3 +122,20 @@ def test_cli_writes_the_page_and_keeps_json_unchanged(browser, tmp_path):
                           "--explain", str(tmp_path / "no" / "such" / "dir.html")], capture_output=True, text=True,
                          timeout=300)
     assert bad.returncode == 2 and bad.stderr.startswith("error: explain: cannot write")
+
+
+def test_explain_page_shows_units_and_which_were_kept_whole(browser, tmp_path, engine):
+    from ilre.engine.messages import CompressRequest
+
+    result = engine.compress(CompressRequest(context=CONTEXT, query=QUERY, budget=40, granularity="unit", explain=True))
+    page = tmp_path / "units.html"
+    page.write_text(result.explanation)
+    drawn = browser.open(page)
+    assert drawn["underlined"] == result.kept_indices
+    bounds = engine.units(result.document_id, engine._ids("context", CONTEXT, None, 1 << 20, "max_context_tokens")).tolist()
+    assert [u["first"] for u in drawn["units"]] == bounds[:-1]  # a bar at the start of every unit
+    kept = set(result.kept_indices)
+    whole = [a for a, z in zip(bounds, bounds[1:]) if set(range(a, z)) <= kept]
+    assert [u["first"] for u in drawn["units"] if u["bar"] == "3px"] == whole and whole
+    assert FACT.strip() in "".join(CONTEXT[a:b] for a, b in result.kept_spans)  # the fact's sentence kept whole
+    assert "granularity</td><td>unit" in result.explanation

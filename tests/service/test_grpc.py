@@ -15,7 +15,8 @@ from grpc_reflection.v1alpha.proto_reflection_descriptor_database import ProtoRe
 from ilre.engine.messages import CompressRequest
 from ilre.service.client import AsyncClient
 
-from .conftest import QUERY, comparable, context, grpc_client, http_client
+from .conftest import (LINES_QUERY, QUERY, assert_whole_lines, comparable, context, grpc_client, http_client,
+                       lines_context)
 
 CONTRACT = {"id", "token_ids", "kept_indices", "compressed_context", "query", "original_tokens",
             "compressed_tokens", "ratio", "model", "layer", "strategy", "timings_ms"}
@@ -65,6 +66,36 @@ def test_compress_stream_of_token_ids(client, engine):
     ids = engine.tokenizer(context(4), add_special_tokens=False).input_ids
     streamed = client.compress_stream(ids, QUERY, budget=40, piece=25)
     assert comparable(streamed) == comparable(client.compress(ids, QUERY, budget=40))
+
+
+def test_granularity_unit_through_every_rpc_and_the_json_mirror(local_service, client, http, engine):
+    text = lines_context()
+    unary = client.compress(text, LINES_QUERY, budget=60, granularity="unit")
+    assert unary.granularity == "unit" and unary.compressed_tokens == 60
+    assert_whole_lines(text, unary.kept_spans)
+    expected = engine.compress(CompressRequest(context=text, query=LINES_QUERY, budget=60, granularity="unit"))
+    assert comparable(unary) == comparable(expected)
+    streamed = client.compress_stream(text, LINES_QUERY, budget=60, granularity="unit", piece=100)
+    assert comparable(streamed) == comparable(unary)
+    many = client.compress_queries(text, [LINES_QUERY, "Question: what is the value of item 33? Answer:"], budget=60,
+                                   granularity="unit")
+    assert comparable(many.results[0]) == comparable(unary)
+    assert many.results[1].granularity == "unit"
+    assert_whole_lines(text, many.results[1].kept_spans)
+
+    async def asynchronously():
+        async with AsyncClient(f"127.0.0.1:{local_service.grpc_port}", timeout=120) as c:
+            return await c.compress(text, LINES_QUERY, budget=60, granularity="unit")
+
+    assert comparable(asyncio.run(asynchronously())) == comparable(unary)
+    reply = http.post("/v1/compress", json={"context": text, "query": LINES_QUERY, "budget": 60, "granularity": "unit"})
+    assert reply.status_code == 200, reply.text
+    assert comparable(reply.json()) == comparable(unary)  # granularity and kept_spans included
+
+    tokens = client.compress(text, LINES_QUERY, budget=60)  # the profile's default: single tokens, no spans
+    assert tokens.granularity == "token" and tokens.kept_spans is None
+    reply = http.post("/v1/compress", json={"context": text, "query": LINES_QUERY, "budget": 60})
+    assert reply.json()["granularity"] == "token" and "kept_spans" not in reply.json()
 
 
 def test_get_model_info(client, engine):

@@ -10,11 +10,13 @@ from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableLambda
 from llama_index.core import SummaryIndex
-from llama_index.core.schema import TextNode
+from llama_index.core.schema import NodeWithScore, TextNode
 
 from ilre.evaluation.haystack import shakespeare_text
 from ilre.integrations.langchain import IlreCompressor
 from ilre.integrations.llamaindex import IlrePostprocessor
+
+from .conftest import assert_whole_lines, lines_context
 
 ANSWER = "The vault code of the museum is 4471."
 QUESTION = "What is the vault code of the museum?"
@@ -74,3 +76,27 @@ def test_llamaindex_pipeline_keeps_the_answer(local_service, where):
     assert nodes[2].text != out[2].node.get_content()  # the index's own nodes are left untouched
     with pytest.raises(ValueError, match="query_bundle"):
         IlrePostprocessor(target=target).postprocess_nodes(retrieved)
+
+
+@pytest.mark.parametrize("transport", ["grpc", "http"])
+def test_adapters_keep_whole_lines_with_granularity_unit(local_service, transport):
+    target = (f"127.0.0.1:{local_service.grpc_port}" if transport == "grpc"
+              else f"http://127.0.0.1:{local_service.http_port}")
+    texts = [lines_context(40), lines_context(30)]
+    question = "What is the value of item 17?"
+    documents = [Document(page_content=t, id=f"d{i}") for i, t in enumerate(texts)]
+    out = IlreCompressor(target=target, budget=120, granularity="unit").compress_documents(documents, question)
+    nodes = [NodeWithScore(node=TextNode(text=t, id_=f"n{i}"), score=1.0) for i, t in enumerate(texts)]
+    postprocessor = IlrePostprocessor(target=target, budget=120, granularity="unit")
+    processed = postprocessor.postprocess_nodes(nodes, query_str=question)
+    for text, document, node in zip(texts, out, processed):
+        for info in (document.metadata["ilre"], node.node.metadata["ilre"]):
+            assert info["granularity"] == "unit"
+            assert_whole_lines(text, info["kept_spans"])
+        assert document.metadata["ilre"]["kept_spans"] == node.node.metadata["ilre"]["kept_spans"]
+    plain = IlreCompressor(target=target, budget=120).compress_documents(documents, question)
+    assert plain[0].metadata["ilre"]["granularity"] == "token" and "kept_spans" not in plain[0].metadata["ilre"]
+    with pytest.raises(ValueError, match=r"^granularity: must be one of token, unit \(got 'sentence'\)"):
+        IlreCompressor(target=target, granularity="sentence").compress_documents(documents, question)
+    with pytest.raises(ValueError, match=r"^granularity: must be one of token, unit \(got 'sentence'\)"):
+        IlrePostprocessor(target=target, granularity="sentence").postprocess_nodes(nodes, query_str=question)

@@ -16,8 +16,8 @@ import pytest
 
 from ilre.evaluation.haystack import shakespeare_text
 
-from .conftest import free_port, served_by, wait_for
-from .engines import LlamaServer
+from .conftest import free_port, lines_context, served_by, wait_for
+from .engines import LlamaServer, RecordingRelay
 
 REPO = Path(__file__).resolve().parents[2]
 ANSWER = "The vault code of the museum is 4471."
@@ -29,9 +29,10 @@ def litellm_binary() -> Path:
 
 
 class Proxy:
-    """`litellm --config` on a free port: one model (the llama-server) and the ilre hook from the environment."""
+    """`litellm --config` on a free port: one model (the llama-server, or a relay in front of it) and the
+    ilre hook from the environment."""
 
-    def __init__(self, engine: LlamaServer, tmp_path: Path, **settings: str):
+    def __init__(self, engine: LlamaServer | RecordingRelay, tmp_path: Path, **settings: str):
         binary = litellm_binary()
         if not binary.is_file():
             pytest.fail(f"LiteLLM's proxy not found at {binary}: run `make litellm` (make test does)")
@@ -149,3 +150,38 @@ def test_ilre_stopped_fails_open_and_strict_mode_refuses(engine, tmp_path):
     finally:
         for proxy in proxies:
             proxy.stop()
+
+
+def test_granularity_unit_keeps_whole_lines_of_each_compressed_message(engine, ilre_served, tmp_path):
+    relay = RecordingRelay(engine.port)  # what the engine received
+    proxy = Proxy(relay, tmp_path, target=ilre_served.grpc, budget="200", granularity="unit")
+    try:
+        text = lines_context(300)  # ~5K tokens
+        messages = [{"role": "user", "content": text}, {"role": "assistant", "content": "Noted."},
+                    {"role": "user", "content": "What is the value of item 17?"}]
+        answer = proxy.chat(messages)
+        assert answer.status_code == 200, answer.text
+        assert answer.headers["x-ilre-action"] == "compressed"
+        sent = relay.last("/v1/chat/completions").json()["messages"]
+        assert sent[1:] == messages[1:]
+        kept, whole = sent[0]["content"].split("\n"), set(text.split("\n"))
+        assert len(kept) > 5 and len(sent[0]["content"]) < len(text) / 10
+        assert len([line for line in kept[1:] if line not in whole]) <= 1, kept  # but the sink and one cut to fit
+    finally:
+        proxy.stop()
+        relay.close()
+
+
+def test_a_granularity_ilre_does_not_offer_is_refused_by_name():
+    python = litellm_binary().parent / "python"
+    if not python.is_file():
+        pytest.fail(f"LiteLLM's environment not found at {python.parent}: run `make litellm` (make test does)")
+    env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False"}
+    checks = (("import ilre.integrations.litellm", {"ILRE_LITELLM_GRANULARITY": "sentence"},
+               "ILRE_LITELLM_GRANULARITY: granularity: must be one of token, unit (got 'sentence')"),
+              ("from ilre.integrations.litellm import IlreCompression; IlreCompression(granularity='lines')", {},
+               "granularity: must be one of token, unit (got 'lines')"))
+    for code, settings, message in checks:
+        proc = subprocess.run([str(python), "-c", code], env={**env, **settings}, capture_output=True, text=True,
+                              timeout=300)
+        assert proc.returncode != 0 and f"ValueError: {message}" in proc.stderr, proc.stderr[-2000:]

@@ -13,6 +13,8 @@ import pytest
 from ilre.evaluation.haystack import shakespeare_text
 from ilre.integrations.llmlingua import PromptCompressor  # was: from llmlingua import PromptCompressor
 
+from .conftest import LINES_QUERY, lines_context
+
 ANSWER = "The vault code of the museum is 4471."
 QUESTION = "Question: What is the vault code of the museum?\nAnswer:"
 INSTRUCTION = "Answer the question from the passages."
@@ -101,7 +103,10 @@ def test_remote_transports_agree(local_service):
 
 @pytest.mark.parametrize("kwargs, message", [
     ({"force_tokens": ["\n", "?"]}, r"^force_tokens: .*cannot force"),
-    ({"use_sentence_level_filter": True}, r"^use_sentence_level_filter: .*only its default False"),
+    ({"use_token_level_filter": False}, r"^use_token_level_filter: .*whole contexts alone it does not offer"),
+    ({"keep_sentence_number": 2}, r"^keep_sentence_number: .*cannot force"),
+    ({"granularity": "sentence"}, r"^granularity: must be one of token, unit \(got 'sentence'\)"),
+    ({"use_sentence_level_filter": True, "granularity": "token"}, r"^use_sentence_level_filter: .*give one of them"),
     ({"rate": 1.5}, r"^rate: must be a number in \(0, 1\]"),
     ({"rank_method": "bm25"}, r"^rank_method: must be one of llmlingua, longllmlingua"),
     ({"rank_method": "longllmlingua", "question": ""}, r"^question: LongLLMLingua's ranking"),
@@ -112,6 +117,27 @@ def test_options_without_a_mapping_are_refused_by_name(local_service, kwargs, me
         compressor.compress_prompt(passages(), **{"question": QUESTION, **kwargs})
     with pytest.raises(TypeError, match="unexpected keyword argument 'no_such_option'"):
         compressor.compress_prompt(passages(), question=QUESTION, no_such_option=1)
+
+
+def test_sentence_level_filter_keeps_whole_sentences(local_service):
+    """use_sentence_level_filter=True is granularity "unit": the kept context is whole lines of it (but the
+    sink's first tokens and one line cut to fill the budget), the same as granularity="unit" given directly."""
+    compressor = PromptCompressor(target=f"127.0.0.1:{local_service.grpc_port}")
+    text, args = lines_context(), dict(question=LINES_QUERY, target_token=60)
+    sentences = compressor.compress_prompt(text, use_sentence_level_filter=True, **args)
+    check_answer(sentences)
+    kept = sentences["compressed_prompt"].removesuffix("\n\n" + LINES_QUERY).split("\n")
+    whole = set(text.split("\n"))
+    assert len([line for line in kept[1:] if line not in whole]) <= 1, kept
+    assert len([line for line in kept if line in whole and line]) >= 1
+    assert sentences == compressor.compress_prompt(text, use_sentence_level_filter=True, use_token_level_filter=False,
+                                                   **args)
+    assert sentences == compressor.compress_prompt(text, granularity="unit", **args)
+    assert sentences == PromptCompressor(target=f"127.0.0.1:{local_service.grpc_port}", granularity="unit"
+                                         ).compress_prompt(text, **args)
+    assert sentences != compressor.compress_prompt(text, **args)  # the default keeps single tokens
+    with pytest.raises(ValueError, match=r"^granularity: must be one of token, unit \(got 'lines'\)"):
+        PromptCompressor(granularity="lines")
 
 
 def test_same_keys_types_and_formats_as_llmlingua_itself(local_service, tmp_path):

@@ -11,7 +11,8 @@ import threading
 import httpx
 import pytest
 
-from .conftest import ILRE, QUERY, Served, context, served_by, wait_for
+from .conftest import (ILRE, LINES_QUERY, QUERY, Served, assert_whole_lines, context, lines_context, served_by,
+                       wait_for)
 
 @pytest.fixture(scope="module")
 def served():
@@ -35,6 +36,23 @@ def test_compress_server_equals_local(served):
 def test_serve_defaults_apply_and_text_output(served):
     proc = compress("--server", served.grpc, "--context", context(4), "--query", QUERY)
     assert proc.returncode == 0 and "kept 48 of" in proc.stderr  # `serve --budget 48`
+
+
+def test_granularity_is_sent_by_compress_server_and_a_serve_default():
+    text = lines_context()
+    local = compress("--context", text, "--query", LINES_QUERY, "--budget", "60", "--granularity", "unit", "--json")
+    assert local.returncode == 0, local.stderr
+    strip = lambda r: {k: v for k, v in json.loads(r.stdout).items() if k != "timings_ms"}  # noqa: E731
+    assert strip(local)["granularity"] == "unit"
+    assert_whole_lines(text, strip(local)["kept_spans"])
+    with served_by(env={"ILRE_GRANULARITY": "unit"}) as unit_served:  # the server's default for requests naming none
+        remote = compress("--server", unit_served.grpc, "--context", text, "--query", LINES_QUERY, "--budget", "60",
+                          "--json", env={"ILRE_GRANULARITY": ""})
+        assert remote.returncode == 0, remote.stderr
+        assert strip(remote) == strip(local)
+        named = compress("--server", unit_served.grpc, "--context", text, "--query", LINES_QUERY, "--budget", "60",
+                         "--granularity", "token", "--json")
+        assert json.loads(named.stdout)["granularity"] == "token"  # the request's own wins
 
 
 def test_compress_server_errors_are_one_line(served):

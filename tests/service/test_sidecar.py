@@ -10,12 +10,13 @@ import time
 import httpx
 import pytest
 
+from ilre.engine.messages import CompressRequest
 from ilre.service.config import SidecarConfig
 from ilre.service.request_log import TEXT_FORMAT, JsonFormatter
 from ilre.service.server import ServiceThread
 from ilre.service.transport.sidecar.upstream import IDLE_CONNECTION_S
 
-from .conftest import free_port, service_config, wait_for
+from .conftest import LINES_QUERY, assert_whole_lines, free_port, lines_context, service_config, wait_for
 from .engines import LlamaServer, RecordingRelay, wait_idle
 from .haystacks import CHAT_QUESTION, FACT, QUESTION, haystack, reference_ids
 
@@ -250,6 +251,8 @@ def test_other_paths_reach_the_engine_unchanged(llama, relay, http):
     ({"compression": {"bogus": 1}}, {}, "compression.bogus"),
     ({"compression": {"strategy": "no-such"}}, {}, "compression.strategy"),
     ({"compression": {"query_tokens": 0}}, {}, "compression.query_tokens"),
+    ({"compression": {"granularity": "sentence"}}, {}, "compression.granularity"),
+    ({}, {"x-ilre-granularity": "sentence"}, "x-ilre-granularity"),
     ({"compression": "fast"}, {}, "compression"),
     ({}, {"x-ilre-budget": "many"}, "x-ilre-budget"),
     ({}, {"x-ilre-ratio": "0"}, "x-ilre-ratio"),
@@ -266,6 +269,24 @@ def test_bad_options_are_400_naming_the_field(relay, http, body, headers, field,
     assert not [r for r in relay.requests() if r.path == "/completion"]  # nothing reached the engine
     (logged,) = failures(caplog, reply.headers["x-ilre-request-id"])
     assert logged.fields["status"] == 400 and logged.fields["cause"] == error["message"]
+
+
+def test_granularity_unit_forwards_whole_lines(engine, relay, http):
+    text = lines_context()
+    ids = engine.tokenizer(text + LINES_QUERY).input_ids
+    n_query = len(ids) - len(engine.tokenizer(text).input_ids)
+    assert engine.tokenizer.decode(ids[:-n_query]) == text  # the query is exactly the question
+    expected = engine.compress(CompressRequest(context_ids=ids[:-n_query], query_ids=ids[-n_query:], budget=60,
+                                               granularity="unit"))
+    assert expected.granularity == "unit"
+    assert_whole_lines(text, expected.kept_spans)
+    options = {"budget": 60, "granularity": "unit", "query_tokens": n_query}
+    as_headers = {f"x-ilre-{name.replace('_', '-')}": str(value) for name, value in options.items()}
+    for body, headers in (({"compression": options}, {}), ({}, as_headers)):
+        reply = http.post("/completion", json={"prompt": text + LINES_QUERY, "n_predict": 1, **body}, headers=headers)
+        assert reply.status_code == 200, reply.text
+        assert reply.headers["x-ilre-action"] == "compressed"
+        assert relay.last("/completion").json()["prompt"] == expected.token_ids
 
 
 def test_strategy_options_are_named_by_their_full_path(http):

@@ -121,6 +121,21 @@ def test_options_precedence_defaults_then_headers_then_body():
     assert err.value.field == "compression.budget"
 
 
+def test_granularity_option_from_defaults_headers_and_body():
+    defaults = CompressionOptions()
+    assert "granularity" not in defaults.resolve({}, None).request_fields()  # the server's default applies
+    headed = defaults.resolve({"x-ilre-granularity": "unit"}, None)
+    assert headed.request_fields() == {"granularity": "unit"}
+    assert defaults.resolve({"x-ilre-granularity": "unit"}, {"granularity": "token"}).granularity == "token"
+    for headers, body, field in (({"x-ilre-granularity": "sentence"}, None, "x-ilre-granularity"),
+                                 ({}, {"granularity": "sentence"}, "compression.granularity"),
+                                 ({"x-ilre-granularity": "unit"}, {"granularity": 1}, "compression.granularity")):
+        with pytest.raises(InputError) as err:
+            defaults.resolve(headers, body)
+        assert err.value.field == field
+        assert str(err.value).startswith(f"{field}: must be one of token, unit (got ")
+
+
 @pytest.fixture(scope="module")
 def splitter(engine):
     return PromptSplitter(engine.tokenizer)

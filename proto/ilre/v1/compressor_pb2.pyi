@@ -14,7 +14,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CompressRequest(_message.Message):
-    __slots__ = ("id", "context", "context_ids", "document_id", "query", "query_ids", "queries", "queries_ids", "explain", "budget", "ratio", "strategy", "strategy_options", "dca", "layer", "layer_choice")
+    __slots__ = ("id", "context", "context_ids", "document_id", "query", "query_ids", "queries", "queries_ids", "explain", "budget", "ratio", "strategy", "strategy_options", "dca", "layer", "layer_choice", "granularity")
     ID_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -31,6 +31,7 @@ class CompressRequest(_message.Message):
     DCA_FIELD_NUMBER: _ClassVar[int]
     LAYER_FIELD_NUMBER: _ClassVar[int]
     LAYER_CHOICE_FIELD_NUMBER: _ClassVar[int]
+    GRANULARITY_FIELD_NUMBER: _ClassVar[int]
     id: str
     context: str
     context_ids: TokenIds
@@ -47,7 +48,8 @@ class CompressRequest(_message.Message):
     dca: str
     layer: int
     layer_choice: str
-    def __init__(self, id: _Optional[str] = ..., context: _Optional[str] = ..., context_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., document_id: _Optional[str] = ..., query: _Optional[str] = ..., query_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., queries: _Optional[_Iterable[str]] = ..., queries_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., explain: _Optional[bool] = ..., budget: _Optional[int] = ..., ratio: _Optional[float] = ..., strategy: _Optional[str] = ..., strategy_options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., dca: _Optional[str] = ..., layer: _Optional[int] = ..., layer_choice: _Optional[str] = ...) -> None: ...
+    granularity: str
+    def __init__(self, id: _Optional[str] = ..., context: _Optional[str] = ..., context_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., document_id: _Optional[str] = ..., query: _Optional[str] = ..., query_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., queries: _Optional[_Iterable[str]] = ..., queries_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., explain: _Optional[bool] = ..., budget: _Optional[int] = ..., ratio: _Optional[float] = ..., strategy: _Optional[str] = ..., strategy_options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., dca: _Optional[str] = ..., layer: _Optional[int] = ..., layer_choice: _Optional[str] = ..., granularity: _Optional[str] = ...) -> None: ...
 
 class CompressStreamRequest(_message.Message):
     __slots__ = ("request", "context_text", "context_ids")
@@ -60,7 +62,7 @@ class CompressStreamRequest(_message.Message):
     def __init__(self, request: _Optional[_Union[CompressRequest, _Mapping]] = ..., context_text: _Optional[str] = ..., context_ids: _Optional[_Union[TokenIds, _Mapping]] = ...) -> None: ...
 
 class CompressResponse(_message.Message):
-    __slots__ = ("id", "token_ids", "kept_indices", "compressed_context", "query", "original_tokens", "compressed_tokens", "ratio", "model", "layer", "strategy", "dca", "passthrough", "timings_ms", "document_id", "explanation", "budget")
+    __slots__ = ("id", "token_ids", "kept_indices", "compressed_context", "query", "original_tokens", "compressed_tokens", "ratio", "model", "layer", "strategy", "dca", "passthrough", "timings_ms", "document_id", "explanation", "budget", "granularity", "kept_spans")
     class TimingsMsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -85,6 +87,8 @@ class CompressResponse(_message.Message):
     DOCUMENT_ID_FIELD_NUMBER: _ClassVar[int]
     EXPLANATION_FIELD_NUMBER: _ClassVar[int]
     BUDGET_FIELD_NUMBER: _ClassVar[int]
+    GRANULARITY_FIELD_NUMBER: _ClassVar[int]
+    KEPT_SPANS_FIELD_NUMBER: _ClassVar[int]
     id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     kept_indices: _containers.RepeatedScalarFieldContainer[int]
@@ -102,7 +106,17 @@ class CompressResponse(_message.Message):
     document_id: str
     explanation: str
     budget: int
-    def __init__(self, id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., kept_indices: _Optional[_Iterable[int]] = ..., compressed_context: _Optional[str] = ..., query: _Optional[str] = ..., original_tokens: _Optional[int] = ..., compressed_tokens: _Optional[int] = ..., ratio: _Optional[float] = ..., model: _Optional[str] = ..., layer: _Optional[int] = ..., strategy: _Optional[str] = ..., dca: _Optional[bool] = ..., passthrough: _Optional[bool] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., document_id: _Optional[str] = ..., explanation: _Optional[str] = ..., budget: _Optional[int] = ...) -> None: ...
+    granularity: str
+    kept_spans: _containers.RepeatedCompositeFieldContainer[Span]
+    def __init__(self, id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., kept_indices: _Optional[_Iterable[int]] = ..., compressed_context: _Optional[str] = ..., query: _Optional[str] = ..., original_tokens: _Optional[int] = ..., compressed_tokens: _Optional[int] = ..., ratio: _Optional[float] = ..., model: _Optional[str] = ..., layer: _Optional[int] = ..., strategy: _Optional[str] = ..., dca: _Optional[bool] = ..., passthrough: _Optional[bool] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., document_id: _Optional[str] = ..., explanation: _Optional[str] = ..., budget: _Optional[int] = ..., granularity: _Optional[str] = ..., kept_spans: _Optional[_Iterable[_Union[Span, _Mapping]]] = ...) -> None: ...
+
+class Span(_message.Message):
+    __slots__ = ("start", "end")
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    start: int
+    end: int
+    def __init__(self, start: _Optional[int] = ..., end: _Optional[int] = ...) -> None: ...
 
 class CompressQueriesResponse(_message.Message):
     __slots__ = ("id", "document_id", "results")

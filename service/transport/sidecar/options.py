@@ -2,8 +2,9 @@
 request body's `compression` object (removed before the request is forwarded).
 
     "compression": {"enabled": true, "budget": 1024 | "ratio": 0.1, "strategy": "cascade",
-                    "strategy_options": {...}, "query_tokens": 64}
+                    "strategy_options": {...}, "query_tokens": 64, "granularity": "token" | "unit"}
     x-ilre-compress: on|off   x-ilre-budget: N   x-ilre-ratio: R   x-ilre-strategy: NAME   x-ilre-query-tokens: N
+    x-ilre-granularity: token|unit
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ....compressor.defaults import MAX_QUERY_TOKENS, QUERY_TOKENS
-from ....engine.messages import InputError
+from ....engine.messages import GRANULARITIES, InputError
 
 BODY_FIELD = "compression"
 HEADER_PREFIX = "x-ilre-"
@@ -30,11 +31,12 @@ class CompressionOptions:
     strategy: str | None = None
     strategy_options: dict[str, Any] = field(default_factory=dict)
     query_tokens: int = QUERY_TOKENS  # plain prompts: the last N tokens are the query (ILRe's LongBench rule)
+    granularity: str | None = None  # token | unit (whole sentences, lines, records); None = the server's default
 
     def request_fields(self) -> dict[str, Any]:
         """The CompressRequest fields these options set."""
         fields = {"budget": self.budget, "ratio": self.ratio, "strategy": self.strategy,
-                  "strategy_options": self.strategy_options or None}
+                  "strategy_options": self.strategy_options or None, "granularity": self.granularity}
         return {k: v for k, v in fields.items() if v is not None}
 
     def resolve(self, headers: Mapping[str, str], body_options: Any) -> "CompressionOptions":
@@ -69,7 +71,7 @@ def _one_size(changes: dict[str, tuple[str, Any]]) -> dict[str, tuple[str, Any]]
 
 def _from_headers(headers: Mapping[str, str]) -> dict[str, tuple[str, Any]]:
     names = {"compress": "enabled", "budget": "budget", "ratio": "ratio", "strategy": "strategy",
-             "query-tokens": "query_tokens"}
+             "query-tokens": "query_tokens", "granularity": "granularity"}
     changes: dict[str, tuple[str, Any]] = {}
     for suffix, name in names.items():
         raw = headers.get(HEADER_PREFIX + suffix)
@@ -112,4 +114,6 @@ def _check(name: str, where: str, value: Any) -> Any:
         raise InputError(where, "must be an object of option names to values")
     if name == "query_tokens" and (not is_int or not 1 <= value <= MAX_QUERY_TOKENS):
         raise InputError(where, f"must be an integer in 1..{MAX_QUERY_TOKENS} (got {value!r})")
+    if name == "granularity" and value not in GRANULARITIES:
+        raise InputError(where, f"must be one of {', '.join(GRANULARITIES)} (got {value!r})")
     return value

@@ -1,0 +1,73 @@
+"""Whole units through the engine (granularity "unit"): the same kept indices however the document is
+reached, the budget met with whole units, bad input that degrades instead of failing."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import pytest
+import torch
+
+from ilre.compressor.pipeline import select_context
+from ilre.compressor.units import unit_bounds
+from ilre.engine.messages import CompressRequest, InputError
+from ilre.models.token_bytes import context_bytes, token_bytes
+
+RECORDS = [{"id": f"{a}-{b}", "status": s, "latency_ms": 1000 + 37 * k}
+           for k, (a, b, s) in enumerate(zip(["amber", "birch", "cedar", "delta", "ember"] * 40,
+                                             ["fox", "gull", "heron", "ibis", "jay", "kite", "lark", "moth"] * 25,
+                                             ["ok", "failed", "pending"] * 67))]
+CONTEXT = "Below is the output of the list_jobs tool, one record per line.\n" + "\n".join(map(json.dumps, RECORDS))
+QUERY = "Question: What is the latency_ms of the job whose id is cedar-kite? Answer:"
+OTHER = "Question: Which jobs failed? Answer:"
+
+
+def test_cached_multi_query_and_uncached_results_are_equal(engine):
+    first = engine.compress(CompressRequest(context=CONTEXT, query=QUERY, budget=200, granularity="unit"))
+    again = engine.compress(CompressRequest(document_id=first.document_id, query=QUERY, budget=200, granularity="unit"))
+    many = engine.compress(CompressRequest(document_id=first.document_id, queries=[OTHER, QUERY], budget=200,
+                                           granularity="unit"))
+    engine.documents.clear()
+    fresh = engine.compress(CompressRequest(context=CONTEXT, query=QUERY, budget=200, granularity="unit"))
+    assert first.kept_indices == again.kept_indices == many.results[1].kept_indices == fresh.kept_indices
+    assert first.granularity == "unit" and first.kept_spans == fresh.kept_spans
+    # the engine's path is the pipeline's: the same request through select_context with the same units
+    ids = torch.tensor(engine.tokenizer(CONTEXT, add_special_tokens=False).input_ids)
+    query = torch.tensor(engine.tokenizer(QUERY, add_special_tokens=False).input_ids)
+    bounds = unit_bounds(context_bytes(token_bytes(engine.tokenizer), ids), 48)
+    job = engine._prepare(CompressRequest(context=CONTEXT, query=QUERY, budget=200, granularity="unit"))
+    assert torch.equal(job.units, bounds)
+    direct = select_context(job.model, ids, query, 200, job.strategy, job.prefill, units=bounds)
+    assert direct.kept.tolist() == first.kept_indices
+
+
+def test_the_budget_is_met_with_whole_records(engine):
+    result = engine.compress(CompressRequest(context=CONTEXT, query=QUERY, budget=200, granularity="unit",
+                                             strategy="ilre", layer="fast"))
+    assert result.compressed_tokens == 200 and result.kept_indices == sorted(set(result.kept_indices))
+    spans = [CONTEXT[a:b] for a, b in result.kept_spans]
+    records = [s for s in spans if s.startswith('{"id"')]
+    whole = [s for s in records if s.rstrip("\n").endswith("}")]
+    assert len(records) - len(whole) <= 1  # every kept record whole but at most one trimmed
+    tokens = engine.compress(CompressRequest(context=CONTEXT, query=QUERY, budget=200, granularity="token",
+                                             strategy="ilre", layer="fast"))
+    assert tokens.granularity == "token" and "kept_spans" not in tokens.to_dict()
+
+
+def test_a_granularity_not_offered_is_refused_naming_the_field():
+    with pytest.raises(InputError) as refused:
+        CompressRequest(context="a b c", query="q", granularity="sentence")
+    assert refused.value.field == "granularity" and "token, unit" in str(refused.value)
+
+
+@pytest.mark.parametrize("kind", ["random bytes", "json 10000 deep", "mixed scripts"])
+def test_inputs_without_structure_degrade_and_meet_the_budget(engine, kind):
+    rng = random.Random(5)
+    context = {"random bytes": bytes(rng.randrange(256) for _ in range(6000)).decode("utf-8", "replace"),
+               "json 10000 deep": '{"a": [' * 5000 + "7" + "]}" * 5000,
+               "mixed scripts": "".join(rng.choice(["東京は大きい。", " Привет, мир.", " مرحبا؟", " Hello there.", "\r\n",
+                                                    " {\"k\": [1, 2", "]}", " e.g. 3.14 v2.0"]) for _ in range(700))}[kind]
+    result = engine.compress(CompressRequest(context=context, query="What is here? Answer:", budget=256,
+                                             granularity="unit", strategy="ilre", layer="fast"))
+    assert result.compressed_tokens == 256 and len(set(result.kept_indices)) == 256
