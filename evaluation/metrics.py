@@ -4,12 +4,15 @@ string_match_all: per sample, the share of references found (case-insensitive su
 prediction; string_match_part (RULER's QA metric): 1 if any reference is found. Both return the
 mean over samples x 100, rounded to 2 decimals, as RULER prints them. Retention asks the same
 question of the compressed context instead of a generation: the share of gold answers whose text
-survives compression.
+survives compression. Two measures of units (compressor/units.py): the share of the units a selection
+touches that it keeps whole, and a reader's prompt with a separator between runs of kept tokens.
 """
 
 from __future__ import annotations
 
 import re
+
+import torch
 
 _NON_PRINTABLE = re.compile(r"[\x00-\x1f]")
 
@@ -50,3 +53,28 @@ def score(pred: str, refs: list[str], metric: str = "all") -> float:
 def retention(compressed_context: str, answers: list[str]) -> float:
     """The share of gold answers whose exact text survives in the compressed context, in [0, 1]."""
     return sum(1.0 for a in answers if a in compressed_context) / len(answers)
+
+
+def separated(kept: list[int], context_ids: list[int], separator: list[int]) -> list[int]:
+    """The kept tokens' IDs with `separator` between two kept tokens that are not adjacent in the context."""
+    out: list[int] = []
+    for k, i in enumerate(kept):
+        if k and i != kept[k - 1] + 1:
+            out += separator
+        out.append(context_ids[i])
+    return out
+
+
+def whole_share(bounds: torch.Tensor, kept: list[int], sink: int) -> float:
+    """Of the units (bounds (U+1,), cut at the sink as unit selection cuts them) that the kept indices touch
+    beyond the first `sink` tokens, the share kept whole."""
+    length = int(bounds[-1])
+    sink = min(sink, length)
+    bounds = torch.unique(torch.cat((bounds.clamp(sink, length), torch.tensor([sink, length]))))
+    mask = torch.zeros(length, dtype=torch.int64)
+    mask[torch.tensor(kept, dtype=torch.int64)] = 1
+    sizes = torch.diff(bounds)
+    counts = torch.zeros(sizes.numel(), dtype=torch.int64).index_add_(
+        0, torch.repeat_interleave(torch.arange(sizes.numel()), sizes), mask[sink:])
+    touched = counts > 0
+    return round(float((counts[touched] == sizes[touched]).float().mean()), 4) if bool(touched.any()) else 1.0

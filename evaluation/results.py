@@ -16,10 +16,12 @@ from statistics import mean
 from .headline import DEFAULT, best_ours, comparison, gap, headline, retention_by_sample, variant_section, why
 from .intervals import wilson
 from .other_corpus import section as other_corpus_section
+from .real_files import section as real_files_section
 from .ruler import TASKS, length_label
 from .run_eval import ATTENTION, STRATEGIES, TARGET_TASKS, load_records, run_timing
 
 LABELS = {"full": "full context", "cascade": "ILRe cascade", "cascade_units": "ILRe cascade, whole units",
+          "cascade_units_nl": "ILRe cascade, whole units, line breaks between them",
           "ilre": "ILRe (DCA auto)", "ilre_units": "ILRe (DCA auto), whole units", "ilre_nodca": "ILRe (no DCA)",
           "ilre_fast_too": "ILRe + layer 8", "ilre_fast_half": "ILRe + layer 8 at half weight",
           "snapkv": "SnapKV",
@@ -206,7 +208,8 @@ def latest_records(records: list[dict]) -> list[dict]:
     return out
 
 
-UNIT_PAIRS = (("cascade_units", "cascade"), ("cascade_units", "rag"), ("ilre_units", "ilre"))
+UNIT_PAIRS = (("cascade_units", "cascade"), ("cascade_units", "rag"), ("cascade_units_nl", "cascade_units"),
+              ("ilre_units", "ilre"))
 
 
 def units_section(records: list[dict]) -> list[str]:
@@ -294,6 +297,7 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
     lines += headline(records, LABELS, STRATEGIES)
     lines += variant_section(records, LABELS, {"no shared words": NO_SHARED_WORDS})
     lines += units_section(records)
+    lines += real_files_section(results_dir / "real_files.jsonl")
     lines += other_corpus_section(results_dir / "other_corpus.jsonl")
     hand = results_dir / "notes.md"
     if hand.is_file():

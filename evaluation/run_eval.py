@@ -8,6 +8,8 @@ context, query and budget:
   cascade_units   the default keeping whole units (sentences, lines, records: `granularity` "unit")
   ilre            ILRe as the engine runs it (`--dca auto`: DCA on beyond the native window)
   ilre_units      ILRe keeping whole units
+  cascade_units_nl  cascade_units with a line break between kept units that are not adjacent (in the reader's
+                  prompt only: the kept tokens are the same; measures whether a separator helps the reader)
   ilre_nodca      ILRe with DCA off
   ilre_fast_too   ILRe scoring with layer 8's attention beside l_R's at equal weight (`also_layers`, `also_weight` 1)
   ilre_fast_half  the same with layer 8's attention at half weight (`also_layers` alone: `also_weight` 0.5 is its default)
@@ -57,18 +59,18 @@ from ..models.token_bytes import context_bytes, token_bytes
 from .baselines import rag_select
 from .generation import Generator, new_token_budget
 from .lingua import METHODS as LINGUA_METHODS
-from .metrics import retention, score
+from .metrics import retention, score, separated, whole_share
 from .plan_notes import caps_notes, plan_caps, widest_caps
 from .ruler import TASKS, RulerSample, generate_sample, length_label
 from .structured import BUILDERS as STRUCTURED
 
 log = logging.getLogger(__name__)
 
-STRATEGIES = ("full", "cascade", "cascade_units", "ilre", "ilre_units", "ilre_nodca", "ilre_fast_too", "ilre_fast_half", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto",
+STRATEGIES = ("full", "cascade", "cascade_units", "cascade_units_nl", "ilre", "ilre_units", "ilre_nodca", "ilre_fast_too", "ilre_fast_half", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto",
               "streaming_llm", "rag", "llmlingua", "longllmlingua")
 # strategies sharing the encoded context (their records depend on l_R and the dtype): name -> (strategy, options)
 # ilre_fast_too / ilre_fast_half: ILRe scoring with layer 8 (the embedded model's `fast` l_R) beside l_R at weight 1 / 0.5
-ATTENTION = {"cascade": ("cascade", {}), "cascade_units": ("cascade", {}), "ilre": ("ilre", {}), "ilre_units": ("ilre", {}), "ilre_nodca": ("ilre", {}), "ilre_fast_too": ("ilre", {"also_layers": (8,), "also_weight": 1.0}),
+ATTENTION = {"cascade": ("cascade", {}), "cascade_units": ("cascade", {}), "cascade_units_nl": ("cascade", {}), "ilre": ("ilre", {}), "ilre_units": ("ilre", {}), "ilre_nodca": ("ilre", {}), "ilre_fast_too": ("ilre", {"also_layers": (8,), "also_weight": 1.0}),
              "ilre_fast_half": ("ilre", {"also_layers": (8,), "also_weight": 0.5}),
              "snapkv": ("snapkv", {}), "lagkv": ("lagkv", {}),
              "reattention": ("reattention", {}), "locret": ("locret", {}), "actqkv": ("actqkv", {}),
@@ -76,7 +78,8 @@ ATTENTION = {"cascade": ("cascade", {}), "cascade_units": ("cascade", {}), "ilre
 
 
 GUESSLESS = ("niah", "vt", *STRUCTURED)  # task kinds whose answers (random numbers, UUIDs, names) no reader guesses
-UNIT_ROWS = ("cascade_units", "ilre_units")  # rows that keep whole units (compressor/units.py), as granularity "unit"
+UNIT_ROWS = ("cascade_units", "cascade_units_nl", "ilre_units")  # rows keeping whole units (compressor/units.py)
+SEPARATORS = {"cascade_units_nl": "\n"}  # rows whose reader sees this text between kept runs that are not adjacent
 
 
 def attention_strategy(name: str) -> Strategy:
@@ -197,21 +200,6 @@ def allocate(strategy_name: str, attention: torch.Tensor | None, length: int, bu
         return strategy.select(scores, budget, sink).cpu().tolist()
 
 
-def whole_share(bounds: torch.Tensor, kept: list[int], sink: int) -> float:
-    """Of the units (bounds (U+1,), cut at the sink as unit selection cuts them) that the kept indices touch
-    beyond the first `sink` tokens, the share kept whole."""
-    length = int(bounds[-1])
-    sink = min(sink, length)
-    bounds = torch.unique(torch.cat((bounds.clamp(sink, length), torch.tensor([sink, length]))))
-    mask = torch.zeros(length, dtype=torch.int64)
-    mask[torch.tensor(kept, dtype=torch.int64)] = 1
-    sizes = torch.diff(bounds)
-    counts = torch.zeros(sizes.numel(), dtype=torch.int64).index_add_(
-        0, torch.repeat_interleave(torch.arange(sizes.numel()), sizes), mask[sink:])
-    touched = counts > 0
-    return round(float((counts[touched] == sizes[touched]).float().mean()), 4) if bool(touched.any()) else 1.0
-
-
 class Evaluator:
     """Holds the engine, the generator and the lingua peer for one run."""
 
@@ -325,6 +313,8 @@ class Evaluator:
                 kept = []
             if kept_ids is None:
                 kept_ids = [sample.context_ids[i] for i in kept]
+                if name in SEPARATORS:
+                    kept_ids = separated(kept, sample.context_ids, tok(SEPARATORS[name], add_special_tokens=False).input_ids)
                 text = tok.decode(kept_ids)
             record = Record(sample.task, sample.length, sample.index, sample.seed, name, budget,
                             len(sample.context_ids), len(kept_ids), retention(text, sample.answers),

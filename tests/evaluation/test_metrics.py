@@ -70,3 +70,21 @@ def test_rag_keeps_best_chunks_within_budget_in_order():
     kept = rag_select(_CharTokenizer(), ids, "key", budget=8, chunk=8)
     assert kept == sorted(kept) and len(kept) == 8
     assert "key" in "".join(text[i] for i in kept)
+
+
+def test_separated_puts_the_separator_between_runs_that_are_not_adjacent():
+    from ilre.evaluation.metrics import separated
+
+    assert separated([0, 1, 2, 5, 6, 9], list(range(10, 20)), [198]) == [10, 11, 12, 198, 15, 16, 198, 19]
+    assert separated([3, 4], list(range(10)), [198]) == [3, 4]
+
+
+def test_whole_share_counts_the_touched_units_kept_whole_beyond_the_sink():
+    import torch
+
+    from ilre.evaluation.metrics import whole_share
+
+    bounds = torch.tensor([0, 10, 20, 30])
+    assert whole_share(bounds, [0, 1, 2, 3, *range(4, 10), 15], 4) == 0.5  # [4, 10) whole, [10, 20) touched once
+    assert whole_share(bounds, [0, 1, 2, 3], 4) == 1.0  # the sink alone touches nothing
+    assert whole_share(bounds, list(range(30)), 4) == 1.0
