@@ -469,30 +469,38 @@ def literal_actqkv(scores: list[float], budget: int, sink: int, local: int, chun
 
 
 def literal_select_units(scores: list[float], bounds: list[int], tokens: list[int], sink: int) -> list[int]:
-    """The rule of unit_selection.py as a loop: units (cut at the sink) by the share of their tokens in
-    `tokens` (float32), then their best score, then position; whole units while they fit len(tokens) - sink;
-    the next one trimmed to a window around its first best token."""
+    """The rule of unit_selection.py as a loop: units (cut at the sink) touched by `tokens` first, then by
+    the share of their tokens in `tokens` plus their peak (best score scaled to [0, 1] against the lowest
+    best or 0 and the highest, at least half a neighbour's), float32 as there, then by position; whole units
+    while they fit len(tokens) - sink; the next one trimmed to a window around its first best token."""
+    f32 = torch.float32
     length, budget = len(scores), len(tokens)
     sink = min(sink, budget, length)
     cuts = sorted({min(max(b, sink), length) for b in bounds} | {sink, length})
     units = list(zip(cuts, cuts[1:]))
     chosen = set(tokens)
+    best = [torch.tensor(max(scores[a:z]), dtype=f32) for a, z in units]
+    low = min(min(best), torch.tensor(0.0, dtype=f32))
+    span = max(max(best) - low, torch.tensor(torch.finfo(f32).tiny, dtype=f32))
+    scaled = [(b - low) / span for b in best]
     keyed = []
     for u, (a, z) in enumerate(units):
-        share = torch.tensor(float(sum(t in chosen for t in range(a, z))), dtype=torch.float32) / (z - a)
-        best = torch.tensor(scores[a:z], dtype=torch.float32).max()
-        keyed.append((-float(share), -float(best), u))
+        beside = [scaled[v] for v in (u - 1, u + 1) if 0 <= v < len(units)]
+        peak = max([scaled[u]] + [torch.tensor(0.5, dtype=f32) * b for b in beside])
+        count = torch.tensor(float(sum(t in chosen for t in range(a, z))), dtype=f32)
+        key = (count > 0).to(f32) * 4 + count / torch.tensor(z - a) + peak
+        keyed.append((-float(key), u))
     keyed.sort()
     kept, room = list(range(sink)), budget - sink
-    for _, _, u in keyed:
+    for _, u in keyed:
         a, z = units[u]
         if z - a <= room:
             kept += range(a, z)
             room -= z - a
             continue
         if room > 0:
-            peak = a + max(range(z - a), key=lambda i: (scores[a + i], -i))
-            first = min(max(peak - room // 2, a), z - room)
+            peak_at = a + max(range(z - a), key=lambda i: (scores[a + i], -i))
+            first = min(max(peak_at - room // 2, a), z - room)
             kept += range(first, first + room)
         break
     return sorted(kept)
