@@ -71,3 +71,18 @@ def test_inputs_without_structure_degrade_and_meet_the_budget(engine, kind):
     result = engine.compress(CompressRequest(context=context, query="What is here? Answer:", budget=256,
                                              granularity="unit", strategy="ilre", layer="fast"))
     assert result.compressed_tokens == 256 and len(set(result.kept_indices)) == 256
+
+
+def test_a_request_without_granularity_gets_the_profiles(engine):
+    import dataclasses
+
+    request = CompressRequest(context=CONTEXT, query=QUERY, budget=120, strategy="ilre", layer="fast")
+    assert engine.compress(request).granularity == "token"  # the shipped profile names none
+    saved = engine.profile
+    try:
+        engine.profile = dataclasses.replace(saved, details={**saved.details, "granularity": "unit"})
+        result = engine.compress(request)
+        assert result.granularity == "unit" and result.kept_spans
+        assert engine.compress(dataclasses.replace(request, granularity="token")).granularity == "token"
+    finally:
+        engine.profile = saved
