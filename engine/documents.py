@@ -24,7 +24,7 @@ import hashlib
 import logging
 import threading
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Any, Callable, Protocol
 
 import torch
 
@@ -125,66 +125,49 @@ class DocumentCache:
               restore: Callable[[dict[str, torch.Tensor]], ContextState]) -> ContextState:
         """The document's ContextState for prefill settings `key`: from this process, else from the
         shared store (`restore` places its tensors), else `encode()`d and stored in both."""
-        with self._lock:
-            entry = self._docs.get(doc)
-            found = entry.states.get(key) if entry is not None else None
-            if found is not None:
-                self._docs.move_to_end(doc)
-                self.stats.hits["state", "local"] += 1
-                return found
-        self.stats.misses["state", "local"] += 1
-        tensors = self.shared.get_state(doc, key) if self.shared is not None else None
-        if self.shared is not None:
-            (self.stats.hits if tensors is not None else self.stats.misses)["state", "shared"] += 1
-        if tensors is not None:
-            state = restore(tensors)
-        else:
-            state = encode()
-            if self.shared is not None:
-                self.shared.put_state(doc, key, state.to_tensors())
-        self._add_state(doc, key, state)
-        return state
+        return self._tiered(doc, key, "state", lambda entry: entry.states, encode, restore, ContextState.to_tensors)
 
     def units(self, doc: str, key: str, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
         """The document's unit bounds (U+1,) for segmentation setting `key`: from this process, else the
         shared store (under the state key `key`, as the tensor "bounds"), else `compute()`d and stored in
         both. Kept with the document's IDs (a few bytes per unit), evicted with the document."""
+        return self._tiered(doc, key, "units", lambda entry: entry.units, compute,
+                            lambda tensors: tensors["bounds"], lambda bounds: {"bounds": bounds})
+
+    def _tiered(self, doc: str, key: str, kind: str, held: Callable[[_Document], dict], compute: Callable[[], Any],
+                restore: Callable[[dict[str, torch.Tensor]], Any], to_tensors: Callable[[Any], dict[str, torch.Tensor]]):
+        """What `held(entry)[key]` holds for the document: from this process, else the shared store
+        (`restore`d from its tensors), else `compute()`d and stored in both (counted as `kind`)."""
         with self._lock:
             entry = self._docs.get(doc)
-            found = entry.units.get(key) if entry is not None else None
+            found = held(entry).get(key) if entry is not None else None
             if found is not None:
-                self.stats.hits["units", "local"] += 1
+                self._docs.move_to_end(doc)
+                self.stats.hits[kind, "local"] += 1
                 return found
-        self.stats.misses["units", "local"] += 1
+        self.stats.misses[kind, "local"] += 1
         tensors = self.shared.get_state(doc, key) if self.shared is not None else None
         if self.shared is not None:
-            (self.stats.hits if tensors is not None else self.stats.misses)["units", "shared"] += 1
-        bounds = tensors.get("bounds") if tensors is not None else None
-        if bounds is None:
-            bounds = compute()
+            (self.stats.hits if tensors is not None else self.stats.misses)[kind, "shared"] += 1
+        if tensors is not None:
+            value = restore(tensors)
+        else:
+            value = compute()
             if self.shared is not None:
-                self.shared.put_state(doc, key, {"bounds": bounds})
+                self.shared.put_state(doc, key, to_tensors(value))
         with self._lock:
             entry = self._docs.get(doc)
-            if entry is not None:
-                entry.units[key] = bounds
+            if entry is not None:  # else evicted meanwhile (or the IDs never fit): nothing to hang it on
+                held(entry)[key] = value
+                self._docs.move_to_end(doc)
                 self._fit(keep=doc)
-        return bounds
+        return value
 
     def clear(self) -> None:
         """Forget every document this process holds (the shared tier is left as it is)."""
         with self._lock:
             self._docs.clear()
             self.stats.bytes = self.stats.documents = 0
-
-    def _add_state(self, doc: str, key: str, state: ContextState) -> None:
-        with self._lock:
-            entry = self._docs.get(doc)
-            if entry is None:  # evicted meanwhile (or the IDs never fit): nothing to hang the state on
-                return
-            entry.states[key] = state
-            self._docs.move_to_end(doc)
-            self._fit(keep=doc)
 
     def _insert(self, doc: str, entry: _Document) -> None:
         with self._lock:
