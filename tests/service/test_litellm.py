@@ -111,7 +111,7 @@ def test_long_chat_refused_whole_is_answered_through_the_proxy(engine, ilre_serv
     long = chat_of(40000)  # ~10K tokens
     refused = direct(engine, long)
     assert refused.status_code == 400 and "context" in refused.text  # the engine cannot take it whole
-    proxy = Proxy(engine, tmp_path, target=ilre_served.grpc, budget="1024")
+    proxy = Proxy(engine, tmp_path, target=ilre_served.grpc, budget="1024", timeout_s="120")  # the default 30 s is short on a loaded 2-core machine
     try:
         answer = proxy.chat(long)
         assert answer.status_code == 200, answer.text
@@ -135,7 +135,7 @@ def test_ilre_stopped_fails_open_and_strict_mode_refuses(engine, tmp_path):
     proxies: list[Proxy] = []
     try:
         with served_by("--budget", "1024") as served:
-            proxies.append(proxy := Proxy(engine, tmp_path, target=served.grpc, budget="1024"))
+            proxies.append(proxy := Proxy(engine, tmp_path, target=served.grpc, budget="1024", timeout_s="120"))
             assert proxy.chat(middle).headers["x-ilre-action"] == "compressed"
         answer = proxy.chat(middle)  # ilre is gone: the call goes on uncompressed
         assert answer.status_code == 200, answer.text
@@ -154,7 +154,7 @@ def test_ilre_stopped_fails_open_and_strict_mode_refuses(engine, tmp_path):
 
 def test_granularity_unit_keeps_whole_lines_of_each_compressed_message(engine, ilre_served, tmp_path):
     relay = RecordingRelay(engine.port)  # what the engine received
-    proxy = Proxy(relay, tmp_path, target=ilre_served.grpc, budget="200", granularity="unit")
+    proxy = Proxy(relay, tmp_path, target=ilre_served.grpc, budget="200", granularity="unit", timeout_s="120")
     try:
         text = lines_context(300)  # ~5K tokens
         messages = [{"role": "user", "content": text}, {"role": "assistant", "content": "Noted."},
