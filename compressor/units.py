@@ -47,11 +47,9 @@ _OPEN[[ord(c) for c in "{[("]] = True
 _CLOSE[[ord(c) for c in "}])"]] = True
 
 
-def _positions(pattern: re.Pattern, data: bytes, end: bool = True) -> np.ndarray:
-    """Where the pattern's matches end (or start), as int64 byte positions."""
-    it = pattern.finditer(data)
-    found = [m.end() for m in it] if end else [m.start() for m in it]
-    return np.asarray(found, dtype=np.int64)
+def _positions(pattern: re.Pattern, data: bytes) -> np.ndarray:
+    """Where the pattern's matches end, as int64 byte positions."""
+    return np.asarray([m.end() for m in pattern.finditer(data)], dtype=np.int64)
 
 
 def _inside(points: np.ndarray, opens: np.ndarray, closes: np.ndarray) -> np.ndarray:
@@ -135,9 +133,8 @@ def unit_bounds(text: ContextBytes, max_tokens: int) -> torch.Tensor:
     small_opens, small_closes = opens[small], closes[small]
 
     abbreviations = _positions(_ABBREVIATION, raw)  # the position of the dot after each
-    latin = _positions(_SENTENCE_END, raw, end=False)
-    latin_ok = ~np.isin(latin, abbreviations)
-    latin_ends = _positions(_SENTENCE_END, raw)[latin_ok]
+    latin = np.asarray([m.span() for m in _SENTENCE_END.finditer(raw)], dtype=np.int64).reshape(-1, 2)
+    latin_ends = latin[~np.isin(latin[:, 0], abbreviations), 1]  # (start, end) of each end, one pass
     commas = np.flatnonzero(data == 44)
     commas = commas[_inside(commas, opens, closes) & _outside_strings(data, commas, newlines)]
     natural = np.concatenate((newlines + 1, latin_ends, _positions(_SCRIPT_END, raw), commas + 1))
