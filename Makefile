@@ -68,6 +68,7 @@ bench: setup engine litellm ## latency and peak memory; per dtype up to 1M token
 	$(PY) bench/speed_bench.py
 	$(PY) bench/attention_kernels.py
 	$(PY) bench/document_bench.py
+	$(PY) bench/scope_bench.py
 	$(PY) bench/service_bench.py
 	$(PY) bench/sidecar_bench.py
 	$(PY) bench/engine_connections.py

@@ -155,7 +155,7 @@ def cached_rows(lengths: list[int]) -> list[str]:
         for strategy in ("cascade", "ilre"):
             cache = engine.documents = DocumentCache(1 << 40)
             result = engine.compress(CompressRequest(context=document(n), query=QUERY, budget=64, strategy=strategy))
-            entry = cache._docs[result.document_id]
+            entry = cache._docs[engine.names.slot('', result.document_id)]
             (key, state), = entry.states.items()
             shared = len(save(state.to_tensors())) + len(save({"ids": entry.ids.to(torch.int32)}))
             spec, config, size = engine.spec, state.config, next(iter(state.keys.values())).element_size()

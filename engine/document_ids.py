@@ -1,6 +1,7 @@
 """The shape of a document id (a result's `document_id`), importable without torch (a thin client checks it)."""
 
-DOCUMENT_ID_CHARS = 32  # hex digits of the SHA-256 digest
+DOCUMENT_ID_CHARS = 32  # hex digits of the keyed digest (engine/document_names.py)
+MIN_SECRET_CHARS = 32   # a configured document secret (ILRE_DOCUMENT_SECRET) is at least this long
 
 
 def is_document_id(value: str) -> bool:

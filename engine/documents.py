@@ -1,7 +1,8 @@
 """The document cache: a context's token IDs and encoded prefill states, reused across queries.
 
-A document is named by `document_id(model, ids)`; a request may later send that id instead of the
-context. Two tiers, both optional to a request and invisible in its result:
+A document is held under its slot (engine/document_names.py: a keyed digest of the caller's scope
+and the document_id it was given); a request may later send that id instead of the context, and
+finds it only from the same scope. Two tiers, both optional to a request and invisible in its result:
   in process  documents bounded in bytes (`--doc-cache-mb`): each document's IDs and its
               ContextStates, one per prefill setting (layer, S/W/chunk, DCA; the dtype and device
               are the process's own), held where the model runs. Each state holds only what a later
@@ -20,7 +21,6 @@ is stored in both. The shared tier is best effort: when it fails, the request is
 from __future__ import annotations
 
 import collections
-import hashlib
 import logging
 import threading
 from dataclasses import dataclass, field
@@ -29,16 +29,8 @@ from typing import Any, Callable, Protocol
 import torch
 
 from ..compressor.prefill import ContextState, PrefillConfig
-from .document_ids import DOCUMENT_ID_CHARS
 
 log = logging.getLogger(__name__)
-
-def document_id(model: str, ids: torch.Tensor) -> str:
-    """The id of a tokenized context for one model: hex SHA-256 of the model name and the IDs
-    (as little-endian int64), truncated to 32 digits."""
-    digest = hashlib.sha256(model.encode("utf-8") + b"\0")
-    digest.update(ids.to(torch.int64).cpu().contiguous().numpy().astype("<i8").tobytes())
-    return digest.hexdigest()[:DOCUMENT_ID_CHARS]
 
 
 def state_key(layer: int, prefill: PrefillConfig, dtype: str, parts: tuple[str, ...] = (),
@@ -52,10 +44,10 @@ def state_key(layer: int, prefill: PrefillConfig, dtype: str, parts: tuple[str, 
 class SharedDocuments(Protocol):
     """A store every worker reads (None results = not there; failures are the store's to log)."""
 
-    def get_ids(self, doc: str) -> torch.Tensor | None: ...
-    def put_ids(self, doc: str, ids: torch.Tensor) -> None: ...
-    def get_state(self, doc: str, key: str) -> dict[str, torch.Tensor] | None: ...
-    def put_state(self, doc: str, key: str, tensors: dict[str, torch.Tensor]) -> None: ...
+    def get_ids(self, slot: str) -> torch.Tensor | None: ...
+    def put_ids(self, slot: str, ids: torch.Tensor) -> None: ...
+    def get_state(self, slot: str, key: str) -> dict[str, torch.Tensor] | None: ...
+    def put_state(self, slot: str, key: str, tensors: dict[str, torch.Tensor]) -> None: ...
 
 
 @dataclass
@@ -92,61 +84,61 @@ class DocumentCache:
         self._docs: collections.OrderedDict[str, _Document] = collections.OrderedDict()
         self._lock = threading.RLock()
 
-    def ids(self, doc: str) -> torch.Tensor | None:
-        """(L,) int64 IDs of a known document, or None (evicted everywhere, or never seen)."""
+    def ids(self, slot: str) -> torch.Tensor | None:
+        """(L,) int64 IDs of the document held in `slot`, or None (evicted everywhere, or never there)."""
         with self._lock:
-            entry = self._docs.get(doc)
+            entry = self._docs.get(slot)
             if entry is not None:
-                self._docs.move_to_end(doc)
+                self._docs.move_to_end(slot)
                 entry.uses += 1
                 self.stats.hits["ids", "local"] += 1
                 return entry.ids
         self.stats.misses["ids", "local"] += 1
         if self.shared is None:
             return None
-        ids = self.shared.get_ids(doc)
+        ids = self.shared.get_ids(slot)
         (self.stats.hits if ids is not None else self.stats.misses)["ids", "shared"] += 1
         if ids is not None:
-            self._insert(doc, _Document(ids, uses=2))  # named again: another worker saw it first
+            self._insert(slot, _Document(ids, uses=2))  # named again: another worker saw it first
         return ids
 
-    def remember(self, doc: str, ids: torch.Tensor) -> None:
-        """Record a document's IDs (in both tiers) so that later requests may name it by id."""
+    def remember(self, slot: str, ids: torch.Tensor) -> None:
+        """Record a document's IDs in `slot` (in both tiers) so that later requests may name it by id."""
         with self._lock:
-            if doc in self._docs:
-                self._docs.move_to_end(doc)
-                self._docs[doc].uses += 1
+            if slot in self._docs:
+                self._docs.move_to_end(slot)
+                self._docs[slot].uses += 1
                 return
-        self._insert(doc, _Document(ids))
+        self._insert(slot, _Document(ids))
         if self.shared is not None:
-            self.shared.put_ids(doc, ids)
+            self.shared.put_ids(slot, ids)
 
-    def state(self, doc: str, key: str, encode: Callable[[], ContextState],
+    def state(self, slot: str, key: str, encode: Callable[[], ContextState],
               restore: Callable[[dict[str, torch.Tensor]], ContextState]) -> ContextState:
         """The document's ContextState for prefill settings `key`: from this process, else from the
         shared store (`restore` places its tensors), else `encode()`d and stored in both."""
-        return self._tiered(doc, key, "state", lambda entry: entry.states, encode, restore, ContextState.to_tensors)
+        return self._tiered(slot, key, "state", lambda entry: entry.states, encode, restore, ContextState.to_tensors)
 
-    def units(self, doc: str, key: str, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
+    def units(self, slot: str, key: str, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
         """The document's unit bounds (U+1,) for segmentation setting `key`: from this process, else the
         shared store (under the state key `key`, as the tensor "bounds"), else `compute()`d and stored in
         both. Kept with the document's IDs (a few bytes per unit), evicted with the document."""
-        return self._tiered(doc, key, "units", lambda entry: entry.units, compute,
+        return self._tiered(slot, key, "units", lambda entry: entry.units, compute,
                             lambda tensors: tensors["bounds"], lambda bounds: {"bounds": bounds})
 
-    def _tiered(self, doc: str, key: str, kind: str, held: Callable[[_Document], dict], compute: Callable[[], Any],
+    def _tiered(self, slot: str, key: str, kind: str, held: Callable[[_Document], dict], compute: Callable[[], Any],
                 restore: Callable[[dict[str, torch.Tensor]], Any], to_tensors: Callable[[Any], dict[str, torch.Tensor]]):
         """What `held(entry)[key]` holds for the document: from this process, else the shared store
         (`restore`d from its tensors), else `compute()`d and stored in both (counted as `kind`)."""
         with self._lock:
-            entry = self._docs.get(doc)
+            entry = self._docs.get(slot)
             found = held(entry).get(key) if entry is not None else None
             if found is not None:
-                self._docs.move_to_end(doc)
+                self._docs.move_to_end(slot)
                 self.stats.hits[kind, "local"] += 1
                 return found
         self.stats.misses[kind, "local"] += 1
-        tensors = self.shared.get_state(doc, key) if self.shared is not None else None
+        tensors = self.shared.get_state(slot, key) if self.shared is not None else None
         if self.shared is not None:
             (self.stats.hits if tensors is not None else self.stats.misses)[kind, "shared"] += 1
         if tensors is not None:
@@ -154,13 +146,13 @@ class DocumentCache:
         else:
             value = compute()
             if self.shared is not None:
-                self.shared.put_state(doc, key, to_tensors(value))
+                self.shared.put_state(slot, key, to_tensors(value))
         with self._lock:
-            entry = self._docs.get(doc)
+            entry = self._docs.get(slot)
             if entry is not None:  # else evicted meanwhile (or the IDs never fit): nothing to hang it on
                 held(entry)[key] = value
-                self._docs.move_to_end(doc)
-                self._fit(keep=doc)
+                self._docs.move_to_end(slot)
+                self._fit(keep=slot)
         return value
 
     def clear(self) -> None:
@@ -169,11 +161,11 @@ class DocumentCache:
             self._docs.clear()
             self.stats.bytes = self.stats.documents = 0
 
-    def _insert(self, doc: str, entry: _Document) -> None:
+    def _insert(self, slot: str, entry: _Document) -> None:
         with self._lock:
-            self._docs[doc] = entry
-            self._docs.move_to_end(doc)
-            self._fit(keep=doc)
+            self._docs[slot] = entry
+            self._docs.move_to_end(slot)
+            self._fit(keep=slot)
 
     def _fit(self, keep: str) -> None:
         """Evict until the cap holds, least recently used first within each step: the states of
@@ -182,15 +174,15 @@ class DocumentCache:
         the document itself."""
         total = sum(d.nbytes for d in self._docs.values())
         for repeated, whole in ((False, False), (False, True), (True, False), (True, True)):
-            for doc in list(self._docs):
+            for slot in list(self._docs):
                 if total <= self.max_bytes:
                     break
-                entry = self._docs[doc]
-                if doc == keep or (entry.uses > 1) != repeated or not (whole or entry.states):
+                entry = self._docs[slot]
+                if slot == keep or (entry.uses > 1) != repeated or not (whole or entry.states):
                     continue
                 total -= entry.nbytes
                 if whole:
-                    self._docs.pop(doc)
+                    self._docs.pop(slot)
                     self.stats.evictions += 1
                 else:
                     self.stats.evictions += len(entry.states)

@@ -28,11 +28,16 @@ from ..models.profiles import load_profile
 from ..models.retaining_head import attach_head, head_directories, head_path
 from ..models.token_bytes import context_bytes, token_bytes
 from ..models.tokenize import TooManyTokens, tokenize_text
-from .documents import DocumentCache, SharedDocuments, document_id, state_key
+from .document_names import DocumentNames
+from .documents import DocumentCache, SharedDocuments, state_key
 from .explain import ExplanationFacts, render_explanation
 from .messages import CompressRequest, CompressResult, CompressResults, InputError, NotFoundError, Outcome
 
 log = logging.getLogger(__name__)
+
+# The same words for every miss (the id is not echoed: logs never carry an id another key was given)
+NOT_FOUND_MESSAGE = ("no such document in the cache (unknown, evicted, or stored with another API key): "
+                     "send the context again")
 
 
 @dataclass(frozen=True)
@@ -62,9 +67,12 @@ class Engine:
 
     Every context is remembered by its document_id, and its encoded prefill is kept in the
     document cache, so later queries of the same document (by text, IDs or id) skip the prefill.
+    Documents belong to a scope (the caller's, engine/document_names.py): a request finds only its
+    own scope's. `names` issues the ids under the document secret (None = a random one for this process).
     One engine runs one request at a time (a query pass uses its cached context as scratch)."""
 
-    def __init__(self, config: EngineConfig | None = None, shared_documents: SharedDocuments | None = None):
+    def __init__(self, config: EngineConfig | None = None, shared_documents: SharedDocuments | None = None,
+                 document_secret: bytes | None = None):
         self.config = config = config or EngineConfig()
         self.placement = resolve_placement(config.device, config.dtype)
         checkpoint = resolve_checkpoint(config.model)
@@ -77,6 +85,7 @@ class Engine:
         self.layer = self.profile.retrieval_layer if config.layer is None else self.resolve_layer(config.layer)
         self.tokenizer = load_tokenizer(checkpoint.path)
         self.documents = DocumentCache(config.doc_cache_mb << 20, shared_documents)
+        self.names = DocumentNames(document_secret)
         self._running = threading.Lock()  # one request at a time: cached contexts are query scratch space
         self._models: dict[int, TruncatedLM] = {}
         self.model_at(self.layer)
@@ -131,10 +140,10 @@ class Engine:
         if not 1 <= layer <= self.spec.num_layers:
             raise InputError(name, f"must be in 1..{self.spec.num_layers} (got {layer})")
 
-    def units(self, document: str, context_ids: torch.Tensor) -> torch.Tensor:
+    def units(self, slot: str, context_ids: torch.Tensor) -> torch.Tensor:
         """The context's unit bounds (U+1,) (compressor/units.py), computed once per document and kept
-        with it in the document cache."""
-        return self.documents.units(document, f"units-v1-max{UNIT_TOKENS}",
+        with it in the document cache (under its `slot`)."""
+        return self.documents.units(slot, f"units-v1-max{UNIT_TOKENS}",
                                     lambda: unit_bounds(context_bytes(token_bytes(self.tokenizer), context_ids), UNIT_TOKENS))
 
     def _ids(self, name: str, text: str | None, ids: list[int] | None, limit: int, limit_name: str,
@@ -163,12 +172,12 @@ class Engine:
             raise InputError(ids_field, f"token id {bad} outside the vocabulary 0..{self.spec.vocab_size - 1}")
         return tensor
 
-    def compress(self, request: CompressRequest) -> Outcome:
+    def compress(self, request: CompressRequest, scope: str = "") -> Outcome:
         """Tokenize, select context tokens, detokenize; raises InputError for bad input and
-        NotFoundError for a document_id the cache no longer holds. A request with `queries`
-        gets a CompressResults (one prefill, one result per query)."""
+        NotFoundError for a document_id that `scope` (the caller's, "" without API keys) does not
+        hold. A request with `queries` gets a CompressResults (one prefill, one result per query)."""
         with self._running:
-            job = self._prepare(request)
+            job = self._prepare(request, scope)
             return self._finish(job, self._select(job))
 
     @property
@@ -180,8 +189,9 @@ class Engine:
 
     def compress_many(self, requests: list[CompressRequest],
                       on_result: Callable[[int, Outcome | InputError], None] | None = None,
-                      ) -> list[Outcome | InputError]:
-        """Compress a batch: each request's outcome, or the InputError that rejected it (in order).
+                      scopes: list[str] | None = None) -> list[Outcome | InputError]:
+        """Compress a batch: each request's outcome, or the InputError that rejected it (in order);
+        scopes[i]: the scope of request i's caller (None = "" for all).
         Short one-query requests on the same layer and DCA setting share one batched prefill when
         `batch_tokens` allows; the others go through the document cache. The results equal those
         of `compress` one by one. `on_result(i, outcome)` is called as soon as request i is done."""
@@ -193,15 +203,16 @@ class Engine:
                 on_result(i, outcome)
 
         with self._running:
-            self._run_many(requests, deliver)
+            self._run_many(requests, deliver, scopes or [""] * len(requests))
         return outcomes  # type: ignore[return-value]
 
-    def _run_many(self, requests: list[CompressRequest], deliver: Callable[[int, Outcome | InputError], None]) -> None:
+    def _run_many(self, requests: list[CompressRequest], deliver: Callable[[int, Outcome | InputError], None],
+                  scopes: list[str]) -> None:
         groups: dict[tuple, list[tuple[int, _Job]]] = {}
         alone: list[tuple[int, _Job]] = []
         for i, request in enumerate(requests):
             try:
-                job = self._prepare(request)
+                job = self._prepare(request, scopes[i])
             except InputError as exc:
                 deliver(i, exc)
                 continue
@@ -235,15 +246,17 @@ class Engine:
         def state() -> ContextState:
             if not encoded:
                 encoded.append(self.documents.state(
-                    job.document_id, key, lambda: encode_context(model, job.context_ids, prefill, layers, parts=parts),
+                    job.slot, key, lambda: encode_context(model, job.context_ids, prefill, layers, parts=parts),
                     lambda tensors: ContextState.from_tensors(model, prefill, tensors)))
             return encoded[0]
 
         return [select_context(model, job.context_ids, query_ids, job.budget, job.strategy, prefill, encoded=state,
                                units=job.units) for query_ids in job.queries]
 
-    def _prepare(self, request: CompressRequest) -> "_Job":
-        """Check and tokenize a request; InputError naming the field when it cannot run."""
+    def _prepare(self, request: CompressRequest, scope: str) -> "_Job":
+        """Check and tokenize a request of a caller in `scope`; InputError naming the field when it
+        cannot run, NotFoundError for a document_id the scope does not hold (another scope's id takes
+        the same path as one never issued: its slot is simply not there)."""
         start = time.perf_counter()
         requested = request.strategy_spec
         layer = self.strategy_layer(requested, request.layer)
@@ -256,17 +269,19 @@ class Engine:
             score_layers(strategy, layer)
         except ValueError as exc:
             raise InputError.from_option_error(exc) from None
+        names = self.names  # one secret for the whole request, even while it is being replaced
         if request.document_id is not None:
             doc = request.document_id
-            context_ids = self.documents.ids(doc)
+            slot = names.slot(scope, doc)
+            context_ids = self.documents.ids(slot)
             if context_ids is None:
-                raise NotFoundError("document_id", f"no document {doc} in the cache (unknown or evicted): "
-                                    "send the context again")
+                raise NotFoundError("document_id", NOT_FOUND_MESSAGE)
         else:
             context_ids = self._ids("context", request.context, request.context_ids,
                                     self.config.max_context_tokens, "max_context_tokens")
-            doc = document_id(self.model_name, context_ids)
-            self.documents.remember(doc, context_ids)
+            doc = names.document_id(scope, self.model_name, context_ids)
+            slot = names.slot(scope, doc)
+            self.documents.remember(slot, context_ids)
         queries = [torch.empty(0, dtype=torch.int64) if text is None and ids is None  # no query (lagkv)
                    else self._ids("query", text, ids, self.config.max_query_tokens, "max_query_tokens") if not request.multi
                    else self._ids(f"queries[{i}]" if text is not None else f"queries_ids[{i}]", text, ids,
@@ -281,12 +296,12 @@ class Engine:
         dca = request.dca == "on" or (request.dca == "auto" and total > self.spec.native_context)
         prefill = PrefillConfig(self.config.prefill.sink, self.config.prefill.window, self.config.prefill.chunk, dca)
         granularity = request.granularity or self.profile.granularity
-        units = self.units(doc, context_ids) if granularity == "unit" and budget < len(context_ids) else None
+        units = self.units(slot, context_ids) if granularity == "unit" and budget < len(context_ids) else None
         model = self.model_at(layer) if strategy.needs_attention else None
         if "retaining" in strategy.context_parts and model.retaining_head is None:
             raise InputError("strategy", f"{strategy.name} needs a retaining head for {self.model_name} at layer {layer}: "
                              f"train one with `ilre train-locret --layer {layer}` (heads found: {self._heads_found()})")
-        return _Job(request, doc, context_ids, queries, budget, strategy, layer, prefill, model, dca,
+        return _Job(request, doc, slot, context_ids, queries, budget, strategy, layer, prefill, model, dca,
                     start, _ms(start, time.perf_counter()), granularity, units)
 
     def _finish(self, job: "_Job", selections: list[Selection]) -> Outcome:
@@ -339,10 +354,12 @@ class Engine:
 @dataclass(frozen=True)
 class _Job:
     """A checked, tokenized request on its way through the engine: its context (L,) and
-    queries [(Lq,)] as int64 IDs, the document they belong to, and how to select."""
+    queries [(Lq,)] as int64 IDs, the document they belong to (its id, and the slot the cache holds
+    it in), and how to select."""
 
     request: CompressRequest
     document_id: str
+    slot: str
     context_ids: torch.Tensor
     queries: list[torch.Tensor]
     budget: int

@@ -6,5 +6,6 @@
     transport/  where requests enter: front end, gRPC, HTTP JSON, the engine sidecar
     queue/      in-process batcher, Redis Stream queue and its workers, the batch runner they share
     config.py   ServiceConfig from flags and ILRE_* variables;  metrics.py  Prometheus
-    errors.py   service failures and their gRPC/HTTP statuses;  keys.py, quotas.py  API keys and limits
+    errors.py   service failures and their gRPC/HTTP statuses;  keys.py, quotas.py  API keys (and the
+                document scope each reads) and limits
 """

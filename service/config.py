@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any, Mapping
 
 from ..compressor.defaults import MAX_CONTEXT_TOKENS, MAX_QUERY_TOKENS, QUERY_TOKENS
+from ..engine.document_ids import MIN_SECRET_CHARS
 from .errors import ConfigError
 from .keys import ApiKeys
 from .redis_url import parse_redis_url
@@ -37,6 +38,8 @@ class ServiceConfig:
     max_context_bytes: int = 64 << 20     # a context assembled by CompressStream
     max_context_tokens: int = MAX_CONTEXT_TOKENS  # context token IDs a stream may carry (the engine checks text)
     api_keys: ApiKeys = field(default_factory=ApiKeys, repr=False)  # empty = no authentication
+    document_secret: str | None = field(default=None, repr=False)  # keys the document ids; None = generated
+                                          # (kept on Redis by the workers; in process without Redis)
     tls_cert: str | None = None           # PEM server certificate chain; with tls_key turns TLS on
     tls_key: str | None = None
     tls_client_ca: str | None = None      # PEM CA of client certificates: mutual TLS
@@ -64,6 +67,9 @@ class ServiceConfig:
         for name in ("request_timeout_s", "heartbeat_s", "doc_cache_ttl_s", "http_keep_alive_s"):
             if getattr(self, name) <= 0:
                 raise ConfigError(f"{name}: must be > 0 (got {getattr(self, name)})")
+        if self.document_secret is not None and len(self.document_secret) < MIN_SECRET_CHARS:
+            raise ConfigError(f"document_secret: must be at least {MIN_SECRET_CHARS} characters "
+                              f"(got {len(self.document_secret)}; e.g. `openssl rand -hex 32`)")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise ConfigError("tls_cert: give both tls_cert and tls_key, or neither")
         if self.tls_client_ca and not self.tls_cert:

@@ -5,12 +5,19 @@ Keys come from ILRE_API_KEYS (comma-separated) and/or a file (ILRE_API_KEYS_FILE
 --api-keys-file): one key per line, `#` comments, then optional settings:
 
     sk-team-a-0123   name=team-a rate=5 burst=10 queue_share=0.25
+    sk-team-a-ci     name=team-a-ci share=team-a
+    sk-team-a-9876   name=team-a-new share=team-a
     sk-batch-4567    name=nightly rate=0.5
 
   name         how logs, traces and metrics call the key (default key-<first 8 hex of its SHA-256>)
   rate         requests per second accepted for this key, on average (default: no limit)
   burst        requests accepted at once above that rate (default: max(1, rate))
   queue_share  the largest share of max_queue this key's unfinished requests may hold, in (0, 1]
+  share        a group name: keys with the same group read each other's cached documents (one team's
+               keys, or an old and a new key during a rotation); by default a key reads only its own
+
+Cached documents belong to a scope (`KeyPolicy.document_scope`): the key's, its share group's, or
+with keys off the one scope every caller shares. A document_id finds nothing outside its scope.
 
 Only SHA-256 digests are kept; a presented key is hashed and compared with every digest in
 constant time. Keys are never logged or printed, only their names.
@@ -28,17 +35,27 @@ from typing import Mapping
 from .errors import ConfigError
 
 UNAUTHENTICATED_MESSAGE = "authorization: missing or invalid API key (send 'authorization: Bearer <key>')"
-SETTINGS = ("name", "rate", "burst", "queue_share")
+SETTINGS = ("name", "rate", "burst", "queue_share", "share")
 
 
 @dataclass(frozen=True)
 class KeyPolicy:
-    """Who a caller is (`name`, never the key) and its limits; None = no limit."""
+    """Who a caller is (`name`, never the key), its limits (None = no limit) and whose documents it reads."""
 
     name: str
     rate: float | None = None          # requests per second
     burst: int | None = None           # bucket size of the rate limit
     queue_share: float | None = None   # of max_queue
+    share: str | None = None           # the group whose documents it shares; None = its own only
+    authenticated: bool = True         # False only for ANONYMOUS (keys off)
+
+    @property
+    def document_scope(self) -> str:
+        """The scope of the documents it stores and finds: "" with keys off (everyone's), else
+        "share:<group>" or "key:<name>" (engine/document_names.py)."""
+        if not self.authenticated:
+            return ""
+        return f"share:{self.share}" if self.share else f"key:{self.name}"
 
     @property
     def limited(self) -> bool:
@@ -49,7 +66,7 @@ class KeyPolicy:
         return None if self.queue_share is None else max(1, math.floor(self.queue_share * max_queue))
 
 
-ANONYMOUS = KeyPolicy("anonymous")  # every caller, when keys are off
+ANONYMOUS = KeyPolicy("anonymous", authenticated=False)  # every caller, when keys are off
 
 
 class ApiKeys:
@@ -135,8 +152,8 @@ def parse_policy(key: str, words: list[str], where: str) -> KeyPolicy:
     for word in words:
         name, sep, value = word.partition("=")
         if not sep or name not in SETTINGS or not value:
-            raise ConfigError(f"api_keys_file: {where}: expected name=, rate=, burst= or queue_share= after the key "
-                              f"(got {word!r})")
+            raise ConfigError(f"api_keys_file: {where}: expected name=, rate=, burst=, queue_share= or share= after "
+                              f"the key (got {word!r})")
         values[name] = value
     rate = _number(values, "rate", where, lambda v: v > 0, "> 0")
     burst = _number(values, "burst", where, lambda v: v >= 1 and v == int(v), "an integer >= 1")
@@ -144,7 +161,7 @@ def parse_policy(key: str, words: list[str], where: str) -> KeyPolicy:
     if burst is not None and rate is None:
         raise ConfigError(f"api_keys_file: {where}: burst needs a rate")
     return KeyPolicy(values.get("name") or default_name(key), rate,
-                     None if rate is None else int(burst or max(1, math.ceil(rate))), share)
+                     None if rate is None else int(burst or max(1, math.ceil(rate))), share, values.get("share"))
 
 
 def _number(values: dict[str, str], name: str, where: str, ok, limit: str) -> float | None:

@@ -23,8 +23,9 @@ Deliver = Callable[[int, "Outcome | ServiceError"], None]
 
 
 def run_batch(engine: Engine, requests: list[CompressRequest], queued_ms: list[float], metrics: Metrics,
-              deliver: Deliver) -> None:
-    """Run `requests` as one batch (call it on the engine thread); never raises.
+              deliver: Deliver, scopes: list[str]) -> None:
+    """Run `requests` as one batch (call it on the engine thread); never raises. scopes[i]: the
+    document scope of request i's caller (KeyPolicy.document_scope).
 
     deliver(i, outcome) is called once per request, in completion order: its result, with
     timings_ms["queue"] = queued_ms[i] and counted in `metrics`, or a ServiceError (bad input:
@@ -43,7 +44,7 @@ def run_batch(engine: Engine, requests: list[CompressRequest], queued_ms: list[f
         deliver(i, answer)
 
     try:
-        engine.compress_many(requests, on_result=ready)
+        engine.compress_many(requests, on_result=ready, scopes=scopes)
     except Exception as exc:  # a bug in the engine: the callers still waiting get INTERNAL
         log.exception("compress failed")
         failure = ServiceError(Code.INTERNAL, f"internal: {type(exc).__name__}: {exc}")

@@ -16,6 +16,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ...engine.document_names import DocumentNames
 from ...engine.engine import Engine
 from ...engine.info import ModelInfo
 from ...engine.messages import CompressRequest, Outcome, results_of
@@ -34,6 +35,7 @@ class _Job:
     request: CompressRequest
     future: asyncio.Future
     deadline: float                      # time.monotonic()
+    scope: str = ""                      # whose documents it reads (KeyPolicy.document_scope)
     accepted: float = field(default_factory=time.monotonic)
 
 
@@ -43,12 +45,13 @@ class LocalQueue:
     kind = "local"
 
     def __init__(self, engine: Engine | Callable[[], Engine], metrics: Metrics, *, max_batch: int = 8,
-                 max_wait_s: float = 0.005, max_depth: int = 256):
+                 max_wait_s: float = 0.005, max_depth: int = 256, document_secret: str | None = None):
         self._engine_source = engine
         self.engine: Engine | None = engine if isinstance(engine, Engine) else None
         self.metrics = metrics
+        self.document_secret = document_secret  # None: the engine's own (random for this process)
         if self.engine is not None:
-            metrics.documents = self.engine.documents
+            self._adopt(self.engine)
         self.max_batch, self.max_wait_s, self.max_depth = max_batch, max_wait_s, max_depth
         self._jobs: collections.deque[_Job] = collections.deque()
         self._running: list[_Job] = []
@@ -70,12 +73,18 @@ class LocalQueue:
     async def _load(self) -> None:
         try:
             self.engine = await asyncio.get_running_loop().run_in_executor(self._executor, self._engine_source)
-            self.metrics.documents = self.engine.documents
+            self._adopt(self.engine)
             log.info("model loaded: %s", self.engine.model_name)
         except Exception as exc:  # reported by readyz/model_info; the process keeps serving health
             self.load_error = f"{type(exc).__name__}: {exc}"
             log.error("model failed to load: %s", self.load_error)
             self.load_failed.set()
+
+    def _adopt(self, engine: Engine) -> None:
+        """Serve `engine`: its cache in /metrics, its document ids under the configured secret."""
+        self.metrics.documents = engine.documents
+        if self.document_secret:
+            engine.names = DocumentNames(self.document_secret.encode())
 
     async def ready(self) -> bool:
         return self.engine is not None and not self._closing
@@ -108,15 +117,15 @@ class LocalQueue:
                                f"queue: {depth} requests waiting, the limit is {self.max_depth} (max_queue)")
         self.quotas.admit(caller, self.max_depth)
         try:
-            outcome = await self._queue_and_wait(request, timeout_s, depth)
+            outcome = await self._queue_and_wait(request, timeout_s, depth, caller.document_scope)
         finally:
             self.quotas.release(caller)
         for one in results_of(outcome):  # the engine ran here: its stages are spans of this request's trace
             tracing.stage_spans(one.timings_ms, attributes={"ilre.request_id": rid})
         return outcome
 
-    async def _queue_and_wait(self, request: CompressRequest, timeout_s: float, depth: int) -> Outcome:
-        job = _Job(request, asyncio.get_running_loop().create_future(), time.monotonic() + timeout_s)
+    async def _queue_and_wait(self, request: CompressRequest, timeout_s: float, depth: int, scope: str) -> Outcome:
+        job = _Job(request, asyncio.get_running_loop().create_future(), time.monotonic() + timeout_s, scope)
         self._jobs.append(job)
         self.metrics.queue_depth.set(depth + 1)
         self._wakeup.set()
@@ -164,7 +173,8 @@ class LocalQueue:
         jobs = [job for job in batch if self._still_wanted(job)]
         started = time.monotonic()
         run_batch(self.engine, [job.request for job in jobs], [(started - job.accepted) * 1000.0 for job in jobs],
-                  self.metrics, lambda i, outcome: loop.call_soon_threadsafe(_deliver, jobs[i].future, outcome))
+                  self.metrics, lambda i, outcome: loop.call_soon_threadsafe(_deliver, jobs[i].future, outcome),
+                  [job.scope for job in jobs])
 
     async def close(self) -> None:
         """Stop taking work, fail what is still queued with UNAVAILABLE, stop the loop and thread."""

@@ -3,8 +3,8 @@ per-request key (workers: service/worker.py).
 
 Keys (prefix "ilre" by default):
   {p}:requests       stream of {rid, payload (request JSON), deadline (unix s), key (the API key's name),
-                     request_id, traceparent (W3C trace context, '' when tracing is off)};
-                     bounded by max_queue
+                     request_id, traceparent (W3C trace context, '' when tracing is off), scope (whose
+                     documents it reads: KeyPolicy.document_scope; never the key)}; bounded by max_queue
   {p}:unfinished:{k} an API key's accepted, unfinished rids (score: deadline), for its queue_share
   {p}:rate:{k}       an API key's rate-limit state
   {p}:workers        the consumer group the workers read through
@@ -12,6 +12,7 @@ Keys (prefix "ilre" by default):
   {p}:cancel:{rid}   set when the caller is gone or its deadline passed: workers drop the entry
   {p}:worker:{name}  a live worker's ModelInfo (JSON), with a TTL refreshed by its heartbeat
   {p}:dead-letter    entries whose workers died max_attempts times
+  {p}:document-secret the secret document ids are keyed with (queue/document_secret.py)
 Envelope: {"ok": <result dict>} or {"error": {"code", "message", "field"}}.
 """
 
@@ -49,7 +50,7 @@ RESULT_GRACE_S = 30  # result and cancel keys outlive the deadline by this much
 # Atomic admission and enqueue, the rules of service/quotas.py shared by every front end:
 # KEYS: stream, the caller key's unfinished set (rid -> deadline), its GCRA state;
 # ARGV: max_queue, rid, payload, deadline, key name, share limit (0 = none), rate (0 = none), burst, now, grace,
-#       request id, traceparent ('' = none)
+#       request id, traceparent ('' = none), document scope
 # -> {1 added | 0 queue full | 2 key's share full | 3 key's rate exceeded, depth or unfinished, seconds to wait}
 ADMIT = """
 local n = redis.call('XLEN', KEYS[1])
@@ -70,7 +71,7 @@ if rate > 0 then
   redis.call('SET', KEYS[3], tostring(start + interval), 'PX', math.ceil((start + interval - now) * 1000) + 1000)
 end
 redis.call('XADD', KEYS[1], '*', 'rid', ARGV[2], 'payload', ARGV[3], 'deadline', ARGV[4], 'key', ARGV[5],
-           'request_id', ARGV[11], 'traceparent', ARGV[12])
+           'request_id', ARGV[11], 'traceparent', ARGV[12], 'scope', ARGV[13])
 if limit > 0 then
   redis.call('ZADD', KEYS[2], deadline, ARGV[2])
   local ttl = math.ceil((deadline + grace - now) * 1000)
@@ -97,6 +98,10 @@ class RedisKeys:
     @property
     def dead_letter(self) -> str:
         return f"{self.prefix}:dead-letter"
+
+    @property
+    def document_secret(self) -> str:
+        return f"{self.prefix}:document-secret"
 
     def result(self, rid: str) -> str:
         return f"{self.prefix}:result:{rid}"
@@ -217,7 +222,7 @@ class RedisQueue:
         Redis is down), await the result. The entry carries the request id and the trace context."""
         rid = uuid.uuid4().hex
         deadline = time.time() + timeout_s
-        extra = [request_id, tracing.inject({}).get("traceparent", "")]
+        extra = [request_id, tracing.inject({}).get("traceparent", ""), caller.document_scope]
         try:
             (status, count, wait), replicas = await self._add(rid, encode_request(request), deadline, caller, extra)
         except RedisError as exc:

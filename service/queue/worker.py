@@ -31,6 +31,7 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from redis.exceptions import RedisError, ResponseError
 
+from ...engine.document_names import DocumentNames
 from ...engine.engine import Engine
 from ...engine.info import ModelInfo
 from ...engine.messages import CompressRequest, InputError, Outcome, results_of
@@ -41,6 +42,7 @@ from ..metrics import Metrics
 from ..redis_url import parse_redis_url
 from ..request_log import log_request
 from .batch import run_batch
+from .document_secret import sync_names
 from .redis_stream import RESULT_GRACE_S, RedisKeys, connect, encode_outcome, ensure_group
 from .shared_documents import RedisDocuments
 
@@ -67,6 +69,8 @@ class Worker:
                                           config.doc_cache_shared_mb << 20, config.doc_cache_ttl_s)
             engine.documents.shared = self._shared
         self.metrics.documents = engine.documents
+        if config.document_secret:  # else the secret on Redis, agreed before the first entry is read
+            engine.names = DocumentNames(config.document_secret.encode())
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ilre-engine")
         self._inflight: set[str] = set()
         self._claim_cursor = "0-0"
@@ -87,6 +91,7 @@ class Worker:
                 try:
                     if down or not self._group_ready:
                         await ensure_group(self.client, self.keys)
+                        await self._sync_secret()
                         self._group_ready = True
                     entries = await self._next_batch()
                     if down:
@@ -227,7 +232,7 @@ class Worker:
             except InputError as exc:
                 hand_back(k, ServiceError.from_input(exc))
         run_batch(self.engine, requests, [now_ms - _enqueued_ms(entries[k]) for k in slots], self.metrics,
-                  lambda j, outcome: hand_back(slots[j], outcome))
+                  lambda j, outcome: hand_back(slots[j], outcome), [_scope(entries[k][1]) for k in slots])
 
     def _record(self, fields: dict[str, str], outcome: Outcome | ServiceError, seconds: float) -> None:
         """The worker's log line for one request and, with tracing on, its spans (a child of the
@@ -311,12 +316,18 @@ class Worker:
                 except RedisError:
                     pass
 
+    async def _sync_secret(self) -> None:
+        """Name documents under the secret Redis holds (queue/document_secret.py), unless one is configured."""
+        if not self.config.document_secret:
+            self.engine.names = await sync_names(self.client, self.keys.document_secret, self.engine.names, self.name)
+
     async def _heartbeat(self, stop: asyncio.Event) -> None:
-        """Register this worker (its ModelInfo, with a TTL) until stopped."""
+        """Register this worker (its ModelInfo, with a TTL) and follow the document secret, until stopped."""
         info = json.dumps({**self.info.to_dict(), "queue": "redis", "worker": self.name})
         while not stop.is_set():
             try:
                 await self.client.set(self.keys.worker(self.name), info, ex=max(1, math.ceil(3 * self.config.heartbeat_s)))
+                await self._sync_secret()
             except RedisError:
                 pass
             await _wait(stop, self.config.heartbeat_s)
@@ -337,6 +348,13 @@ def _decode(payload: str) -> CompressRequest:
         raise
     except (ValueError, TypeError) as exc:
         raise InputError("request", f"malformed queue entry ({exc})") from None
+
+
+def _scope(fields: dict[str, str]) -> str:
+    """Whose documents the entry's request reads: its `scope` field (an entry without one, from an
+    older front end: its key's own scope, never everyone's)."""
+    scope = fields.get("scope")
+    return scope if scope is not None else f"key:{fields.get('key', '')}"
 
 
 def _enqueued_ms(entry: Entry) -> float:

@@ -90,9 +90,10 @@ def wait_for(predicate, timeout: float = 60.0, what: str = "condition", interval
 
 
 def comparable(result) -> dict:
-    """A result without its timings (which differ from run to run)."""
+    """A result without its timings (which differ from run to run) and its document_id (keyed by a
+    secret each process holds unless Redis or the configuration gives one: compare ids on their own)."""
     data = result if isinstance(result, dict) else result.to_dict()
-    return {k: v for k, v in data.items() if k not in ("timings_ms", "id")}
+    return {k: v for k, v in data.items() if k not in ("timings_ms", "id", "document_id")}
 
 
 def redis_server_binary() -> str | None:
@@ -248,7 +249,7 @@ class Served:
         threading.Thread(target=self._read, daemon=True).start()
         line = wait_for(lambda: next((l for l in self.lines if l.startswith("ilre: gRPC")), None) or self._died(),
                         120, "the startup line")
-        grpc_port, http_port = re.search(r"gRPC on [\d.]+:(\d+).*//[\d.]+:(\d+)", line).groups()
+        grpc_port, http_port = re.search(r"gRPC on [\d.]+:(\d+), https?://[\d.]+:(\d+)", line).groups()
         self.grpc, self.http = f"127.0.0.1:{grpc_port}", f"http://127.0.0.1:{http_port}"
 
     def _read(self) -> None:

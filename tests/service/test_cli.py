@@ -140,8 +140,8 @@ def test_granularity_unit_keeps_whole_lines_in_compress_and_batch(tmp_path: Path
     proc = run("batch", "--input", str(source), "--output", str(target), "--budget", "60", "--granularity", "unit")
     assert proc.returncode == 0, proc.stderr.decode()
     out = [json.loads(line) for line in target.read_text().splitlines()]
-    assert {k: v for k, v in out[0].items() if k not in ("id", "timings_ms")} == \
-        {k: v for k, v in single.items() if k not in ("id", "timings_ms")}
+    assert {k: v for k, v in out[0].items() if k not in ("id", "timings_ms", "document_id")} == \
+        {k: v for k, v in single.items() if k not in ("id", "timings_ms", "document_id")}
     assert out[1]["granularity"] == "token" and "kept_spans" not in out[1]
     assert out[2] == {"id": "bad", "error": "granularity: must be one of token, unit (got 'sentence')"}
     proc = run("compress", "--context", text, "--query", LINES_QUERY, env={"ILRE_GRANULARITY": "sentence"})

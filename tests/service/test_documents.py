@@ -11,7 +11,9 @@ import pytest
 import torch
 
 from ilre.compressor.prefill import PrefillConfig, encode_context
-from ilre.engine.documents import DocumentCache, document_id, state_key
+from ilre.engine.document_names import DocumentNames
+from ilre.engine.documents import DocumentCache, state_key
+from ilre.engine.engine import NOT_FOUND_MESSAGE
 from ilre.engine.messages import CompressRequest, CompressResults, InputError, NotFoundError
 from ilre.evaluation.haystack import shakespeare_text
 from ilre.models.loader import load_truncated
@@ -34,16 +36,20 @@ def tiny_state(seed: int):
     return encode_context(tiny(), random_ids(40, seed=seed), CONFIG)
 
 
+NAMES = DocumentNames(b"s" * 32)
+
+
 def document(seed: int) -> tuple[str, torch.Tensor]:
     ids = random_ids(40, seed=seed)
-    return document_id("tiny", ids), ids
+    return NAMES.document_id("", "tiny", ids), ids
 
 
 def test_document_ids_name_model_and_tokens():
     ids = random_ids(40, seed=1)
-    assert document_id("a", ids) == document_id("a", ids.clone()) and len(document_id("a", ids)) == 32
-    assert document_id("a", ids) != document_id("b", ids)
-    assert document_id("a", ids) != document_id("a", torch.cat((ids, ids[:1])))
+    name = NAMES.document_id
+    assert name("", "a", ids) == name("", "a", ids.clone()) and len(name("", "a", ids)) == 32
+    assert name("", "a", ids) != name("", "b", ids)
+    assert name("", "a", ids) != name("", "a", torch.cat((ids, ids[:1])))
 
 
 def test_lru_evicts_least_recently_used_documents_under_the_byte_cap():
@@ -175,8 +181,9 @@ def test_cached_results_equal_uncached(engine, strategy):
         engine.documents = DocumentCache(0)
         baseline = comparable(engine.compress(request))
         cache = fresh(engine)
-        first, second = comparable(engine.compress(request)), comparable(engine.compress(request))
-        by_id = comparable(engine.compress(CompressRequest(document_id=first["document_id"], query=QUESTIONS[1],
+        stored = engine.compress(request)
+        first, second = comparable(stored), comparable(engine.compress(request))
+        by_id = comparable(engine.compress(CompressRequest(document_id=stored.document_id, query=QUESTIONS[1],
                                                            budget=200, strategy=strategy, dca="on")))
     finally:
         engine.documents = kept
@@ -207,12 +214,12 @@ def test_a_lower_layers_keys_are_cached_under_their_own_key(engine):
 
 
 def test_several_queries_in_one_request_equal_separate_requests(engine, uncached):
-    separate = [comparable(uncached.compress(CompressRequest(context=long_text(), query=q, budget=150)))
-                for q in QUESTIONS]
+    alone = [uncached.compress(CompressRequest(context=long_text(), query=q, budget=150)) for q in QUESTIONS]
+    separate = [comparable(r) for r in alone]
     together = uncached.compress(CompressRequest(context=long_text(), queries=QUESTIONS, budget=150, id="m"))
     assert isinstance(together, CompressResults) and together.id == "m"
     assert [comparable(r) for r in together.results] == separate
-    assert together.document_id == separate[0]["document_id"]
+    assert together.document_id == alone[0].document_id
     ids = [uncached.tokenizer(q, add_special_tokens=False).input_ids for q in QUESTIONS]
     by_ids = uncached.compress(CompressRequest(context=long_text(), queries_ids=ids, budget=150))
     assert [r.kept_indices for r in by_ids.results] == [r["kept_indices"] for r in separate]
@@ -270,8 +277,7 @@ def test_batch_lines_repeating_a_context_reuse_its_prefill(engine, tmp_path):
     out = [json.loads(line) for line in target.read_text().splitlines()]
     assert len({r["document_id"] for r in out[:3]}) == 1
     assert cache.stats.misses["state", "local"] == 1 and cache.stats.hits["state", "local"] == 2
-    assert out[3] == {"id": "again", "error": f"document_id: no document {'0' * 32} in the cache (unknown or evicted): "
-                      "send the context again"}
+    assert out[3] == {"id": "again", "error": f"document_id: {NOT_FOUND_MESSAGE}"}
 
 
 def test_bad_queries_name_their_index(engine):
@@ -301,7 +307,7 @@ def test_a_cached_document_costs_what_a_later_query_reads(engine, redis_server, 
     try:
         cache = engine.documents = DocumentCache(1 << 30, store)
         result = engine.compress(CompressRequest(context=shakespeare_text()[:chars], query=QUESTIONS[0], budget=64))
-        entry = cache._docs[result.document_id]
+        entry = cache._docs[engine.names.slot('', result.document_id)]
         (key, state), = entry.states.items()
         stored = {(n if isinstance(n, str) else n.decode()): int(size)
                   for n, size in redis_server.client().hgetall(store.sizes).items()}
@@ -313,7 +319,7 @@ def test_a_cached_document_costs_what_a_later_query_reads(engine, redis_server, 
     assert cache.stats.bytes == entry.nbytes == result.original_tokens * 8 + state.nbytes  # the IDs, the tensors
     blob = len(save(state.to_tensors()))
     assert state.nbytes <= blob <= state.nbytes + 16 << 10  # the serialised size: the tensors and a header
-    assert stored[store._state_key(result.document_id, key)] == blob <= 1.25 * live + (16 << 10)
+    assert stored[store._state_key(engine.names.slot('', result.document_id), key)] == blob <= 1.25 * live + (16 << 10)
 
 
 def test_a_burst_of_one_off_documents_keeps_a_document_asked_again(engine):
@@ -331,9 +337,9 @@ def test_a_burst_of_one_off_documents_keeps_a_document_asked_again(engine):
         for i in range(10):
             burst = engine.compress(CompressRequest(context=text[20_000 * (i + 1):20_000 * (i + 1) + 13_000],
                                                     query=QUESTIONS[1], budget=64))
-            sizes.append(cache._docs[burst.document_id].nbytes)
+            sizes.append(cache._docs[engine.names.slot('', burst.document_id)].nbytes)
             if i == 0:
-                cache.max_bytes = int(2.5 * sizes[0]) + cache._docs[hot.document_id].nbytes
+                cache.max_bytes = int(2.5 * sizes[0]) + cache._docs[engine.names.slot('', hot.document_id)].nbytes
             if i % 3 == 2:
                 again = engine.compress(CompressRequest(document_id=hot.document_id, query=QUESTIONS[0], budget=64))
                 assert again.kept_indices == hot.kept_indices

@@ -41,7 +41,7 @@ def test_the_keys_file_gives_names_and_limits_and_bad_lines_name_the_setting(tmp
     assert ApiKeys.load({}, keys_file(tmp_path, f"{LIMITED} rate=1.5\n")).identify(f"Bearer {LIMITED}").burst == 2
     for line, says in [("k1 rate=0", "rate must be > 0"), ("k1 burst=2", "burst needs a rate"),
                        ("k1 rate=1 burst=0.5", "burst must be an integer >= 1"), ("k1 queue_share=1.5", "queue_share must be in (0, 1]"),
-                       ("k1 speed=3", "expected name=, rate=, burst= or queue_share="), ("k1 name=a\nk2 name=a", "more than one key")]:
+                       ("k1 speed=3", "expected name=, rate=, burst=, queue_share= or share="), ("k1 name=a\nk2 name=a", "more than one key")]:
         with pytest.raises(ConfigError) as err:
             ApiKeys.load({}, keys_file(tmp_path, line + "\n"))
         assert str(err.value).startswith("api_keys_file: ") and says in str(err.value), str(err.value)
@@ -101,14 +101,14 @@ def test_redis_admission_equals_the_in_process_rules(redis_server):
         except ServiceError as exc:
             got_local.append(("rate" if exc.message.startswith("rate") else "share", round(exc.retry_after_s or 0, 6)))
         status, _, wait = admit(keys=["eq:requests", "eq:unfinished:eq", "eq:rate:eq"],
-                                args=[100, f"r{i}", "{}", base + t + 300, "eq", 4, 4.0, 2, repr(base + t), 30, f"q{i}", ""])
+                                args=[100, f"r{i}", "{}", base + t + 300, "eq", 4, 4.0, 2, repr(base + t), 30, f"q{i}", "", "key:eq"])
         got_redis.append({1: ("ok", 0.0), 2: ("share", 1.0), 3: ("rate", round(float(wait), 6))}[int(status)])
         if status == 1:
             accepted_at[i] = t
     got_local = [(kind, 1.0 if kind == "share" else wait) for kind, wait in got_local]
     assert got_redis == got_local
     assert {"ok", "rate", "share"} <= {kind for kind, _ in got_redis}
-    assert all(fields["key"] == "eq" for _, fields in r.xrange("eq:requests"))
+    assert all(fields["key"] == "eq" and fields["scope"] == "key:eq" for _, fields in r.xrange("eq:requests"))
     assert gcra(0.0, 10.0, 1.0, 1) == (True, 11.0, 0.0)
 
 

@@ -1,0 +1,52 @@
+"""The document secret the workers of one Redis prefix agree on (engine/document_names.py).
+
+Without a configured secret (ILRE_DOCUMENT_SECRET), the secret lives on Redis at
+`{prefix}:document-secret`: each worker offers the one it holds (SET NX: the first worker's own
+random one) and adopts whatever Redis holds, at start and on every heartbeat. So every worker names
+documents alike, a restarted worker or front end keeps the names, a Redis that lost its data gets
+the secret back from the workers, and an operator rotates it with one SET:
+
+    redis-cli -u "$ILRE_REDIS_URL" SET ilre:document-secret "$(openssl rand -hex 32)"
+
+Within one heartbeat every worker names documents under the new secret: every document_id issued
+before is unknown (NOT_FOUND: send the context again), and the shared tier's old entries age out.
+"""
+
+from __future__ import annotations
+
+import logging
+
+import redis.asyncio as aioredis
+
+from ...engine.document_ids import MIN_SECRET_CHARS
+from ...engine.document_names import DocumentNames
+
+log = logging.getLogger(__name__)
+
+
+async def agreed_secret(client: aioredis.Redis, key: str, offered: bytes) -> bytes:
+    """The secret Redis holds at `key`, after offering `offered` where it holds none (SET NX)."""
+    for _ in range(3):  # a DEL between the SET and the GET: offer again
+        await client.set(key, offered, nx=True)
+        held = await client.get(key)
+        if held is not None:
+            break
+    else:
+        return offered
+    held = held if isinstance(held, bytes) else str(held).encode()
+    if len(held) < MIN_SECRET_CHARS:
+        log.error("document secret at %s is shorter than %d characters: ignored, keeping the one held",
+                  key, MIN_SECRET_CHARS)
+        return offered
+    return held
+
+
+async def sync_names(client: aioredis.Redis, key: str, names: DocumentNames, worker: str) -> DocumentNames:
+    """`names`, or new DocumentNames when Redis holds another secret (logged by fingerprint)."""
+    held = await agreed_secret(client, key, names.secret)
+    if held == names.secret:
+        return names
+    adopted = DocumentNames(held)
+    log.warning("worker %s: document secret %s from Redis (was %s here); document_ids issued under the old "
+                "one are unknown", worker, adopted.fingerprint(), names.fingerprint())
+    return adopted
