@@ -29,7 +29,7 @@ def test_compress_server_equals_local(served):
     remote = compress("--server", served.grpc, "--context", context(3), "--query", QUERY, "--budget", "40", "--json")
     local = compress("--context", context(3), "--query", QUERY, "--budget", "40", "--json")
     assert remote.returncode == 0 == local.returncode, remote.stderr + local.stderr
-    strip = lambda r: {k: v for k, v in json.loads(r.stdout).items() if k != "timings_ms"}  # noqa: E731
+    strip = lambda r: {k: v for k, v in json.loads(r.stdout).items() if k not in ("timings_ms", "document_id")}  # noqa: E731
     assert strip(remote) == strip(local)
 
 
@@ -42,7 +42,7 @@ def test_granularity_is_sent_by_compress_server_and_a_serve_default():
     text = lines_context()
     local = compress("--context", text, "--query", LINES_QUERY, "--budget", "60", "--granularity", "unit", "--json")
     assert local.returncode == 0, local.stderr
-    strip = lambda r: {k: v for k, v in json.loads(r.stdout).items() if k != "timings_ms"}  # noqa: E731
+    strip = lambda r: {k: v for k, v in json.loads(r.stdout).items() if k not in ("timings_ms", "document_id")}  # noqa: E731
     assert strip(local)["granularity"] == "unit"
     assert_whole_lines(text, strip(local)["kept_spans"])
     with served_by(env={"ILRE_GRANULARITY": "unit"}) as unit_served:  # the server's default for requests naming none
