@@ -32,10 +32,12 @@ def _padded(seqs: list[torch.Tensor], device: torch.device) -> tuple[torch.Tenso
 
 
 def batched_prefill(
-    model: TruncatedLM, contexts: list[torch.Tensor], queries: list[torch.Tensor], config: PrefillConfig
+    model: TruncatedLM, contexts: list[torch.Tensor], queries: list[torch.Tensor], config: PrefillConfig,
+    also_layers: tuple[int, ...] = (),
 ) -> list[RetrievalState]:
     """contexts[b]: (L_b,) int64 with L_b <= chunk + S; queries[b]: (Lq_b,) int64 ->
-    one RetrievalState per request (keys (KV, L_b, d) and queries (H, Lq_b, d) at l_R)."""
+    one RetrievalState per request: keys (KV, L_b, d) and queries (H, Lq_b, d) at l_R and at each
+    layer of `also_layers` (below l_R: what a strategy blending a lower layer's attention reads)."""
     if not all(fits_one_chunk(c.numel(), config) for c in contexts):
         limit = config.chunk + config.sink
         raise ValueError(f"context: batched prefill takes contexts of at most chunk + sink = {limit} tokens")
@@ -46,11 +48,17 @@ def batched_prefill(
     cos_c, sin_c = model.rope(torch.arange(ctx_ids.shape[1], device=device))  # (T, d)
     cos_q, sin_q = model.rope(ctx_len[:, None] + torch.arange(qry_ids.shape[1], device=device))  # (B, Tq, d)
     cos_q, sin_q = cos_q[:, None], sin_q[:, None]  # (B, 1, Tq, d): broadcast over heads
+    if any(not 1 <= l < l_r for l in also_layers):
+        raise ValueError(f"also_layers: every layer must be below l_R = {l_r} (got {sorted(also_layers)})")
     h_c, h_q = model.embed(ctx_ids), model.embed(qry_ids)  # (B, T, D), (B, Tq, D)
+    kept_keys: dict[int, torch.Tensor] = {}
+    kept_queries: dict[int, torch.Tensor] = {}
     for l in range(1, l_r):
         layer = model.layer(l)
         q, k, v = layer.qkv(h_c, cos_c, sin_c)  # (B, H, T, d), (B, KV, T, d) x2: one matmul for all
         qq, kq, vq = layer.qkv(h_q, cos_q, sin_q)  # (B, H, Tq, d), (B, KV, Tq, d) x2
+        if l in also_layers:  # one chunk: no DCA move, the keys as the streaming prefill keeps them
+            kept_keys[l], kept_queries[l] = k, qq
         out_c, out_q = torch.zeros_like(q), torch.zeros_like(qq)
         for b, (n, m) in enumerate(spans):  # attention per request, exactly as streaming_prefill runs it
             cache = WindowCache(config, n, m, model)
@@ -59,6 +67,7 @@ def batched_prefill(
             out_q[b, :, :m] = cache.attend(qq[b, :, :m], kq[b, :, :m], vq[b, :, :m], 0, model.inv_freq)
         h_c, h_q = layer.finish(h_c, out_c), layer.finish(h_q, out_q)
     top = model.layer(l_r)
-    keys, queries_r = top.keys(h_c, cos_c, sin_c), top.queries(h_q, cos_q, sin_q)  # (B, KV, T, d), (B, H, Tq, d)
-    return [RetrievalState(keys={l_r: keys[b, :, :n]}, queries={l_r: queries_r[b, :, :m]})
+    kept_keys[l_r], kept_queries[l_r] = top.keys(h_c, cos_c, sin_c), top.queries(h_q, cos_q, sin_q)
+    return [RetrievalState(keys={l: keys[b, :, :n] for l, keys in kept_keys.items()},
+                           queries={l: queries[b, :, :m] for l, queries in kept_queries.items()})
             for b, (n, m) in enumerate(spans)]

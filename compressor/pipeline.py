@@ -158,7 +158,9 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
         del short[-len(group):]
         clock = time.perf_counter()
         with torch.inference_mode():
-            states = batched_prefill(model, [jobs[i].context_ids for i in group], [jobs[i].query_ids for i in group], config)
+            also = tuple(sorted({l for i in group for l in strategies[i].extra_layers}))
+            states = batched_prefill(model, [jobs[i].context_ids for i in group], [jobs[i].query_ids for i in group],
+                                     config, also)
         prefill_ms = _lap(clock)
         for i, state in zip(group, states):
             job = jobs[i]
@@ -172,9 +174,11 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
 
 
 def batchable(strategy: Strategy) -> bool:
-    """Whether the batched prefill serves the strategy: it needs the attention at l_R, a query and nothing else."""
+    """Whether the batched prefill serves the strategy: it needs the attention at l_R (and at lower layers,
+    as the default does on a context its candidates cover), a query, and nothing else: no context or query
+    parts, no candidate pass."""
     return (strategy.needs_attention and strategy.needs_query and not strategy.context_parts and not strategy.query_parts
-            and not strategy.extra_layers and strategy.cascade_layer is None)
+            and strategy.cascade_layer is None)
 
 
 def score_layers(strategy: Strategy, l_r: int) -> tuple[int, ...]:

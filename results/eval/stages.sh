@@ -74,6 +74,8 @@ $ILRE --tasks $T4 --lengths 64K,128K --samples 5 --strategies cascade --no-e2e
 # 20. whole units (granularity "unit", compressor/units.py) against today's token selection and RAG:
 #     end to end on the target tasks at 4K-32K, 24 samples per length (6 per task), generation capped at 32 tokens
 $ILRE --tasks $T4 --lengths 4K,8K,16K,32K --samples 6 --strategies cascade,cascade_units,rag --max-new-tokens 32
+#     twice the pairs at 16K and 32K (48 per length), where units must lead tokens with an interval above zero
+$ILRE --tasks $T4 --lengths 16K,32K --samples 12 --strategies cascade,cascade_units,rag --max-new-tokens 32
 #     the same units with a line break between kept units that are not adjacent (the reader's prompt only)
 $ILRE --tasks $T4 --lengths 4K,8K,16K,32K --samples 6 --strategies cascade_units_nl --max-new-tokens 32
 #     retention on every task, the structured ones included, at 4K-32K (10 samples per cell), then 64K and 128K (5)
