@@ -17,6 +17,7 @@ from .headline import DEFAULT, best_ours, comparison, gap, headline, retention_b
 from .intervals import wilson
 from .other_corpus import section as other_corpus_section
 from .real_files import section as real_files_section
+from .units_report import units_section
 from .ruler import TASKS, length_label
 from .run_eval import ATTENTION, STRATEGIES, TARGET_TASKS, load_records, run_timing
 
@@ -208,46 +209,6 @@ def latest_records(records: list[dict]) -> list[dict]:
     return out
 
 
-UNIT_PAIRS = (("cascade_units", "cascade"), ("cascade_units", "rag"), ("cascade_units_nl", "cascade_units"),
-              ("ilre_units", "ilre"))
-
-
-def units_section(records: list[dict]) -> list[str]:
-    """Markdown lines: whole units against single tokens and against RAG's chunks, end to end (paired, per
-    length), and per task the share of touched units each keeps whole."""
-    rows = []
-    for ours, peer in UNIT_PAIRS:
-        for n in sorted({r["length"] for r in records if r["strategy"] == ours and r.get("e2e") is not None}):
-            c = comparison(retention_by_sample(records, n, "e2e"), ours, peer)
-            if c is not None:
-                rows.append(f"| {LABELS[ours]} vs {LABELS[peer]} | {length_label(n)} | {gap(c)} | {c['n']} | "
-                            f"{c['verdict']} | {why(c)} |")
-    shares = [r for r in records if r.get("whole_units") is not None and r["strategy"] in ("cascade", "cascade_units", "rag")]
-    if not rows and not shares:
-        return []
-    out = ["## Whole units against single tokens", "",
-           "`granularity` \"unit\" keeps whole sentences, lines, records and messages around the strategy's own choice "
-           "(README, How it works). End to end: the reader's score with units minus the other's, in points, on the "
-           "samples both generated, with its 95% paired-bootstrap interval.", ""]
-    if rows:
-        out += ["| pair | length | difference | pairs | verdict | largest per-task differences |",
-                "| --- | --- | ---: | ---: | --- | --- |", *rows, ""]
-    if shares:
-        lengths = sorted({r["length"] for r in shares})
-        out += ["Of the units a selection touches (sink aside), the share it keeps whole, % (mean over samples and "
-                "lengths " + ", ".join(length_label(n) for n in lengths) + "):", "",
-                "| task | " + " | ".join(LABELS[s] for s in ("cascade", "cascade_units", "rag")) + " |",
-                "| --- |" + " ---: |" * 3]
-        for task in [t for t in TASKS if any(r["task"] == t for r in shares)]:
-            cells = []
-            for name in ("cascade", "cascade_units", "rag"):
-                values = [r["whole_units"] for r in shares if r["task"] == task and r["strategy"] == name]
-                cells.append(f"{100 * mean(values):.0f}" if values else "–")
-            out.append(f"| {task} | " + " | ".join(cells) + " |")
-        out.append("")
-    return out
-
-
 def write_report(results_dir: Path, output: Path, command: str) -> Path:
     """Render results_dir's records into `output` (Markdown) and its retention plot."""
     records = load_records(results_dir / "raw.jsonl")
@@ -296,7 +257,7 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
         lines += ["## Targets", ""] + checks + [""]
     lines += headline(records, LABELS, STRATEGIES)
     lines += variant_section(records, LABELS, {"no shared words": NO_SHARED_WORDS})
-    lines += units_section(records)
+    lines += units_section(records, LABELS)
     lines += real_files_section(results_dir / "real_files.jsonl")
     lines += other_corpus_section(results_dir / "other_corpus.jsonl")
     hand = results_dir / "notes.md"
