@@ -68,11 +68,11 @@ class Engine:
     Every context is remembered by its document_id, and its encoded prefill is kept in the
     document cache, so later queries of the same document (by text, IDs or id) skip the prefill.
     Documents belong to a scope (the caller's, engine/document_names.py): a request finds only its
-    own scope's. `names` issues the ids under the document secret (None = a random one for this process).
+    own scope's. `names` issues the ids under the document secret (a random one for this process until
+    the service sets its own).
     One engine runs one request at a time (a query pass uses its cached context as scratch)."""
 
-    def __init__(self, config: EngineConfig | None = None, shared_documents: SharedDocuments | None = None,
-                 document_secret: bytes | None = None):
+    def __init__(self, config: EngineConfig | None = None, shared_documents: SharedDocuments | None = None):
         self.config = config = config or EngineConfig()
         self.placement = resolve_placement(config.device, config.dtype)
         checkpoint = resolve_checkpoint(config.model)
@@ -85,7 +85,7 @@ class Engine:
         self.layer = self.profile.retrieval_layer if config.layer is None else self.resolve_layer(config.layer)
         self.tokenizer = load_tokenizer(checkpoint.path)
         self.documents = DocumentCache(config.doc_cache_mb << 20, shared_documents)
-        self.names = DocumentNames(document_secret)
+        self.names = DocumentNames()
         self._running = threading.Lock()  # one request at a time: cached contexts are query scratch space
         self._models: dict[int, TruncatedLM] = {}
         self.model_at(self.layer)
