@@ -42,8 +42,7 @@ def texts(tokenizer, length: int) -> dict[str, torch.Tensor]:
 
 
 def segmentation_rows(tokenizer) -> list[dict]:
-    from ilre.compressor.defaults import UNIT_TOKENS
-    from ilre.compressor.units import unit_bounds
+    from ilre.compressor.units import document_units
     from ilre.models.token_bytes import context_bytes, token_bytes
 
     table = token_bytes(tokenizer)
@@ -53,7 +52,7 @@ def segmentation_rows(tokenizer) -> list[dict]:
             times, units = [], 0
             for _ in range(3):
                 start = time.perf_counter()
-                bounds = unit_bounds(context_bytes(table, ids), UNIT_TOKENS)
+                bounds = document_units(context_bytes(table, ids))
                 times.append(time.perf_counter() - start)
                 units = bounds.numel() - 1
             rows.append({"text": kind, "tokens": length, "seconds": statistics.median(times), "units": units})

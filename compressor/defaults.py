@@ -11,6 +11,7 @@ DEFAULT_STRATEGY = "cascade"  # what a request that names none gets (plain ILRe 
 SINK, WINDOW, CHUNK = 4, 512, 1024  # the streaming prefill's S, W and chunk length, in tokens
 
 UNIT_TOKENS = 48  # the longest unit (compressor/units.py): longer sentences, lines and records are cut finer
+RECORD_TOKENS = 192  # the longest bracket group kept whole ({...} across lines: a pretty-printed JSON record)
 
 DEFAULT_BUDGET = 1024  # context tokens kept (sink included) when a request gives neither budget nor ratio
 MAX_CONTEXT_TOKENS = 1 << 20  # context tokens one request may carry (text after tokenization, or IDs)

@@ -11,8 +11,10 @@ the token index where each unit starts. Boundaries, strongest first:
   abbreviation, an initial or a list number (decimals and version numbers have no space after the
   dot and never cut); after each comma between the elements of a JSON array or the members of an
   object (any bracket group {} [] () too long to be a unit: commas inside strings do not count);
-- a bracket group (matched {} [] (), strings skipped) of at most `max_tokens` tokens is never cut
-  inside: a JSON record, a dict literal or a call across lines stays one unit, at any nesting;
+- a bracket group (matched {} [] (), strings skipped) of at most `record_tokens` tokens (the service
+  uses 192, four times `max_tokens`) is never cut inside: a pretty-printed JSON record, a dict literal
+  or a call across lines stays one unit, at any nesting; a group over that cap is cut between its
+  members, and only units holding such a group may exceed `max_tokens`;
 - finer, only inside a unit longer than `max_tokens`: clause marks (, ; : followed by a space, and
   ，、；：), then equal token windows of at most `max_tokens`;
 - a unit of whitespace alone (a blank line, indentation before a cut) joins the unit before it.
@@ -30,6 +32,9 @@ import numpy as np
 import torch
 
 from ..models.token_bytes import ContextBytes
+from .defaults import RECORD_TOKENS, UNIT_TOKENS
+
+UNITS_VERSION = f"units-v2-max{UNIT_TOKENS}-record{RECORD_TOKENS}"  # names document_units' rule in the document cache
 
 _CLOSERS = rb"(?:[\"')\]]|\xe2\x80\x9d|\xe2\x80\x99|\xc2\xbb)"  # " ' ) ] and the typographic ” ’ »
 # Latin-script ends need a space and then no lowercase letter; a line break after them cuts anyway
@@ -103,14 +108,14 @@ def _token_holding(starts: np.ndarray, positions: np.ndarray) -> np.ndarray:
     return np.searchsorted(starts, positions, "right") - 1
 
 
-def _windows(bounds: np.ndarray, max_tokens: int) -> np.ndarray:
-    """Cuts that split every unit longer than max_tokens into equal windows of at most max_tokens."""
+def _windows(bounds: np.ndarray, caps: np.ndarray) -> np.ndarray:
+    """Cuts that split every unit longer than its cap (caps: (U,)) into equal windows of at most the cap."""
     sizes = np.diff(bounds)
-    over = np.flatnonzero(sizes > max_tokens)
+    over = np.flatnonzero(sizes > caps)
     if over.size == 0:
         return np.empty(0, dtype=np.int64)
     size = sizes[over]
-    pieces = -(-size // max_tokens)
+    pieces = -(-size // caps[over])
     cuts = pieces - 1
     base = np.repeat(bounds[over], cuts)
     size_r, pieces_r = np.repeat(size, cuts), np.repeat(pieces, cuts)
@@ -118,9 +123,10 @@ def _windows(bounds: np.ndarray, max_tokens: int) -> np.ndarray:
     return base + (j * size_r) // pieces_r
 
 
-def unit_bounds(text: ContextBytes, max_tokens: int) -> torch.Tensor:
+def unit_bounds(text: ContextBytes, max_tokens: int, record_tokens: int | None = None) -> torch.Tensor:
     """The context's units: (U+1,) int64 ascending token indices, 0 first and L last; unit u is the
-    tokens bounds[u]:bounds[u+1]. max_tokens: the cap on one unit (finer cuts, then windows, beyond it)."""
+    tokens bounds[u]:bounds[u+1]. max_tokens: the cap on one unit (finer cuts, then windows, beyond it);
+    record_tokens: the cap on one bracket group kept whole (a pretty-printed record), max_tokens if None."""
     data, starts = text.data, text.starts
     length = starts.size - 1
     if length <= 0:
@@ -129,7 +135,8 @@ def unit_bounds(text: ContextBytes, max_tokens: int) -> torch.Tensor:
     newlines = np.flatnonzero(data == 10)
     opens, closes = bracket_groups(data, newlines)
     group_tokens = _token_holding(starts, closes) - _token_holding(starts, opens) + 1
-    small = group_tokens <= max_tokens
+    record_tokens = max(record_tokens or max_tokens, max_tokens)
+    small = group_tokens <= record_tokens
     small_opens, small_closes = opens[small], closes[small]
 
     abbreviations = _positions(_ABBREVIATION, raw)  # the position of the dot after each
@@ -152,7 +159,15 @@ def unit_bounds(text: ContextBytes, max_tokens: int) -> torch.Tensor:
     inner = (unit >= 0) & (unit < sizes.size)
     clauses = clauses[inner][sizes[unit[inner]] > max_tokens]
     bounds = _merge_blank(np.unique(np.concatenate((bounds, clauses))), starts, data, hard)
-    return torch.from_numpy(np.unique(np.concatenate((bounds, _windows(bounds, max_tokens)))))
+    caps = np.full(bounds.size - 1, max_tokens, dtype=np.int64)
+    records = _token_holding(starts, opens[small & (group_tokens > max_tokens)])
+    caps[np.searchsorted(bounds, records, "right") - 1] = record_tokens
+    return torch.from_numpy(np.unique(np.concatenate((bounds, _windows(bounds, caps)))))
+
+
+def document_units(text: ContextBytes) -> torch.Tensor:
+    """A document's units as the service cuts them: (U+1,) bounds with the default caps (UNITS_VERSION)."""
+    return unit_bounds(text, UNIT_TOKENS, RECORD_TOKENS)
 
 
 def _merge_blank(bounds: np.ndarray, starts: np.ndarray, data: np.ndarray, hard: np.ndarray) -> np.ndarray:

@@ -16,11 +16,11 @@ import torch
 
 from ..compressor.batched_prefill import fits_one_chunk
 from ..compressor.defaults import (AUTO_BATCH_TOKENS, DEFAULT_BUDGET, DOC_CACHE_MB, MAX_CONTEXT_TOKENS,
-                                  MAX_EXPLAIN_TOKENS, MAX_QUERY_TOKENS, UNIT_TOKENS)
+                                  MAX_EXPLAIN_TOKENS, MAX_QUERY_TOKENS)
 from ..compressor.pipeline import Selection, SelectionJob, batchable, score_layers, select_context, select_contexts
 from ..compressor.prefill import ContextState, PrefillConfig, encode_context
 from ..compressor.strategies import Strategy
-from ..compressor.units import kept_spans, unit_bounds
+from ..compressor.units import UNITS_VERSION, document_units, kept_spans
 from ..models.device import resolve_placement
 from ..models.llama import TruncatedLM
 from ..models.loader import load_spec, load_tokenizer, load_truncated, resolve_checkpoint
@@ -143,8 +143,8 @@ class Engine:
     def units(self, slot: str, context_ids: torch.Tensor) -> torch.Tensor:
         """The context's unit bounds (U+1,) (compressor/units.py), computed once per document and kept
         with it in the document cache (under its `slot`)."""
-        return self.documents.units(slot, f"units-v1-max{UNIT_TOKENS}",
-                                    lambda: unit_bounds(context_bytes(token_bytes(self.tokenizer), context_ids), UNIT_TOKENS))
+        return self.documents.units(slot, UNITS_VERSION,
+                                    lambda: document_units(context_bytes(token_bytes(self.tokenizer), context_ids)))
 
     def _ids(self, name: str, text: str | None, ids: list[int] | None, limit: int, limit_name: str,
              ids_field: str | None = None) -> torch.Tensor:

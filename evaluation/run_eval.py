@@ -50,11 +50,10 @@ from pathlib import Path
 
 import torch
 
-from ..compressor.defaults import UNIT_TOKENS
 from ..compressor.pipeline import score_layers, select
 from ..compressor.prefill import ContextState, PrefillConfig, encode_context
 from ..compressor.strategies import ScoreInputs, Strategy, make_strategy
-from ..compressor.units import unit_bounds
+from ..compressor.units import document_units
 from ..models.token_bytes import context_bytes, token_bytes
 from .baselines import rag_select
 from .generation import Generator, new_token_budget
@@ -270,7 +269,7 @@ class Evaluator:
         def units() -> torch.Tensor:
             """The sample's unit bounds, as the engine computes them for a document (once per sample)."""
             if not bounds:
-                bounds.append(unit_bounds(context_bytes(token_bytes(tok), torch.tensor(sample.context_ids)), UNIT_TOKENS))
+                bounds.append(document_units(context_bytes(token_bytes(tok), torch.tensor(sample.context_ids))))
             return bounds[0]
 
         records = []

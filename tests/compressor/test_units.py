@@ -26,16 +26,16 @@ def ids_of(tokenizer, text: str) -> torch.Tensor:
     return torch.tensor(tokenizer(text, add_special_tokens=False).input_ids, dtype=torch.int64)
 
 
-def units(tokenizer, text: str, cap: int = 48, spelled_back: bool = True) -> list[str]:
+def units(tokenizer, text: str, cap: int = 48, spelled_back: bool = True, record: int | None = None) -> list[str]:
     """The units of `text` as strings; checks that they are runs of whole tokens covering the text (a unit
     may end inside a character the tokenizer splits over two tokens: decoded with replacement then)."""
     ids = ids_of(tokenizer, text)
     layout = context_bytes(token_bytes(tokenizer), ids)
     if spelled_back:  # the byte table spells the IDs as the tokenizer decodes them
         assert layout.data.tobytes() == tokenizer.decode(ids).encode()
-    bounds = unit_bounds(layout, cap).tolist()
+    bounds = unit_bounds(layout, cap, record).tolist()
     assert bounds[0] == 0 and bounds[-1] == len(ids) and all(a < b for a, b in zip(bounds, bounds[1:]))
-    assert max(b - a for a, b in zip(bounds, bounds[1:])) <= cap
+    assert max(b - a for a, b in zip(bounds, bounds[1:])) <= max(cap, record or cap)
     pieces = [layout.data[layout.starts[a]: layout.starts[b]].tobytes() for a, b in zip(bounds, bounds[1:])]
     assert b"".join(pieces) == layout.data.tobytes()
     return [piece.decode(errors="replace") for piece in pieces]
@@ -104,6 +104,20 @@ def test_a_record_longer_than_the_cap_is_cut_between_its_members(tokenizer):
     assert got == ['[{"id": "rec-7",', ' "status": "failed",', ' "owner": "data",', ' "latency_ms": 123456,',
                    ' "retries": 3},'] * 2 or got[:5] == ['[{"id": "rec-7",', ' "status": "failed",', ' "owner": "data",',
                                                         ' "latency_ms": 123456,', ' "retries": 3},']
+
+
+def test_a_record_within_the_record_cap_stays_whole_and_one_over_it_is_cut_between_members(tokenizer):
+    record = {"id": "rec-7", "status": "failed", "owner": "data", "latency_ms": 123456, "retries": 3}
+    text = json.dumps({"results": [record, {**record, "id": "rec-8"}]}, indent=2)
+    record_text = json.dumps(record, indent=2).replace("\n", "\n    ")  # as it sits in the array
+    n = len(ids_of(tokenizer, record_text))
+    assert 16 < n < 64
+    got = units(tokenizer, text, cap=16, record=64)
+    assert got[2] == " " + record_text + ",\n   " and got[3].startswith(' {\n      "id": "rec-8",') and len(got) == 6
+    assert all(len(ids_of(tokenizer, u)) <= 16 for i, u in enumerate(got) if i not in (2, 3))  # only records exceed the cap
+    cut = units(tokenizer, text, cap=16, record=n - 8)  # the record over the record cap: members, as with no record cap
+    assert cut == units(tokenizer, text, cap=16)
+    assert ' "status": "failed",\n' in "|".join(cut) and len(cut) > 10
 
 
 def test_a_comma_inside_a_string_does_not_cut(tokenizer):
