@@ -24,7 +24,7 @@ import secrets
 
 import torch
 
-from .document_ids import DOCUMENT_ID_CHARS
+from .document_ids import DOCUMENT_ID_CHARS, HASH_CHARS
 
 SECRET_BYTES = 32  # of randomness in a generated secret (written as 64 hex digits)
 
@@ -44,8 +44,9 @@ class DocumentNames:
 
     def slot(self, scope: str, document_id: str) -> str:
         """Where the cache holds the document `document_id` of `scope` (32 hex digits): the same
-        computation for every id, issued to this scope, to another one, or never."""
-        message = _field(b"slot") + _field(scope.encode()) + document_id.encode()
+        computation for every id, issued to this scope, to another one, or never. Only the id's first
+        HASH_CHARS digits count, so the id and its retrieve hash name one document."""
+        message = _field(b"slot") + _field(scope.encode()) + document_id[:HASH_CHARS].encode()
         return hmac.new(self.secret, message, hashlib.sha256).hexdigest()[:DOCUMENT_ID_CHARS]
 
     def fingerprint(self) -> str:

@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..compressor.defaults import DEFAULT_STRATEGY, MAX_QUERIES
-from .document_ids import DOCUMENT_ID_CHARS, is_document_id
+from .document_ids import DOCUMENT_ID_CHARS, HASH_CHARS, is_document_id
 
 if TYPE_CHECKING:  # the strategies need torch; a thin client builds requests without them
     from ..compressor.strategies import Strategy
@@ -112,8 +112,8 @@ class CompressRequest:
         if self.context is not None or self.context_ids is not None:
             raise InputError("document_id", "give either a context or a document_id, not both")
         if not isinstance(self.document_id, str) or not is_document_id(self.document_id):
-            raise InputError("document_id", f"must be the {DOCUMENT_ID_CHARS} hex digits a result's document_id carries"
-                             f" (got {self.document_id!r})")
+            raise InputError("document_id", f"must be the {DOCUMENT_ID_CHARS} hex digits a result's document_id "
+                             f"carries, or their first {HASH_CHARS} (got {self.document_id!r})")
 
     def _check_queries(self) -> None:
         if self.queries is None and self.queries_ids is None:

@@ -3,7 +3,9 @@ POST /v1/explain (the same request; the answer is the explanation page, text/htm
 
 POST /v1/compress takes a batch line's fields as a JSON object and answers with the contract's
 fields, exactly as gRPC Compress does; with `queries` it answers {"id", "document_id", "results"}
-as CompressQueries does. An unknown or evicted document_id is a 404. Errors are {"id", "error", "code", "field"} (the batch
+as CompressQueries does. A body with `messages` and no context is a gateway's (gateway.py: chat
+messages in and out, LiteLLM's `headroom` contract), and GET /v1/retrieve/{hash} takes back what
+one compressed. An unknown or evicted document_id is a 404. Errors are {"id", "error", "code", "field"} (the batch
 line's {"id", "error"} plus the status code name and the field) with the matching HTTP status; a
 refusal by an API key's limits (429) also carries `retry_after_s` and a Retry-After header.
 An optional `X-Request-Timeout: <seconds>` header sets the deadline; `X-Request-Id` names the request
@@ -13,23 +15,27 @@ An optional `X-Request-Timeout: <seconds>` header sets the deadline; `X-Request-
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import Any, Awaitable
 
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
+from ...compressor.defaults import DEFAULT_BUDGET
+from ...engine.messages import InputError
 from ..errors import HTTP_STATUS, Code, ServiceError
 from ..keys import UNAUTHENTICATED_MESSAGE
 from ..quotas import retry_after_header
 from ..request_log import request_id
 from .frontend import Frontend
+from .gateway import Gateway, is_gateway_request
 from .http_common import decode_json, parse_timeout, read_body, unless_disconnected
 
 
 def build_app(frontend: Frontend) -> Starlette:
     """The ASGI app over one Frontend (lifespan is owned by server.py, which starts the queue)."""
+    gateway = Gateway(frontend, frontend.defaults.get("budget", DEFAULT_BUDGET))
 
     async def healthz(request: Request) -> Response:
         return JSONResponse({"status": "ok"})
@@ -71,22 +77,51 @@ def build_app(frontend: Frontend) -> Starlette:
             return _error(data, exc, rid)
         if explain and isinstance(data, dict):
             data = {**data, "explain": True}
-        work = asyncio.ensure_future(frontend.compress(data, timeout, method, many=False if explain else None,
-                                                       caller=caller, rid=rid, trace_parent=dict(request.headers)))
-        try:
-            result = await unless_disconnected(request, work)
-        except ServiceError as exc:
-            return _error(data, exc, rid)
-        if result is None:  # the client went away; its queued work has been dropped
-            return Response(status_code=HTTP_STATUS[Code.CANCELLED])
+        if not explain and is_gateway_request(data):
+            return await _answer(request, gateway.compress(data, timeout, caller, rid), data, rid)
+        work = frontend.compress(data, timeout, method, many=False if explain else None,
+                                 caller=caller, rid=rid, trace_parent=dict(request.headers))
+        result = await _answer(request, work, data, rid)
+        if isinstance(result, Response):
+            return result
         if explain:
             return HTMLResponse(result.explanation, headers={"x-request-id": rid})
         return JSONResponse(result.to_dict(), headers={"x-request-id": rid})
 
+    async def retrieve(request: Request) -> Response:
+        rid = request_id(request.headers.get("x-request-id"))
+        caller = frontend.config.api_keys.identify(request.headers.get("authorization"))
+        if caller is None:
+            return _error(None, ServiceError(Code.UNAUTHENTICATED, UNAUTHENTICATED_MESSAGE), rid)
+        try:
+            timeout = parse_timeout(request.headers.get("x-request-timeout"))
+        except ServiceError as exc:
+            return _error(None, exc, rid)
+        params = request.query_params
+        work = gateway.retrieve(request.path_params["hash"], params.get("query"), params.get("budget"), timeout, caller, rid)
+        return await _answer(request, work, None, rid)
+
     routes = [Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics),
               Route("/v1/model", model), Route("/v1/compress", compress, methods=["POST"]),
-              Route("/v1/explain", explain, methods=["POST"])]
+              Route("/v1/explain", explain, methods=["POST"]),
+              Route("/v1/retrieve/{hash}", retrieve, methods=["GET"])]
     return Starlette(routes=routes)
+
+
+async def _answer(request: Request, work: Awaitable[Any], data: Any, rid: str) -> Any:
+    """Await `work` unless the client goes away: a gateway's dict as JSON, an error as its status, a
+    Response for a client gone; else the result itself (a compress outcome, for the caller to render)."""
+    try:
+        result = await unless_disconnected(request, asyncio.ensure_future(work))
+    except ServiceError as exc:
+        return _error(data, exc, rid)
+    except InputError as exc:
+        return _error(data, ServiceError.from_input(exc), rid)
+    if result is None:  # the client went away; its queued work has been dropped
+        return Response(status_code=HTTP_STATUS[Code.CANCELLED])
+    if isinstance(result, dict):
+        return JSONResponse(result, headers={"x-request-id": rid})
+    return result
 
 
 def _error(data: Any, exc: ServiceError, rid: str | None = None) -> JSONResponse:

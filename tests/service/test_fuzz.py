@@ -8,7 +8,7 @@ import json
 
 import httpx
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 from ilre.service.client import ClientError
@@ -194,3 +194,44 @@ def test_fuzz_raw_bytes_sidecar(sidecar_no_engine, raw, route):
 @given(raw=raw_bodies)
 def test_fuzz_raw_bytes_json_mirror(http, raw):
     check_raw_reply(http.post("/v1/compress", content=raw, headers={"x-request-timeout": "120"}), {200, 400})
+
+
+part = st.one_of(st.fixed_dictionaries({"type": st.just("text"), "text": text}),
+                 st.fixed_dictionaries({"type": st.just("image_url"), "image_url": st.fixed_dictionaries({"url": text})}),
+                 json_value)
+chat_message = st.fixed_dictionaries(
+    {"role": st.one_of(st.sampled_from(["system", "user", "assistant", "tool", "function"]), json_value)},
+    optional={"content": st.one_of(text, st.lists(part, max_size=3), st.none(), json_value),
+              "tool_call_id": st.text(max_size=8), "name": json_value})
+gateway_requests = st.fixed_dictionaries(
+    {"messages": st.one_of(st.lists(chat_message, max_size=5), json_value)},
+    optional={"model": json_value, "query": st.one_of(text, json_value), "budget": st.one_of(st.integers(-3, 400), json_value),
+              "granularity": st.one_of(st.sampled_from(["unit", "token", "line"]), json_value),
+              "id": json_value, "context_id": json_value})
+
+
+@FUZZ
+@example(data={"messages": [{"role": "user", "content": "hi", "name": float("nan")}]})
+@example(data={"messages": [{"role": "tool", "content": "word " * 400}], "budget": 100})
+@given(data=gateway_requests)
+def test_fuzz_gateway_compress(http, data):
+    reply = http.post("/v1/compress", content=json.dumps(data, allow_nan=True), headers={"x-request-timeout": "120"})
+    check_raw_reply(reply, {200, 400})
+    if reply.status_code == 200:
+        body = reply.json()
+        assert len(body["messages"]) == len(data["messages"]) and all(
+            a["role"] == b["role"] for a, b in zip(body["messages"], data["messages"]))
+        assert body["tokens_saved"] == body["tokens_before"] - body["tokens_after"]
+        assert all(len(h) == 24 and int(h, 16) >= 0 for h in body["ccr_hashes"])
+
+
+@FUZZ
+@given(hash_=st.one_of(st.text(max_size=30), st.text("0123456789abcdef", min_size=24, max_size=24)),
+       params=st.dictionaries(st.sampled_from(["query", "budget", "x"]), st.text(max_size=12), max_size=3))
+def test_fuzz_gateway_retrieve(http, hash_, params):
+    from urllib.parse import quote
+
+    reply = http.get(f"/v1/retrieve/{quote(hash_, safe='')}", params=params)
+    check_raw_reply(reply, {400, 404})
+    if reply.status_code == 404 and reply.headers["content-type"].startswith("application/json"):
+        assert reply.json()["field"] == "hash"

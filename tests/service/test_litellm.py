@@ -28,11 +28,17 @@ def litellm_binary() -> Path:
     return Path(os.environ.get("ILRE_LITELLM_BIN") or REPO / ".venv-litellm" / "bin" / "litellm")
 
 
-class Proxy:
-    """`litellm --config` on a free port: one model (the llama-server, or a relay in front of it) and the
-    ilre hook from the environment."""
+HOOK = """litellm_settings:
+  callbacks: ilre.integrations.litellm.compression
+"""
 
-    def __init__(self, engine: LlamaServer | RecordingRelay, tmp_path: Path, **settings: str):
+
+class Proxy:
+    """`litellm --config` on a free port: one model (the llama-server, or a relay in front of it) and
+    `plugs`, the rest of config.yaml (default: the ilre hook, with its settings from the environment)."""
+
+    def __init__(self, engine: LlamaServer | RecordingRelay, tmp_path: Path, plugs: str = HOOK,
+                 args: tuple[str, ...] = (), **settings: str):
         binary = litellm_binary()
         if not binary.is_file():
             pytest.fail(f"LiteLLM's proxy not found at {binary}: run `make litellm` (make test does)")
@@ -43,9 +49,7 @@ class Proxy:
       model: openai/smollm
       api_base: {engine.url}/v1
       api_key: none
-litellm_settings:
-  callbacks: ilre.integrations.litellm.compression
-""")
+""" + plugs)
         self.port = free_port()
         self.log = tmp_path / f"proxy-{self.port}.log"
         self.key = "sk-" + secrets.token_hex(24)  # the proxy refuses to start without a master key
@@ -53,7 +57,7 @@ litellm_settings:
                "LITELLM_MASTER_KEY": self.key,
                **{f"ILRE_LITELLM_{k.upper()}": v for k, v in settings.items()}}
         self.proc = subprocess.Popen([str(binary), "--config", str(config), "--host", "127.0.0.1", "--port",
-                                      str(self.port)], env=env, stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
+                                      str(self.port), *args], env=env, stdout=self.log.open("wb"), stderr=subprocess.STDOUT,
                                      cwd=tmp_path)
         wait_for(self._live, 240, "LiteLLM's proxy to start", interval=0.5)
 
@@ -65,10 +69,10 @@ litellm_settings:
         except httpx.HTTPError:
             return False
 
-    def chat(self, messages: list[dict]) -> httpx.Response:
+    def chat(self, messages: list[dict], max_tokens: int = 8) -> httpx.Response:
         return httpx.post(f"http://127.0.0.1:{self.port}/v1/chat/completions", timeout=600,
                           headers={"authorization": f"Bearer {self.key}"},
-                          json={"model": "smollm", "messages": messages, "max_tokens": 8, "temperature": 0})
+                          json={"model": "smollm", "messages": messages, "max_tokens": max_tokens, "temperature": 0})
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -1,0 +1,218 @@
+"""The gateway shape of POST /v1/compress and GET /v1/retrieve/{hash}: chat messages in, the same
+messages out with the long ones compressed, each naming a hash the model can take the rest back by.
+
+This is the compression contract LiteLLM's `headroom` guardrail (and gateways like it) speak, so a
+proxy reaches ilre by its URL alone (`api_base`). What a call does:
+
+- The request: {"messages": [OpenAI chat messages], "model"?: str} plus ilre's optional "query"
+  (what to rank by), "budget" (context tokens over all compressed messages; default the service's)
+  and "granularity" (default "unit": whole sentences, lines, records, never across a message).
+- Compressed: tool and function results and user messages other than the last, whose content is a
+  string or text parts only (an image part leaves its message as it came). Kept as they are: system
+  and assistant messages, the last user message, anything that is not text. Each compressed message
+  gets its share of the budget, in proportion to its length; one that fits its share, or is at most
+  QUERY_TOKENS tokens long, passes whole.
+- The query: "query" when given, else the last user message. With neither (a gateway that withholds
+  the live turn, as `headroom` does), each message is ranked by its own last QUERY_TOKENS tokens,
+  which it keeps (ILRe's rule for a prompt with no separate question).
+- A compressed message starts with a marker naming its hash (`HASH_CHARS` hex digits: the first
+  digits of the document id of the whole message, in the caller's document scope), listed in
+  `ccr_hashes`. The answer also carries tokens_before, tokens_after (markers included),
+  tokens_saved, compression_ratio (after / before) and transforms_applied.
+- GET /v1/retrieve/{hash}: without `query` the original text (`original_content`); with `query`
+  that original compressed for it (`budget`, default RETRIEVE_BUDGET) from the cached encode. 404 once
+  the document has left the cache; a hash is found only with the API key (scope) that made it.
+
+Every model call goes through Frontend.compress, so keys, quotas, the queue, logs and traces apply
+to each message as to any request.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from ...compressor.defaults import QUERY_TOKENS
+from ...engine.document_ids import HASH_CHARS, is_hex, retrieve_hash
+from ...engine.messages import GRANULARITIES, CompressResult, InputError
+from ..errors import Code, ServiceError
+from ..keys import ANONYMOUS, KeyPolicy
+from .frontend import Frontend
+
+NOT_FOUND = "hash: no such document in the cache (expired, evicted, or made with another API key)"
+RETRIEVE_BUDGET = 1024  # tokens of the original a query-aware retrieve returns when the caller sets none
+COMPRESSED_ROLES = ("tool", "function", "user")  # the last user message excepted
+MARKER = ("[ilre kept {kept} of {original} tokens of this message for the current question. To read more of it, "
+          "call headroom_retrieve with hash \"{hash}\" and a query saying what you need.]\n")
+
+
+@dataclass
+class _Message:
+    """A text message of the request: its index, text, and whether it may be compressed."""
+
+    index: int
+    text: str
+    compressible: bool
+
+
+@dataclass
+class _Outcome:
+    """What became of one compressible message: its text, its tokens before and after, and when it was
+    compressed, its hash and the marker its text starts with."""
+
+    message: _Message
+    text: str
+    before: int
+    after: int
+    hash: str | None = None
+    marker: str = ""
+
+
+def is_gateway_request(data: Any) -> bool:
+    """True for the gateway shape: `messages` and no context, context_ids or document_id."""
+    return isinstance(data, dict) and "messages" in data and not any(
+        k in data for k in ("context", "context_ids", "document_id"))
+
+
+def message_text(content: Any) -> str | None:
+    """A message content's text: a string, or text parts only joined; None when it holds anything else."""
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and content and all(
+            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    return None
+
+
+def _messages(data: dict[str, Any]) -> tuple[list[dict[str, Any]], list[_Message], str | None]:
+    """(the request's messages, their text ones, the query) or InputError naming the field."""
+    messages = data["messages"]
+    if not isinstance(messages, list) or not messages:
+        raise InputError("messages", "must be a non-empty list of chat messages")
+    unknown = sorted(set(data) - {"messages", "model", "query", "budget", "granularity", "id"})
+    if unknown:
+        raise InputError(unknown[0], "is not a field of the gateway request (messages, model, query, budget, granularity)")
+    for i, message in enumerate(messages):
+        if not isinstance(message, dict) or not isinstance(message.get("role"), str):
+            raise InputError(f"messages[{i}]", "must be an object with a string `role`")
+        try:  # it comes back in the answer, which is strict JSON
+            json.dumps(message, allow_nan=False)
+        except ValueError:
+            raise InputError(f"messages[{i}]", "must not hold NaN or Infinity") from None
+        if not (message.get("content") is None or isinstance(message["content"], (str, list))):
+            raise InputError(f"messages[{i}].content", "must be a string, a list of parts or null")
+    query = data.get("query")
+    if query is not None and (not isinstance(query, str) or not query.strip()):
+        raise InputError("query", "must be a non-empty string")
+    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
+    last_user = users[-1] if users else None
+    texts = []
+    for i, message in enumerate(messages):
+        text = message_text(message.get("content"))
+        if text:
+            texts.append(_Message(i, text, message["role"] in COMPRESSED_ROLES and i != last_user))
+    if query is None and last_user is not None:
+        query = message_text(messages[last_user].get("content")) or None
+    return messages, texts, query
+
+
+def _budget(data: dict[str, Any], default: int) -> int:
+    budget = data.get("budget", default)
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
+        raise InputError("budget", f"must be a positive integer (got {budget!r})")
+    return budget
+
+
+def _granularity(data: dict[str, Any]) -> str:
+    granularity = data.get("granularity", "unit")
+    if granularity not in GRANULARITIES:
+        raise InputError("granularity", f"must be one of {', '.join(GRANULARITIES)} (got {granularity!r})")
+    return granularity
+
+
+class Gateway:
+    """The gateway routes over one Frontend; `budget` is the service's default (`ilre serve --budget`)."""
+
+    def __init__(self, frontend: Frontend, budget: int):
+        self.frontend, self.budget = frontend, budget
+
+    async def _call(self, fields: dict[str, Any], timeout: float | None, caller: KeyPolicy, rid: str,
+                    method: str = "http.gateway") -> CompressResult:
+        outcome = await self.frontend.compress(fields, timeout, method, many=False, caller=caller, rid=rid)
+        assert isinstance(outcome, CompressResult)
+        return outcome
+
+    async def _count(self, text: str, timeout: float | None, caller: KeyPolicy, rid: str) -> int:
+        """The model's tokens in `text` (a pass-through request: tokenized, nothing computed)."""
+        if not text:
+            return 0
+        return (await self._call({"context": text, "query": ".", "ratio": 1.0}, timeout, caller, rid)).original_tokens
+
+    async def compress(self, data: dict[str, Any], timeout: float | None, caller: KeyPolicy = ANONYMOUS,
+                       rid: str = "") -> dict[str, Any]:
+        """The gateway answer to `data` (see the module docstring); InputError / ServiceError as any request."""
+        messages, texts, query = _messages(data)
+        budget, granularity = _budget(data, self.budget), _granularity(data)
+        parts = [m for m in texts if m.compressible]
+        total = sum(len(m.text) for m in parts) or 1
+
+        async def one(message: _Message) -> _Outcome:
+            share = max(1, budget * len(message.text) // total)
+            whole = await self._call({"context": message.text, "query": ".", "ratio": 1.0}, timeout, caller, rid)
+            if whole.original_tokens <= max(share, QUERY_TOKENS):  # fits, or too short to be worth a marker
+                return _Outcome(message, message.text, whole.original_tokens, whole.original_tokens)
+            if query is not None:
+                short = await self._call({"document_id": whole.document_id, "query": query, "budget": share,
+                                          "granularity": granularity}, timeout, caller, rid)
+                kept_text, kept = short.compressed_context, short.compressed_tokens
+            else:  # no question: the message's own end is the query, and stays (within the share)
+                ids = whole.token_ids[:whole.original_tokens]
+                short = await self._call({"context_ids": ids[:-QUERY_TOKENS], "query_ids": ids[-QUERY_TOKENS:],
+                                          "budget": max(1, share - QUERY_TOKENS), "granularity": granularity},
+                                         timeout, caller, rid)
+                kept_text, kept = short.compressed_context + short.query, short.compressed_tokens + QUERY_TOKENS
+            hash_ = retrieve_hash(whole.document_id)
+            marker = MARKER.format(kept=kept, original=whole.original_tokens, hash=hash_)
+            return _Outcome(message, marker + kept_text, whole.original_tokens, kept, hash_, marker)
+
+        done = await asyncio.gather(*(one(m) for m in parts))
+        out = [dict(m) for m in messages]
+        for outcome in done:
+            out[outcome.message.index]["content"] = outcome.text
+        hashes = [o.hash for o in done if o.hash is not None]
+        others = "".join(m.text for m in texts if not m.compressible)
+        rest, marked = await asyncio.gather(self._count(others, timeout, caller, rid),  # in the model's tokens
+                                            self._count("".join(o.marker for o in done), timeout, caller, rid))
+        before = sum(o.before for o in done) + rest
+        after = sum(o.after for o in done) + rest + marked
+        transforms = [f"ilre:{granularity}"] if hashes else []
+        return {"messages": out, "tokens_before": before, "tokens_after": after, "tokens_saved": before - after,
+                "compression_ratio": round(after / before, 6) if before else 1.0,
+                "transforms_applied": transforms, "ccr_hashes": hashes}
+
+    async def retrieve(self, hash_: str, query: str | None, budget: str | None, timeout: float | None,
+                       caller: KeyPolicy = ANONYMOUS, rid: str = "") -> dict[str, Any]:
+        """The original behind `hash_`, whole or compressed for `query`; NotFound (404) once it left the cache."""
+        if len(hash_) != HASH_CHARS or not is_hex(hash_):
+            raise InputError("hash", f"must be the {HASH_CHARS} lowercase hex digits a compressed message names "
+                                     f"(got {hash_[:40]!r})")
+        if query is not None and not query.strip():
+            raise InputError("query", "must not be empty when given")
+        size = RETRIEVE_BUDGET
+        if budget is not None:
+            if not budget.isdigit() or int(budget) < 1:
+                raise InputError("budget", f"must be a positive integer (got {budget[:20]!r})")
+            size = int(budget)
+        fields = ({"document_id": hash_, "query": ".", "ratio": 1.0} if query is None
+                  else {"document_id": hash_, "query": query, "budget": size, "granularity": "unit"})
+        try:
+            result = await self._call(fields, timeout, caller, rid, "http.retrieve")
+        except ServiceError as exc:
+            if exc.code is Code.NOT_FOUND:  # the hash is what the caller sent
+                raise ServiceError(Code.NOT_FOUND, NOT_FOUND, "hash") from None
+            raise
+        return {"hash": hash_, "original_content": result.compressed_context, "query": query,
+                "original_tokens": result.original_tokens, "returned_tokens": result.compressed_tokens,
+                "compressed": not result.passthrough}

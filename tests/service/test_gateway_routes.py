@@ -1,0 +1,65 @@
+"""The gateway routes (service/transport/gateway.py) on the in-process service: which messages are
+compressed and to what budget, the figures, the markers and their hashes, and the retrieve route."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from .conftest import http_client
+from .test_gateway import QUESTION, agent_chat
+
+
+@pytest.fixture(scope="module")
+def http(local_service):
+    with http_client(local_service, timeout=300) as client:
+        yield client
+
+
+def test_the_tool_result_is_compressed_for_the_last_question_and_the_rest_passes(http):
+    chat, answer = agent_chat(120)
+    image = {"role": "user", "content": [{"type": "text", "text": "and this"}, {"type": "image_url", "image_url": {"url": "data:x"}}]}
+    messages = chat[:5] + [image] + chat[5:]
+    reply = http.post("/v1/compress", json={"messages": messages, "model": "smollm", "budget": 600})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    out = body["messages"]
+    assert [m for i, m in enumerate(out) if i != 3] == [m for i, m in enumerate(messages) if i != 3]
+    marker = re.match(r'\[ilre kept (\d+) of (\d+) tokens[^\]]*hash "([0-9a-f]{24})"[^\]]*\]\n', out[3]["content"])
+    assert marker and int(marker[1]) <= 600 < int(marker[2]) and body["ccr_hashes"] == [marker[3]]
+    assert answer in out[3]["content"]  # ranked by the last user message: the asked record kept whole
+    assert body["tokens_before"] > int(marker[2]) and body["tokens_saved"] == body["tokens_before"] - body["tokens_after"]
+    assert body["compression_ratio"] == pytest.approx(body["tokens_after"] / body["tokens_before"], abs=1e-6)
+    assert body["transforms_applied"] == ["ilre:unit"]
+
+    hash_ = marker[3]
+    whole = http.get(f"/v1/retrieve/{hash_}").json()
+    assert whole["original_content"] == chat[3]["content"] and not whole["compressed"]
+    found = http.get(f"/v1/retrieve/{hash_}", params={"query": QUESTION, "budget": "300"}).json()
+    assert answer in found["original_content"] and found["returned_tokens"] == 300 and found["compressed"]
+
+
+def test_without_a_question_each_message_keeps_its_own_end_and_short_chats_pass(http):
+    chat, _ = agent_chat(60)
+    tool = chat[3]
+    body = http.post("/v1/compress", json={"messages": [tool], "budget": 400}).json()
+    content = body["messages"][0]["content"]
+    assert content.endswith(tool["content"][-100:]) and int(re.match(r"\[ilre kept (\d+)", content)[1]) <= 400
+    short = [{"role": "user", "content": "Hello."}, {"role": "tool", "content": "42"}]
+    passed = http.post("/v1/compress", json={"messages": short}).json()
+    assert passed["messages"] == short and passed["ccr_hashes"] == [] and passed["tokens_saved"] == 0
+
+
+def test_bad_gateway_input_is_refused_naming_the_field(http):
+    cases = [({"messages": []}, "messages"), ({"messages": [{"role": "user", "content": 3}]}, "messages[0].content"),
+             ({"messages": [{"content": "x"}]}, "messages[0]"), ({"messages": [{"role": "user", "content": "x"}], "budget": 0}, "budget"),
+             ({"messages": [{"role": "user", "content": "x"}], "granularity": "line"}, "granularity"),
+             ({"messages": [{"role": "user", "content": "x"}], "temperature": 1}, "temperature")]
+    for data, field in cases:
+        reply = http.post("/v1/compress", json=data)
+        assert reply.status_code == 400 and reply.json()["field"] == field, (data, reply.text)
+    for path, field, status in (("/v1/retrieve/xyz", "hash", 400), ("/v1/retrieve/" + "a" * 24 + "?budget=-1", "budget", 400),
+                                ("/v1/retrieve/" + "a" * 24, "hash", 404)):
+        reply = http.get(path)
+        assert reply.status_code == status and reply.json()["field"] == field, reply.text
