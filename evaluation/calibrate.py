@@ -25,7 +25,7 @@ from ..compressor.prefill import PrefillConfig, streaming_prefill
 from ..compressor.strategies import make_strategy
 from ..models.device import Placement
 from ..models.loader import load_spec, load_tokenizer, load_truncated, resolve_checkpoint
-from ..models.profiles import PROFILE_DIR, Profile, save_profile
+from ..models.profiles import EVALUATION_KEYS, PROFILE_DIR, Profile, load_profile, save_profile
 from .passkey import make_passkey_sample
 
 
@@ -157,6 +157,8 @@ def run_calibration(model: str | None, plan: CalibrationPlan, profile_dir: Path 
         if coarse < layer:
             details.update(cascade_details(coarse, layer, plan, candidates, long_hits["multi"][..., layer - 1]))
             details["cost"]["cascade"] = details["cascade"]["costs"][str(details["strategies"]["cascade"]["candidates"])]
+    kept = load_profile(checkpoint.name, spec.num_layers, profile_dir).details  # what the evaluation chose stays
+    details.update({k: kept[k] for k in EVALUATION_KEYS if k in kept})
     profile = Profile(checkpoint.name, layer, True, details)
     path = save_profile(profile, profile_dir)
     print(f"l_R = {layer} (choices {choices}; multi-kernel recall {float(recall['multi'][layer - 1]):.3f}"

@@ -43,6 +43,9 @@ class Profile:
         return dict(self.details.get("strategies", {}).get(strategy, {}))
 
 
+EVALUATION_KEYS = ("granularity", "granularity_evidence")  # details set from the evaluation, kept by a recalibration
+
+
 def profile_path(model_name: str, directory: Path = PROFILE_DIR) -> Path:
     """Where the profile of `model_name` is (or would be) stored."""
     return directory / f"{model_name.lower()}.json"

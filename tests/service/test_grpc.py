@@ -92,9 +92,11 @@ def test_granularity_unit_through_every_rpc_and_the_json_mirror(local_service, c
     assert reply.status_code == 200, reply.text
     assert comparable(reply.json()) == comparable(unary)  # granularity and kept_spans included
 
-    tokens = client.compress(text, LINES_QUERY, budget=60)  # the profile's default: single tokens, no spans
+    default = client.compress(text, LINES_QUERY, budget=60)  # the profile's default: whole units
+    assert comparable(default) == comparable(unary)
+    tokens = client.compress(text, LINES_QUERY, budget=60, granularity="token")  # single tokens, no spans
     assert tokens.granularity == "token" and tokens.kept_spans is None
-    reply = http.post("/v1/compress", json={"context": text, "query": LINES_QUERY, "budget": 60})
+    reply = http.post("/v1/compress", json={"context": text, "query": LINES_QUERY, "budget": 60, "granularity": "token"})
     assert reply.json()["granularity"] == "token" and "kept_spans" not in reply.json()
 
 

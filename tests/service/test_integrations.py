@@ -94,8 +94,10 @@ def test_adapters_keep_whole_lines_with_granularity_unit(local_service, transpor
             assert info["granularity"] == "unit"
             assert_whole_lines(text, info["kept_spans"])
         assert document.metadata["ilre"]["kept_spans"] == node.node.metadata["ilre"]["kept_spans"]
-    plain = IlreCompressor(target=target, budget=120).compress_documents(documents, question)
+    plain = IlreCompressor(target=target, budget=120, granularity="token").compress_documents(documents, question)
     assert plain[0].metadata["ilre"]["granularity"] == "token" and "kept_spans" not in plain[0].metadata["ilre"]
+    default = IlreCompressor(target=target, budget=120).compress_documents(documents, question)  # the service's: units
+    assert [d.metadata["ilre"] for d in default] == [d.metadata["ilre"] for d in out]
     with pytest.raises(ValueError, match=r"^granularity: must be one of token, unit \(got 'sentence'\)"):
         IlreCompressor(target=target, granularity="sentence").compress_documents(documents, question)
     with pytest.raises(ValueError, match=r"^granularity: must be one of token, unit \(got 'sentence'\)"):
