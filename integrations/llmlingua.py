@@ -19,58 +19,63 @@ How LLMLingua's arguments map:
   LLMLingua accepts is accepted (and "longllmlingua" needs a question, as there).
 - `use_sentence_level_filter=True` keeps whole sentences: ilre's `granularity="unit"` (whole sentences,
   lines, records; only the sink's first tokens and one unit cut to fill the budget exactly are partial),
-  with or without `use_token_level_filter` (False needs units: whole contexts alone are not offered).
-  `granularity=` may also be given directly, to the constructor or to the call.
+  as does `use_token_level_filter=False`. `granularity=` may also be given directly, to the constructor or
+  to the call.
+- LongLLMLingua's context options work on whole units: `reorder_context="sort"` (the contexts the question
+  attends to most first), `dynamic_context_compression_ratio` (the budget re-shared by that rank),
+  `force_context_ids` (contexts kept whole); `force_tokens` of line breaks and sentence or clause marks is
+  what whole units keep (UNIT_MARKS).
 - Token counts are the model's own tokens (LLMLingua counts GPT-3.5's), summed over instruction, context
   and question; `ratio`, `rate` and `saving` are formatted exactly as LLMLingua formats them.
-- Every other LLMLingua option is accepted at its default value; any other value raises ValueError naming
-  the option and what to do instead (`OPTIONS_WITHOUT_MAPPING`): nothing is silently ignored.
+- Options that only tune LLMLingua's own passes (`INTERNAL_OPTIONS`) are accepted with any value and a
+  warning, once per process. Every other option is accepted at its default value; any other value raises
+  ValueError naming the option and what to do instead (`OPTIONS_WITHOUT_MAPPING`).
 """
 
 from __future__ import annotations
 
 import math
+import warnings
 from typing import Any
 
 from ..engine.messages import GRANULARITIES
 from .backend import Backend, chosen, compress_by_its_end, count_tokens
 
+# LLMLingua's options that tune only its own passes: any value is accepted and changes nothing (a warning, once)
+INTERNAL_OPTIONS = {
+    "iterative_size": "the segment size of LLMLingua's iterative token pass; ILRe scores the context in one pass",
+    "token_budget_ratio": "the room LLMLingua's sentence pass leaves its token pass; ilre meets the budget in one selection",
+    "context_budget": "the slack of LLMLingua's context pass; ilre's budget is target_token or rate",
+    "high_priority_bonus": "LLMLingua's bonus for forced contexts; force_context_ids keeps them whole here",
+    "chunk_end_tokens": "where LLMLingua-2 cuts its chunks; ILRe reads the whole context at once",
+    "add_instruction": "an instruction LongLLMLingua adds to its own ranking prompt",
+    "word_sep": "only read with return_word_label=True", "label_sep": "only read with return_word_label=True",
+    "token_to_word": "only read with return_word_label=True",
+}
 # LLMLingua's options ilre has no counterpart for: their default values, and what to do instead of another value
 OPTIONS_WITHOUT_MAPPING: dict[str, tuple[Any, str]] = {
-    "iterative_size": (200, "ILRe scores the whole context in one pass; drop the option"),
-    "force_context_ids": (None, "ilre compresses the contexts as one document; keep a context whole by putting it in "
-                                "the instruction"),
-    "force_context_number": (None, "ilre compresses the contexts as one document; drop the option"),
+    "force_context_number": (None, "ilre ranks the contexts by the question's attention and keeps what the budget "
+                                   "holds; drop the option"),
     "use_context_level_filter": (True, "ILRe's allocation spans every context at once; drop the option"),
     "keep_split": (False, "ilre keeps no separators on purpose; drop the option"),
     "keep_first_sentence": (0, "put the sentences to keep in the instruction"),
     "keep_last_sentence": (0, "put the sentences to keep in the question"),
     "keep_sentence_number": (0, "ILRe keeps the sentences the question attends to and cannot force a number of them "
                                 "in; drop the option (use_sentence_level_filter=True keeps whole sentences)"),
-    "high_priority_bonus": (100, "drop the option"),
-    "context_budget": ("+100", "set target_token or rate for the whole budget"),
-    "token_budget_ratio": (1.4, "ilre keeps whole sentences within the budget itself, with no second, token-level "
-                                "pass to make room for; set target_token or rate for the whole budget"),
-    "reorder_context": ("original", "ilre keeps the contexts in the order given: sort them before the call"),
-    "dynamic_context_compression_ratio": (0.0, "ILRe's pooling allocation already gives relevant regions more of the "
-                                                "budget; drop the option"),
-    "add_instruction": (False, "the question already conditions the selection; drop the option"),
     "context_segs": (None, "structured compression is not offered: compress each segment with its own call"),
     "context_segs_rate": (None, "structured compression is not offered: compress each segment with its own call"),
     "context_segs_compress": (None, "structured compression is not offered: compress each segment with its own call"),
     "target_context": (-1, "set target_token (context tokens)"),
     "context_level_rate": (1.0, "set rate or target_token"),
     "context_level_target_token": (-1, "set rate or target_token"),
-    "force_tokens": ([], "ILRe keeps the tokens the question attends to and cannot force particular ones in; "
-                         "drop the option"),
     "force_reserve_digit": (False, "drop the option"),
     "drop_consecutive": (False, "drop the option"),
-    "chunk_end_tokens": ([".", "\n"], "ILRe reads the whole context at once; drop the option"),
     "return_word_label": (False, "read kept tokens from ilre's own API (kept_indices)"),
-    "word_sep": ("\t\t|\t\t", "drop the option"),
-    "label_sep": (" ", "drop the option"),
-    "token_to_word": ("mean", "drop the option"),
 }
+UNIT_MARKS = ("\n", ".", "!", "?", ",", ";", ":")  # force_tokens whole units keep: each unit carries its own end
+REORDERS = ("original", "sort")
+RANK_TOKENS = 64  # the least budget of the selection that ranks contexts (1/16 of the budget): where attention peaks
+_warned: set[str] = set()
 RANK_METHODS = ("llmlingua", "longllmlingua")
 CONDITIONS = ("none", "before", "after")
 
@@ -110,6 +115,8 @@ class PromptCompressor:
                         condition_in_question: str = "none", condition_compare: bool = False,
                         concate_question: bool = True, use_sentence_level_filter: bool = False,
                         use_token_level_filter: bool = True, granularity: str | None = None,
+                        reorder_context: str = "original", dynamic_context_compression_ratio: float = 0.0,
+                        force_context_ids: list[int] | None = None, force_tokens: list[str] | None = None,
                         **options: Any) -> dict[str, Any]:
         """LLMLingua's call and answer: {"compressed_prompt", "origin_tokens", "compressed_tokens", "ratio",
         "rate", "saving"} (see the module docstring for how each argument maps)."""
@@ -118,6 +125,11 @@ class PromptCompressor:
         contexts = [context] if isinstance(context, str) else list(context or [])
         if not all(isinstance(c, str) for c in contexts):
             raise ValueError("context: must be a string or a list of strings")
+        per_context = _per_context_options(reorder_context, dynamic_context_compression_ratio, force_context_ids,
+                                           len(contexts))
+        if force_tokens or per_context:
+            grain = _needs_units(grain, "force_tokens" if force_tokens else per_context)
+        _check_force_tokens(force_tokens)
         if not isinstance(rate, (int, float)) or isinstance(rate, bool) or not 0 < rate <= 1:
             raise ValueError(f"rate: must be a number in (0, 1] (got {rate!r})")
         if rank_method not in RANK_METHODS:
@@ -136,19 +148,77 @@ class PromptCompressor:
             question_tokens = self._count(question)
             return _answer(instruction, "", question, concate_question, 0, 0, instruction_tokens or
                            self._count(instruction), question_tokens)
+        whole = self._send(document, query, grain, ratio=1.0)  # the counts (nothing is computed)
+        length, asked = whole.original_tokens, len(whole.token_ids) - whole.compressed_tokens
         if target_token is not None and target_token != -1:
-            result = self._send(document, query, grain, budget=max(1, int(target_token)))
+            budget = max(1, int(target_token))
         else:  # LLMLingua's rule: rate of the whole prompt, less the parts kept whole
-            result = whole = self._send(document, query, grain, ratio=1.0)
-            length, asked = whole.original_tokens, len(whole.token_ids) - whole.compressed_tokens
             kept_whole = (instruction_tokens if question else asked) + (asked if question and concate_question else 0)
-            total = length + asked + (instruction_tokens or 0)
-            budget = math.floor(total * rate - kept_whole)
-            if budget < length:
-                result = self._send(document, query, grain, budget=max(1, budget))
-        asked = len(result.token_ids) - result.compressed_tokens
-        return _answer(instruction, result.compressed_context, question, concate_question, result.original_tokens,
-                       result.compressed_tokens, instruction_tokens if question else asked, asked if question else 0)
+            budget = max(1, math.floor((length + asked + (instruction_tokens or 0)) * rate - kept_whole))
+        if per_context:
+            kept_text, kept = self._by_context(contexts, query, budget, reorder_context, dynamic_context_compression_ratio,
+                                               force_context_ids or [])
+        elif budget < length:
+            result = self._send(document, query, grain, budget=budget)
+            kept_text, kept = result.compressed_context, result.compressed_tokens
+        else:
+            kept_text, kept = whole.compressed_context, length
+        return _answer(instruction, kept_text, question, concate_question, length, kept,
+                       instruction_tokens if question else asked, asked if question else 0)
+
+    def _by_context(self, contexts: list[str], query: str, budget: int, reorder: str, dynamic: float,
+                    forced: list[int]) -> tuple[str, int]:
+        """LongLLMLingua's context options over a unit selection of the contexts that are not forced: each
+        context's relevance is its share of a selection at 1/16 of the budget (at least RANK_TOKENS), where
+        the question's attention peaks (at the full budget Algorithm 1 spreads over every context); forced contexts are kept whole within the budget; `dynamic` re-shares the budget by rank and
+        compresses each context on its own; "sort" puts the forced, then the most relevant first. Contexts
+        with nothing kept are dropped, as LLMLingua's context filter drops them. -> (text, kept tokens)."""
+        held = {i: self._count(contexts[i]) for i in dict.fromkeys(forced)}
+        free = [i for i, c in enumerate(contexts) if i not in held and c.strip()]
+        room = max(1, budget - sum(held.values()))
+        pieces: dict[int, str] = {i: contexts[i] for i in held}
+        kept = sum(held.values())
+        if free:
+            texts = [contexts[i] for i in free]
+            peaks, _ = self._kept_by_context(texts, query, min(room, max(RANK_TOKENS, room // 16)))
+            share = {i: sum(e - b for b, e in spans) for i, spans in zip(free, peaks)}
+            spans_of, result = self._kept_by_context(texts, query, room)
+            pieces.update({i: "".join(contexts[i][b:e] for b, e in spans) for i, spans in zip(free, spans_of)})
+            kept += result.compressed_tokens
+            if dynamic and len(free) > 1:
+                rank = {i: r for r, i in enumerate(sorted(free, key=lambda i: -share[i]))}
+                weight = {i: share[i] * (1 + dynamic * (1 - 2 * rank[i] / (len(free) - 1))) for i in free}
+                total = sum(weight.values()) or 1.0
+                kept = sum(held.values())
+                for i in free:
+                    size = math.floor(room * weight[i] / total)
+                    if size <= 0:
+                        pieces[i] = ""
+                        continue
+                    one = self._send(contexts[i], query, "unit", budget=size)
+                    pieces[i], kept = one.compressed_context, kept + one.compressed_tokens
+            order = [i for i in range(len(contexts)) if i in pieces]
+            if reorder == "sort":
+                order = list(held) + sorted(free, key=lambda i: (-share[i], i))
+        else:
+            order = list(held)
+        return "\n\n".join(pieces[i] for i in order if pieces[i].strip()), kept
+
+    def _kept_by_context(self, texts: list[str], query: str, budget: int):
+        """One unit selection over the texts joined by blank lines -> ([[start, end), ...] kept characters of each
+        text, the result)."""
+        document = "\n\n".join(texts)
+        result = self._send(document, query, "unit", budget=budget)
+        spans = result.kept_spans if result.kept_spans is not None else [[0, len(document)]]
+        starts, out = [], []
+        at = 0
+        for text in texts:
+            starts.append(at)
+            at += len(text) + 2
+        for start, text in zip(starts, texts):
+            end = start + len(text)
+            out.append([[max(b, start) - start, min(e, end) - start] for b, e in spans if b < end and e > start])
+        return out, result
 
     def _granularity(self, sentences: bool, tokens: bool, granularity: str | None) -> str | None:
         """The granularity of one call: `granularity`, else "unit" for LLMLingua's sentence-level filter,
@@ -157,7 +227,7 @@ class PromptCompressor:
         if sentences and given == "token":  # the flags are read as LLMLingua reads them: by their truth
             raise ValueError("use_sentence_level_filter: True keeps whole sentences, granularity='token' single "
                              "tokens: give one of them")
-        chosen_granularity = given or ("unit" if sentences else self.granularity)
+        chosen_granularity = given or ("unit" if sentences or not tokens else self.granularity)
         if not tokens and chosen_granularity != "unit":
             raise ValueError("use_token_level_filter: False keeps whole sentences or whole contexts; ilre keeps whole "
                              "sentences with use_sentence_level_filter=True (granularity='unit'), whole contexts alone "
@@ -191,8 +261,53 @@ def _checked_granularity(granularity: Any) -> str | None:
     return granularity
 
 
+def _per_context_options(reorder: Any, dynamic: Any, forced: Any, count: int) -> str | None:
+    """The first of LongLLMLingua's context options that asks for work per context (None: none does);
+    ValueError naming an option whose value ilre does not offer."""
+    if reorder not in REORDERS:
+        raise ValueError(f"reorder_context: must be one of {', '.join(REORDERS)} (got {reorder!r}); "
+                         "two_stage is not offered")
+    if isinstance(dynamic, bool) or not isinstance(dynamic, (int, float)) or not 0 <= dynamic <= 1:
+        raise ValueError(f"dynamic_context_compression_ratio: must be a number in [0, 1] (got {dynamic!r})")
+    if forced is not None and (not isinstance(forced, list) or not all(
+            isinstance(i, int) and not isinstance(i, bool) and 0 <= i < count for i in forced)):
+        raise ValueError(f"force_context_ids: must be a list of context indices in 0..{count - 1} (got {forced!r})")
+    for name, on in (("reorder_context", reorder != "original"), ("dynamic_context_compression_ratio", dynamic),
+                     ("force_context_ids", forced)):
+        if on:
+            return name
+    return None
+
+
+def _needs_units(granularity: str | None, option: str) -> str:
+    """"unit" for an option that reads or keeps whole units; ValueError naming it against granularity='token'."""
+    if granularity == "token":
+        raise ValueError(f"{option}: works on whole units (sentences, lines), and granularity='token' keeps single "
+                         "tokens: drop one of them")
+    return "unit"
+
+
+def _check_force_tokens(tokens: Any) -> None:
+    """force_tokens LLMLingua-2's README uses (line breaks, sentence and clause marks) are kept by whole units,
+    each of which carries its own end; any other token raises."""
+    if tokens is None:
+        return
+    if not isinstance(tokens, list) or not all(isinstance(t, str) for t in tokens):
+        raise ValueError(f"force_tokens: must be a list of strings (got {tokens!r})")
+    other = [t for t in tokens if t not in UNIT_MARKS]
+    if other:
+        raise ValueError(f"force_tokens: ILRe keeps the tokens the question attends to and cannot force {other[0]!r} "
+                         f"in; whole units keep their own ends ({' '.join(repr(m) for m in UNIT_MARKS)}), nothing else "
+                         "is forced")
+
+
 def _check_options(options: dict[str, Any]) -> None:
     for name, value in options.items():
+        if name in INTERNAL_OPTIONS:
+            if name not in _warned:
+                _warned.add(name)
+                warnings.warn(f"{name}: accepted and without effect in ilre ({INTERNAL_OPTIONS[name]})", stacklevel=3)
+            continue
         if name not in OPTIONS_WITHOUT_MAPPING:
             raise TypeError(f"compress_prompt() got an unexpected keyword argument {name!r}")
         default, instead = OPTIONS_WITHOUT_MAPPING[name]

@@ -57,25 +57,74 @@ def test_readme_example_llmlingua(in_process):
 
 
 def test_readme_example_longllmlingua(in_process):
-    """LongLLMLingua's README example: refused by name for the two options ilre has no counterpart for,
-    then run without them; the answer survives at rate 0.55 of the whole prompt."""
+    """LongLLMLingua's README example as written (only the import changed): the contexts sorted by the share
+    of the question's attention they hold, the budget re-shared by rank; the answer survives at rate 0.55."""
     llm_lingua, prompt_list, question = in_process, passages(), QUESTION
-    with pytest.raises(ValueError, match=r"^reorder_context: .*sort them before the call"):
-        llm_lingua.compress_prompt(prompt_list, question=question, rate=0.55, condition_in_question="after_condition",
-                                   reorder_context="sort", dynamic_context_compression_ratio=0.3,
-                                   condition_compare=True, context_budget="+100", rank_method="longllmlingua")
     compressed_prompt = llm_lingua.compress_prompt(
-        prompt_list, question=question, rate=0.55, condition_in_question="after_condition",
-        condition_compare=True, context_budget="+100", rank_method="longllmlingua")
+        prompt_list,
+        question=question,
+        rate=0.55,
+        # Set the special parameter for LongLLMLingua
+        condition_in_question="after_condition",
+        reorder_context="sort",
+        dynamic_context_compression_ratio=0.3,  # or 0.4
+        condition_compare=True,
+        context_budget="+100",
+        rank_method="longllmlingua",
+    )
     check_answer(compressed_prompt)
-    assert ANSWER in compressed_prompt["compressed_prompt"]
-    assert compressed_prompt["compressed_prompt"].endswith(question)
-    assert abs(compressed_prompt["compressed_tokens"] - 0.55 * compressed_prompt["origin_tokens"]) <= 1
+    prompt = compressed_prompt["compressed_prompt"]
+    assert prompt.endswith(question)
+    head = prompt[:12]  # sorted: the passage holding the answer comes first
+    assert [head in chunk for chunk in prompt_list] == [False, False, True, False] and ANSWER in prompt
+    assert compressed_prompt["compressed_tokens"] <= 0.55 * compressed_prompt["origin_tokens"] + 1
 
 
-def test_readme_example_llmlingua2_names_what_to_do():
+def test_readme_example_llmlingua2(in_process):
+    """LLMLingua-2's README example with model_name left out: force_tokens=['\\n', '?'] is what whole units
+    keep (each carries its own line break or mark); iterative_size is accepted with a warning."""
+    prompt = "\n".join(lines_context().split("\n")[:200]) + "\n" + LINES_QUERY
+    llm_lingua = PromptCompressor(
+        use_llmlingua2=True,  # Whether to use llmlingua-2
+    )
+    compressed_prompt = llm_lingua.compress_prompt(prompt, rate=0.33, force_tokens=["\n", "?"])
+    check_answer(compressed_prompt)
+    assert compressed_prompt["compressed_tokens"] <= 0.33 * compressed_prompt["origin_tokens"] + 1
+    with pytest.warns(UserWarning, match=r"^iterative_size: accepted and without effect"):
+        llm_lingua.compress_prompt(prompt, rate=0.33, iterative_size=100)
+    with pytest.raises(ValueError, match=r"^force_tokens: .*cannot force 'the'"):
+        llm_lingua.compress_prompt(prompt, rate=0.33, force_tokens=["\n", "the"])
+
+
+def test_readme_example_llmlingua2_model_names_what_to_do():
     with pytest.raises(ValueError, match=r"^model_name: .*LLMLingua-2 token classifier.*leave model_name out"):
         PromptCompressor(model_name="microsoft/llmlingua-2-xlm-roberta-large-meetingbank", use_llmlingua2=True)
+
+
+def test_context_options_force_sort_and_share(local_service):
+    """force_context_ids keeps a context whole within the budget; reorder_context="sort" puts forced contexts,
+    then the most attended ones first and drops contexts with nothing kept; without options the contexts keep
+    their order."""
+    compressor = PromptCompressor(target=f"127.0.0.1:{local_service.grpc_port}")
+    chunks = passages()
+    forced = compressor.compress_prompt(chunks, question=QUESTION, target_token=1600, force_context_ids=[0],
+                                        reorder_context="sort")
+    check_answer(forced)
+    prompt = forced["compressed_prompt"]
+    assert prompt.startswith(chunks[0] + "\n\n")  # the forced context whole, then the answer's
+    rest = prompt[len(chunks[0]) + 2:]
+    assert ANSWER in rest and not any(rest.startswith(chunk[:12]) for chunk in chunks)  # then compressed ones
+    assert forced["compressed_tokens"] <= 1600 + compressor._count(QUESTION)
+    plain = compressor.compress_prompt(chunks, question=QUESTION, target_token=300, granularity="unit")
+    kept = compressor.compress_prompt(chunks, question=QUESTION, target_token=300, reorder_context="original",
+                                      force_context_ids=[])
+    assert plain["compressed_tokens"] == kept["compressed_tokens"] and ANSWER in plain["compressed_prompt"]
+    with pytest.raises(ValueError, match=r"^reorder_context: .*two_stage is not offered"):
+        compressor.compress_prompt(chunks, question=QUESTION, reorder_context="two_stage")
+    with pytest.raises(ValueError, match=r"^force_context_ids: must be a list of context indices in 0\.\.3"):
+        compressor.compress_prompt(chunks, question=QUESTION, force_context_ids=[7])
+    with pytest.raises(ValueError, match=r"^reorder_context: works on whole units"):
+        compressor.compress_prompt(chunks, question=QUESTION, reorder_context="sort", granularity="token")
 
 
 @pytest.mark.parametrize("transport", ["grpc", "http"])
@@ -102,8 +151,8 @@ def test_remote_transports_agree(local_service):
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    ({"force_tokens": ["\n", "?"]}, r"^force_tokens: .*cannot force"),
-    ({"use_token_level_filter": False}, r"^use_token_level_filter: .*whole contexts alone it does not offer"),
+    ({"force_tokens": ["\n", "!!"]}, r"^force_tokens: .*cannot force"),
+    ({"use_token_level_filter": False, "granularity": "token"}, r"^use_token_level_filter: .*whole contexts alone"),
     ({"keep_sentence_number": 2}, r"^keep_sentence_number: .*cannot force"),
     ({"granularity": "sentence"}, r"^granularity: must be one of token, unit \(got 'sentence'\)"),
     ({"use_sentence_level_filter": True, "granularity": "token"}, r"^use_sentence_level_filter: .*give one of them"),
@@ -135,7 +184,8 @@ def test_sentence_level_filter_keeps_whole_sentences(local_service):
     assert sentences == compressor.compress_prompt(text, granularity="unit", **args)
     assert sentences == PromptCompressor(target=f"127.0.0.1:{local_service.grpc_port}", granularity="unit"
                                          ).compress_prompt(text, **args)
-    assert sentences != compressor.compress_prompt(text, **args)  # the default keeps single tokens
+    assert sentences == compressor.compress_prompt(text, **args)  # the service's default keeps whole units too
+    assert sentences != compressor.compress_prompt(text, granularity="token", **args)
     with pytest.raises(ValueError, match=r"^granularity: must be one of token, unit \(got 'lines'\)"):
         PromptCompressor(granularity="lines")
 
