@@ -73,6 +73,7 @@ bench: setup engine litellm ## latency and peak memory; per dtype up to 1M token
 	$(PY) bench/sidecar_bench.py
 	$(PY) bench/engine_connections.py
 	$(PY) bench/litellm_hook_bench.py
+	$(PY) bench/gateway_bench.py
 
 soak: setup tools   ## an hour of mixed traffic on front end + 2 workers + Redis: errors, latency and RSS over time -> results/soak/
 	$(PY) bench/soak.py --minutes $(or $(MINUTES),60)

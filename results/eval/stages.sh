@@ -82,5 +82,9 @@ $ILRE --tasks $T4 --lengths 4K,8K,16K,32K --samples 6 --strategies cascade_units
 NEW=records_jsonl,records_json,records_csv,code_python,logs,markdown_table
 $ILRE --tasks $ALL,$NEW --lengths 4K,16K,32K --samples 10 --strategies cascade,cascade_units,rag --no-e2e
 $ILRE --tasks $T4,$NEW --lengths 64K,128K --samples 5 --strategies cascade,cascade_units,rag --no-e2e
+#     the record rule (compressor/units.py: a bracket group of up to 192 tokens is one unit), chosen on the
+#     service's own path among record caps 128, 160 and 256 (10 samples per cell), then the unit rows of the three
+#     tasks whose units it changes dropped from raw.jsonl and the two lines above run again
+.venv/bin/python -m ilre.evaluation.record_caps --tasks records_json,records_jsonl --lengths 4K,16K,32K --samples 10
 #     and on real files the suite does not generate (a PyPI package table, Debian's package log): token against unit
 .venv/bin/python -m ilre.evaluation.real_files --lengths 16K,32K --samples 10
