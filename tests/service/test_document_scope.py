@@ -272,6 +272,10 @@ def test_restarts_keep_the_scoping_and_a_new_secret_forgets_every_id(deployment)
     id still works (from the shared tier) and still not for Bob; a rotated secret makes it unknown."""
     with deployment.grpc("alice") as alice:
         stored = alice.compress(context(8), QUERY, budget=32)
+    tool = context(9)
+    gateway = deployment.http("alice", "/v1/compress", {"messages": [{"role": "tool", "content": tool}], "budget": 64})
+    assert gateway.status_code == 200, gateway.text
+    hash_ = gateway.json()["ccr_hashes"][0]
     held = deployment.client.get(f"{deployment.prefix}:document-secret")
     assert held and len(held) == 64
     deployment.stop_front()
@@ -283,6 +287,10 @@ def test_restarts_keep_the_scoping_and_a_new_secret_forgets_every_id(deployment)
         again = alice.compress(document_id=stored.document_id, query=QUERY, budget=32)
         assert again.kept_indices == stored.kept_indices
         assert _outcome(lambda: bob.compress(document_id=stored.document_id, query=QUERY))[0] == "NOT_FOUND"
+        for name, status in (("alice", 200), ("bob", 404)):  # a gateway's hash, from the shared tier, by its key only
+            taken = httpx.get(f"{deployment.front.http}/v1/retrieve/{hash_}", timeout=120,
+                              headers={"authorization": f"Bearer {KEYS[name]}"})
+            assert taken.status_code == status and (status == 404 or taken.json()["original_content"] == tool), taken.text
         deployment.client.set(f"{deployment.prefix}:document-secret", "f" * 64)  # a rotation: one SET
 
         def forgotten() -> bool:

@@ -13,8 +13,8 @@ import httpx
 import pytest
 
 from .conftest import served_by
-from .engines import LlamaServer, RecordingRelay
-from .test_litellm import Proxy, direct
+from .engines import RecordingRelay
+from .test_litellm import Proxy, direct, engine  # noqa: F401 (engine: llama.cpp's server, a 4096-token window)
 
 KEYS = {"alice": "sk-alice-0d9e3b7a51", "bob": "sk-bob-6c2f18e4a0"}
 QUESTION = "How many rows did the job gentle-harbor write?"
@@ -57,13 +57,6 @@ def agent_chat(records: int) -> tuple[list[dict], str]:
 def retrieve(served, hash_: str, key: str, **params: str) -> httpx.Response:
     return httpx.get(f"{served.http}/v1/retrieve/{hash_}", params=params, timeout=300,
                      headers={"authorization": f"Bearer {key}"})
-
-
-@pytest.fixture(scope="module")
-def engine():
-    server = LlamaServer(4096)
-    yield server
-    server.stop()
 
 
 @pytest.fixture(scope="module")
