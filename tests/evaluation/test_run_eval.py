@@ -38,7 +38,7 @@ def test_shared_pass_gives_the_engines_selection(engine):
     records = {r.strategy: r for r in evaluator.run_sample(sample, names)}
     for name in names:
         result = engine.compress(CompressRequest(context_ids=sample.context_ids, query_ids=sample.query_ids,
-                                                 budget=512, strategy=name, dca="off"))
+                                                 budget=512, strategy=name, dca="off", granularity="token"))
         if name == "streaming_llm":
             ours = allocate(name, None, len(sample.context_ids), 512, engine.config.prefill.sink)
         else:

@@ -306,7 +306,8 @@ def test_a_cached_document_costs_what_a_later_query_reads(engine, redis_server, 
     kept = engine.documents
     try:
         cache = engine.documents = DocumentCache(1 << 30, store)
-        result = engine.compress(CompressRequest(context=shakespeare_text()[:chars], query=QUESTIONS[0], budget=64))
+        result = engine.compress(CompressRequest(context=shakespeare_text()[:chars], query=QUESTIONS[0], budget=64,
+                                                 granularity="token"))  # no unit bounds beside the state
         entry = cache._docs[engine.names.slot('', result.document_id)]
         (key, state), = entry.states.items()
         stored = {(n if isinstance(n, str) else n.decode()): int(size)

@@ -122,7 +122,7 @@ def test_the_default_is_the_profiles_cascade(engine):
     from ilre.compressor.prefill import PrefillConfig
     from ilre.compressor.strategies import make_strategy
 
-    fields = {"context": context(3, repeats=40), "query": QUERY, "budget": 64}
+    fields = {"context": context(3, repeats=40), "query": QUERY, "budget": 64, "granularity": "token"}
     default = engine.compress(CompressRequest(**fields))
     assert default.strategy == "cascade" and default.layer == engine.layer and default.original_tokens > 4 * 64
     ids = torch.tensor(engine.tokenizer(fields["context"], add_special_tokens=False).input_ids)
