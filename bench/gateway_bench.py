@@ -62,7 +62,7 @@ def main() -> None:
         first_s, reply = timed(lambda: http.post("/v1/compress", json={"messages": messages}))
         body = reply.json()
         hash_ = body["ccr_hashes"][0]
-        retrieve = [timed(lambda: http.get(f"/v1/retrieve/{hash_}", params={"query": "What is the passkey?"}))
+        retrieve = [timed(lambda: http.get(f"/v1/retrieve/{hash_}", params={"query": QUERY}))
                     for _ in range(3)]
         again_s = statistics.median(t for t, _ in retrieve)
         whole_s, whole = timed(lambda: http.get(f"/v1/retrieve/{hash_}"))
@@ -70,6 +70,7 @@ def main() -> None:
         lines.append(f"{body['tokens_before']}-token chat (a tool result of {args.tokens} tokens): first gateway "
                      f"compression {first_s:.2f} s; query-aware retrieve {again_s:.2f} s ({first_s / again_s:.1f}x "
                      f"faster, median of 3); the whole original {1000 * whole_s:.0f} ms; passkey "
+                     f"{'kept' if '83921' in body['messages'][1]['content'] else 'lost'} by the compression, "
                      f"{'kept' if '83921' in retrieve[0][1].json()['original_content'] else 'lost'} by the retrieve")
     text = "\n".join(lines) + "\n"
     print(text)
