@@ -5,6 +5,10 @@
   of consecutive rows under the header, the question asks one row's version (unique in the window).
 - `dpkg_log`: `/var/log/dpkg.log`, Debian's package log (install, upgrade, status lines); a window of
   consecutive lines, the question asks the version one package was installed or upgraded to.
+- `litellm_prices`: LiteLLM's model price table (`model_prices_and_context_window_backup.json` in the
+  environment `make litellm` builds), pretty-printed JSON records of 10-40 fields per model; a window of
+  consecutive models (re-serialised as the file is, indent 4), the question asks one model's cost or
+  token limit whose value occurs once in the window.
 
 Each sample is compressed by the engine as a service request would be (the default strategy, budget
 1024, DCA auto), with `granularity` token and unit on the same document (the second request reuses
@@ -26,7 +30,11 @@ from .intervals import paired_difference, wilson
 from .ruler import length_label, parse_length
 
 OUTPUT = Path("results/eval/real_files.jsonl")
-SOURCES = {"pypi_tsv": Path("/usr/share/package-lists/pypi.tsv"), "dpkg_log": Path("/var/log/dpkg.log")}
+SOURCES = {"pypi_tsv": Path("/usr/share/package-lists/pypi.tsv"), "dpkg_log": Path("/var/log/dpkg.log"),
+           "litellm_prices": next(Path(".venv-litellm/lib").glob("python3*/site-packages/litellm/"
+                                                                  "model_prices_and_context_window_backup.json"),
+                                  Path(".venv-litellm/model_prices_and_context_window_backup.json"))}
+PRICE_FIELDS = ("output_cost_per_token", "input_cost_per_token", "max_input_tokens", "max_output_tokens")
 
 
 def _question(corpus: str, line: str) -> tuple[str, str] | None:
@@ -45,8 +53,33 @@ def _question(corpus: str, line: str) -> tuple[str, str] | None:
     return None
 
 
+def json_sample(tokenizer, models: dict, length: int, index: int) -> dict | None:
+    """A window of consecutive models of LiteLLM's price table of about `length` tokens, and a question
+    about one model's field whose value occurs once in the window."""
+    rng = random.Random(f"litellm_prices-{length}-{index}")
+    names = [n for n, v in models.items() if isinstance(v, dict) and n != "sample_spec"]
+    per_model = len(tokenizer(json.dumps({n: models[n] for n in names[:100]}, indent=4), add_special_tokens=False
+                              ).input_ids) / 100
+    count = min(len(names), int(length / per_model))
+    start = rng.randrange(0, max(1, len(names) - count))
+    for _ in range(2):  # the first guess, then one correction by the window's own tokens per model
+        window = {n: models[n] for n in names[start: start + count]}
+        context = json.dumps(window, indent=4)
+        tokens = len(tokenizer(context, add_special_tokens=False).input_ids)
+        count = min(len(names) - start, int(count * length / tokens))
+    asked = [(n, f, json.dumps(v[f])) for n, v in window.items() for f in PRICE_FIELDS
+             if f in v and len(json.dumps(v[f])) >= 4 and context.count(json.dumps(v[f])) == 1]
+    if not asked:
+        return None
+    name, field, value = rng.choice(asked)
+    question = f"\nQuestion: What is the {field} of the model {name} in the JSON above? Answer: The {field} of {name} is"
+    return {"context": context, "query": question, "answer": value, "line": f'"{field}": {value}'}
+
+
 def make_sample(tokenizer, corpus: str, lines: list[str], length: int, index: int) -> dict | None:
     """A window of consecutive lines of about `length` tokens and a question about one of its lines."""
+    if corpus == "litellm_prices":
+        return json_sample(tokenizer, json.loads("\n".join(lines)), length, index)
     rng = random.Random(f"{corpus}-{length}-{index}")
     header = lines[0] + "\n" if corpus == "pypi_tsv" else ""
     body = lines[1:] if header else lines
@@ -110,7 +143,7 @@ def section(path: Path = OUTPUT) -> list[str]:
     records = load(path)
     if not records:
         return []
-    out = ["## Whole units on real files (a PyPI package table, Debian's package log)", "",
+    out = ["## Whole units on real files (a PyPI package table, Debian's package log, LiteLLM's price table)", "",
            "`python -m ilre.evaluation.real_files` (evaluation/real_files.py): windows of real files, one question about "
            "one row or line, the default strategy at budget 1024 with `granularity` token and unit on the same document. "
            "Cells: answer kept % [95% Wilson] / asked line kept whole %; difference: unit minus token in points with its "
