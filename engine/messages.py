@@ -197,7 +197,8 @@ class CompressRequest:
 
 @dataclass
 class CompressResult:
-    """The contract's output fields (README, "Compressing": the CLI's --json line, the HTTP answer, gRPC's reply); counts are context tokens."""
+    """The contract's output fields (README, "Compressing": the CLI's --json line, the HTTP answer,
+    gRPC's reply); counts are context tokens."""
 
     id: str | int | None
     token_ids: list[int]
