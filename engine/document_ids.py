@@ -6,6 +6,7 @@ MIN_SECRET_CHARS = 32   # a configured document secret (ILRE_DOCUMENT_SECRET) is
 
 
 def is_hex(value: str) -> bool:
+    """True when `value` is lowercase hex digits only."""
     return all(c in "0123456789abcdef" for c in value)
 
 

@@ -6,7 +6,7 @@
 - `dpkg_log`: `/var/log/dpkg.log`, Debian's package log (install, upgrade, status lines); a window of
   consecutive lines, the question asks the version one package was installed or upgraded to.
 - `litellm_prices`: LiteLLM's model price table (`model_prices_and_context_window_backup.json` in the
-  environment `make litellm` builds), pretty-printed JSON records of 10-40 fields per model; a window of
+  environment `make litellm` builds), pretty-printed JSON records of many fields per model; a window of
   consecutive models (re-serialised as the file is, indent 4), the question asks one model's cost or
   token limit whose value occurs once in the window.
 

@@ -168,40 +168,39 @@ class PromptCompressor:
 
     def _by_context(self, contexts: list[str], query: str, budget: int, reorder: str, dynamic: float,
                     forced: list[int]) -> tuple[str, int]:
-        """LongLLMLingua's context options over a unit selection of the contexts that are not forced: each
-        context's relevance is its share of a selection at 1/16 of the budget (at least RANK_TOKENS), where
-        the question's attention peaks (at the full budget Algorithm 1 spreads over every context); forced contexts are kept whole within the budget; `dynamic` re-shares the budget by rank and
-        compresses each context on its own; "sort" puts the forced, then the most relevant first. Contexts
-        with nothing kept are dropped, as LLMLingua's context filter drops them. -> (text, kept tokens)."""
+        """LongLLMLingua's context options over a unit selection of the contexts that are not forced.
+        A context's relevance is its share of a selection at 1/16 of the budget (at least RANK_TOKENS),
+        where the question's attention peaks (at the full budget Algorithm 1 spreads over every context).
+        Forced contexts are kept whole within the budget; `dynamic` re-shares the rest by rank and
+        compresses each context on its own, else one selection over them all keeps the budget; "sort"
+        puts the forced, then the most relevant first. Contexts with nothing kept are dropped, as
+        LLMLingua's context filter drops them. -> (text, kept tokens)."""
         held = {i: self._count(contexts[i]) for i in dict.fromkeys(forced)}
         free = [i for i, c in enumerate(contexts) if i not in held and c.strip()]
         room = max(1, budget - sum(held.values()))
         pieces: dict[int, str] = {i: contexts[i] for i in held}
         kept = sum(held.values())
+        share: dict[int, int] = {}
         if free:
             texts = [contexts[i] for i in free]
             peaks, _ = self._kept_by_context(texts, query, min(room, max(RANK_TOKENS, room // 16)))
             share = {i: sum(e - b for b, e in spans) for i, spans in zip(free, peaks)}
-            spans_of, result = self._kept_by_context(texts, query, room)
-            pieces.update({i: "".join(contexts[i][b:e] for b, e in spans) for i, spans in zip(free, spans_of)})
-            kept += result.compressed_tokens
             if dynamic and len(free) > 1:
                 rank = {i: r for r, i in enumerate(sorted(free, key=lambda i: -share[i]))}
                 weight = {i: share[i] * (1 + dynamic * (1 - 2 * rank[i] / (len(free) - 1))) for i in free}
                 total = sum(weight.values()) or 1.0
-                kept = sum(held.values())
                 for i in free:
                     size = math.floor(room * weight[i] / total)
-                    if size <= 0:
-                        pieces[i] = ""
-                        continue
-                    one = self._send(contexts[i], query, "unit", budget=size)
-                    pieces[i], kept = one.compressed_context, kept + one.compressed_tokens
-            order = [i for i in range(len(contexts)) if i in pieces]
-            if reorder == "sort":
-                order = list(held) + sorted(free, key=lambda i: (-share[i], i))
-        else:
-            order = list(held)
+                    one = self._send(contexts[i], query, "unit", budget=size) if size > 0 else None
+                    pieces[i] = one.compressed_context if one else ""
+                    kept += one.compressed_tokens if one else 0
+            else:
+                spans_of, result = self._kept_by_context(texts, query, room)
+                pieces.update({i: "".join(contexts[i][b:e] for b, e in spans) for i, spans in zip(free, spans_of)})
+                kept += result.compressed_tokens
+        order = [i for i in range(len(contexts)) if i in pieces]
+        if reorder == "sort":
+            order = list(held) + sorted(free, key=lambda i: (-share[i], i))
         return "\n\n".join(pieces[i] for i in order if pieces[i].strip()), kept
 
     def _kept_by_context(self, texts: list[str], query: str, budget: int):

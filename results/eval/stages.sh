@@ -87,5 +87,7 @@ $ILRE --tasks $T4,$NEW --lengths 64K,128K --samples 5 --strategies cascade,casca
 #     tasks whose units it changes dropped from raw.jsonl and the two lines above run again
 .venv/bin/python -m ilre.evaluation.record_caps --tasks records_json,records_jsonl --lengths 4K,16K,32K --samples 10
 #     and on real files the suite does not generate (a PyPI package table, Debian's package log): token against unit
-#     (and LiteLLM's model price table, JSON records of 100-400 tokens, once `make litellm` has built its environment)
+#     (and LiteLLM's model price table, JSON records often over 192 tokens, once `make litellm` has built its environment)
 .venv/bin/python -m ilre.evaluation.real_files --lengths 16K,32K --samples 10
+#     the record cap checked on the real price table's records
+.venv/bin/python -m ilre.evaluation.record_caps --tasks litellm_prices --lengths 16K,32K --samples 10 --caps 192,384,512 --output results/eval/record_caps_real.jsonl

@@ -32,7 +32,7 @@ from __future__ import annotations
 import asyncio
 import json
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Mapping
 
 from ...compressor.defaults import QUERY_TOKENS
 from ...engine.document_ids import HASH_CHARS, is_hex, retrieve_hash
@@ -42,10 +42,22 @@ from ..keys import ANONYMOUS, KeyPolicy
 from .frontend import Frontend
 
 NOT_FOUND = "hash: no such document in the cache (expired, evicted, or made with another API key)"
+GATEWAY, RETRIEVE = "http.gateway", "http.retrieve"  # the methods their requests are counted and logged under
 RETRIEVE_BUDGET = 1024  # tokens of the original a query-aware retrieve returns when the caller sets none
 COMPRESSED_ROLES = ("tool", "function", "user")  # the last user message excepted
 MARKER = ("[ilre kept {kept} of {original} tokens of this message for the current question. To read more of it, "
           "call headroom_retrieve with hash \"{hash}\" and a query saying what you need.]\n")
+
+
+@dataclass(frozen=True)
+class Call:
+    """Who asks and on what terms, for every request a gateway call makes: the deadline (None = the
+    configured one), the API key's policy, the request id and the caller's trace headers."""
+
+    timeout: float | None
+    caller: KeyPolicy = ANONYMOUS
+    rid: str = ""
+    trace: Mapping[str, str] | None = None
 
 
 @dataclass
@@ -132,46 +144,67 @@ def _granularity(data: dict[str, Any]) -> str:
     return granularity
 
 
+def _retrieve_fields(hash_: str, query: str | None, budget: str | None) -> dict[str, Any]:
+    """The compress request a retrieve makes (InputError naming a bad path or query parameter)."""
+    if len(hash_) != HASH_CHARS or not is_hex(hash_):
+        raise InputError("hash", f"must be the {HASH_CHARS} lowercase hex digits a compressed message names "
+                                 f"(got {hash_[:40]!r})")
+    if query is not None and not query.strip():
+        raise InputError("query", "must not be empty when given")
+    if budget is not None and (not budget.isdigit() or int(budget) < 1):
+        raise InputError("budget", f"must be a positive integer (got {budget[:20]!r})")
+    if query is None:
+        return {"document_id": hash_, "query": ".", "ratio": 1.0}
+    return {"document_id": hash_, "query": query, "budget": int(budget or RETRIEVE_BUDGET), "granularity": "unit"}
+
+
 class Gateway:
     """The gateway routes over one Frontend; `budget` is the service's default (`ilre serve --budget`)."""
 
     def __init__(self, frontend: Frontend, budget: int):
         self.frontend, self.budget = frontend, budget
 
-    async def _call(self, fields: dict[str, Any], timeout: float | None, caller: KeyPolicy, rid: str,
-                    method: str = "http.gateway") -> CompressResult:
-        outcome = await self.frontend.compress(fields, timeout, method, many=False, caller=caller, rid=rid)
+    async def _call(self, fields: dict[str, Any], call: Call, method: str = GATEWAY) -> CompressResult:
+        outcome = await self.frontend.compress(fields, call.timeout, method, many=False, caller=call.caller,
+                                               rid=call.rid, trace_parent=call.trace)
         assert isinstance(outcome, CompressResult)
         return outcome
 
-    async def _count(self, text: str, timeout: float | None, caller: KeyPolicy, rid: str) -> int:
+    async def _count(self, text: str, call: Call) -> int:
         """The model's tokens in `text` (a pass-through request: tokenized, nothing computed)."""
         if not text:
             return 0
-        return (await self._call({"context": text, "query": ".", "ratio": 1.0}, timeout, caller, rid)).original_tokens
+        return (await self._call({"context": text, "query": ".", "ratio": 1.0}, call)).original_tokens
 
-    async def compress(self, data: dict[str, Any], timeout: float | None, caller: KeyPolicy = ANONYMOUS,
-                       rid: str = "") -> dict[str, Any]:
-        """The gateway answer to `data` (see the module docstring); InputError / ServiceError as any request."""
-        messages, texts, query = _messages(data)
-        budget, granularity = _budget(data, self.budget), _granularity(data)
+    def _refused(self, method: str, exc: InputError) -> ServiceError:
+        """A request refused before any call reached the front end, counted as the front end counts its own."""
+        self.frontend.metrics.requests.labels(method).inc()
+        self.frontend.record_error(Code.INVALID_ARGUMENT)
+        return ServiceError.from_input(exc)
+
+    async def compress(self, data: dict[str, Any], call: Call) -> dict[str, Any]:
+        """The gateway answer to `data` (see the module docstring); ServiceError as any request."""
+        try:
+            messages, texts, query = _messages(data)
+            budget, granularity = _budget(data, self.budget), _granularity(data)
+        except InputError as exc:
+            raise self._refused(GATEWAY, exc) from None
         parts = [m for m in texts if m.compressible]
         total = sum(len(m.text) for m in parts) or 1
 
         async def one(message: _Message) -> _Outcome:
             share = max(1, budget * len(message.text) // total)
-            whole = await self._call({"context": message.text, "query": ".", "ratio": 1.0}, timeout, caller, rid)
+            whole = await self._call({"context": message.text, "query": ".", "ratio": 1.0}, call)
             if whole.original_tokens <= max(share, QUERY_TOKENS):  # fits, or too short to be worth a marker
                 return _Outcome(message, message.text, whole.original_tokens, whole.original_tokens)
             if query is not None:
                 short = await self._call({"document_id": whole.document_id, "query": query, "budget": share,
-                                          "granularity": granularity}, timeout, caller, rid)
+                                          "granularity": granularity}, call)
                 kept_text, kept = short.compressed_context, short.compressed_tokens
             else:  # no question: the message's own end is the query, and stays (within the share)
                 ids = whole.token_ids[:whole.original_tokens]
                 short = await self._call({"context_ids": ids[:-QUERY_TOKENS], "query_ids": ids[-QUERY_TOKENS:],
-                                          "budget": max(1, share - QUERY_TOKENS), "granularity": granularity},
-                                         timeout, caller, rid)
+                                          "budget": max(1, share - QUERY_TOKENS), "granularity": granularity}, call)
                 kept_text, kept = short.compressed_context + short.query, short.compressed_tokens + QUERY_TOKENS
             hash_ = retrieve_hash(whole.document_id)
             marker = MARKER.format(kept=kept, original=whole.original_tokens, hash=hash_)
@@ -183,8 +216,8 @@ class Gateway:
             out[outcome.message.index]["content"] = outcome.text
         hashes = [o.hash for o in done if o.hash is not None]
         others = "".join(m.text for m in texts if not m.compressible)
-        rest, marked = await asyncio.gather(self._count(others, timeout, caller, rid),  # in the model's tokens
-                                            self._count("".join(o.marker for o in done), timeout, caller, rid))
+        rest, marked = await asyncio.gather(self._count(others, call),  # in the model's tokens
+                                            self._count("".join(o.marker for o in done), call))
         before = sum(o.before for o in done) + rest
         after = sum(o.after for o in done) + rest + marked
         transforms = [f"ilre:{granularity}"] if hashes else []
@@ -192,23 +225,14 @@ class Gateway:
                 "compression_ratio": round(after / before, 6) if before else 1.0,
                 "transforms_applied": transforms, "ccr_hashes": hashes}
 
-    async def retrieve(self, hash_: str, query: str | None, budget: str | None, timeout: float | None,
-                       caller: KeyPolicy = ANONYMOUS, rid: str = "") -> dict[str, Any]:
+    async def retrieve(self, hash_: str, query: str | None, budget: str | None, call: Call) -> dict[str, Any]:
         """The original behind `hash_`, whole or compressed for `query`; NotFound (404) once it left the cache."""
-        if len(hash_) != HASH_CHARS or not is_hex(hash_):
-            raise InputError("hash", f"must be the {HASH_CHARS} lowercase hex digits a compressed message names "
-                                     f"(got {hash_[:40]!r})")
-        if query is not None and not query.strip():
-            raise InputError("query", "must not be empty when given")
-        size = RETRIEVE_BUDGET
-        if budget is not None:
-            if not budget.isdigit() or int(budget) < 1:
-                raise InputError("budget", f"must be a positive integer (got {budget[:20]!r})")
-            size = int(budget)
-        fields = ({"document_id": hash_, "query": ".", "ratio": 1.0} if query is None
-                  else {"document_id": hash_, "query": query, "budget": size, "granularity": "unit"})
         try:
-            result = await self._call(fields, timeout, caller, rid, "http.retrieve")
+            fields = _retrieve_fields(hash_, query, budget)
+        except InputError as exc:
+            raise self._refused(RETRIEVE, exc) from None
+        try:
+            result = await self._call(fields, call, RETRIEVE)
         except ServiceError as exc:
             if exc.code is Code.NOT_FOUND:  # the hash is what the caller sent
                 raise ServiceError(Code.NOT_FOUND, NOT_FOUND, "hash") from None

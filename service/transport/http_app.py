@@ -23,13 +23,12 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ...compressor.defaults import DEFAULT_BUDGET
-from ...engine.messages import InputError
 from ..errors import HTTP_STATUS, Code, ServiceError
 from ..keys import UNAUTHENTICATED_MESSAGE
 from ..quotas import retry_after_header
 from ..request_log import request_id
 from .frontend import Frontend
-from .gateway import Gateway, is_gateway_request
+from .gateway import Call, Gateway, is_gateway_request
 from .http_common import decode_json, parse_timeout, read_body, unless_disconnected
 
 
@@ -78,7 +77,8 @@ def build_app(frontend: Frontend) -> Starlette:
         if explain and isinstance(data, dict):
             data = {**data, "explain": True}
         if not explain and is_gateway_request(data):
-            return await _answer(request, gateway.compress(data, timeout, caller, rid), data, rid)
+            call = Call(timeout, caller, rid, dict(request.headers))
+            return await _answer(request, gateway.compress(data, call), data, rid)
         work = frontend.compress(data, timeout, method, many=False if explain else None,
                                  caller=caller, rid=rid, trace_parent=dict(request.headers))
         result = await _answer(request, work, data, rid)
@@ -98,7 +98,8 @@ def build_app(frontend: Frontend) -> Starlette:
         except ServiceError as exc:
             return _error(None, exc, rid)
         params = request.query_params
-        work = gateway.retrieve(request.path_params["hash"], params.get("query"), params.get("budget"), timeout, caller, rid)
+        work = gateway.retrieve(request.path_params["hash"], params.get("query"), params.get("budget"),
+                                Call(timeout, caller, rid, dict(request.headers)))
         return await _answer(request, work, None, rid)
 
     routes = [Route("/healthz", healthz), Route("/readyz", readyz), Route("/metrics", metrics),
@@ -115,8 +116,6 @@ async def _answer(request: Request, work: Awaitable[Any], data: Any, rid: str) -
         result = await unless_disconnected(request, asyncio.ensure_future(work))
     except ServiceError as exc:
         return _error(data, exc, rid)
-    except InputError as exc:
-        return _error(data, ServiceError.from_input(exc), rid)
     if result is None:  # the client went away; its queued work has been dropped
         return Response(status_code=HTTP_STATUS[Code.CANCELLED])
     if isinstance(result, dict):

@@ -56,6 +56,11 @@ def test_bad_gateway_input_is_refused_naming_the_field(http):
              ({"messages": [{"content": "x"}]}, "messages[0]"), ({"messages": [{"role": "user", "content": "x"}], "budget": 0}, "budget"),
              ({"messages": [{"role": "user", "content": "x"}], "granularity": "line"}, "granularity"),
              ({"messages": [{"role": "user", "content": "x"}], "temperature": 1}, "temperature")]
+    def refused() -> float:
+        lines = http.get("/metrics").text.splitlines()
+        return sum(float(l.split()[-1]) for l in lines if l.startswith('ilre_errors_total{code="INVALID_ARGUMENT"}'))
+
+    before = refused()
     for data, field in cases:
         reply = http.post("/v1/compress", json=data)
         assert reply.status_code == 400 and reply.json()["field"] == field, (data, reply.text)
@@ -63,3 +68,4 @@ def test_bad_gateway_input_is_refused_naming_the_field(http):
                                 ("/v1/retrieve/" + "a" * 24, "hash", 404)):
         reply = http.get(path)
         assert reply.status_code == status and reply.json()["field"] == field, reply.text
+    assert refused() == before + len(cases) + 2  # counted in /metrics as the front end counts its own refusals
