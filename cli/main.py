@@ -3,16 +3,17 @@
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import os
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 from ..engine.messages import InputError
 from .output import EXIT_INPUT, CliError, summary
-from .parser import build_parser
+from .parser import DEEPEN_MODES, build_parser
 
 
 def _engine(args: argparse.Namespace):
@@ -29,9 +30,11 @@ def _engine(args: argparse.Namespace):
         raise CliError(f"batch-tokens: must be >= 0 (got {args.batch_tokens})")
     if args.doc_cache_mb < 0:
         raise CliError(f"doc-cache-mb: must be >= 0 (got {args.doc_cache_mb})")
+    if getattr(args, "deepen", "off") not in DEEPEN_MODES:
+        raise CliError(f"deepen: must be one of {', '.join(DEEPEN_MODES)} (got {args.deepen!r}; env ILRE_DEEPEN)")
     config = EngineConfig(model=args.model, layer=args.layer, prefill=prefill, max_context_tokens=args.max_context_tokens,
                           device=args.device, dtype=args.dtype, batch_tokens=args.batch_tokens,
-                          doc_cache_mb=args.doc_cache_mb)
+                          doc_cache_mb=args.doc_cache_mb, deepen=getattr(args, "deepen", "off") == "idle")
     try:
         return Engine(config)
     except (FileNotFoundError, KeyError, ValueError) as exc:
@@ -174,10 +177,28 @@ def run_serve(args: argparse.Namespace) -> int:
 
     _check_placement(args)
     config = _service_config(args, max_context_tokens=args.max_context_tokens)
+    with _closing_engines(args) as engine:
+        try:
+            return serve(config, engine, request_defaults(args))
+        except ValueError as exc:  # ConfigError: a port in use, unreadable TLS files
+            raise CliError(str(exc)) from None
+
+
+@contextlib.contextmanager
+def _closing_engines(args: argparse.Namespace) -> Iterator[Callable[[], Any]]:
+    """A loader of the command's engine (a server loads it in the background) whose engines are closed
+    (their background deepening stopped) when the command ends."""
+    engines: list[Any] = []
+
+    def load():
+        engines.append(_engine(args))
+        return engines[-1]
+
     try:
-        return serve(config, lambda: _engine(args), request_defaults(args))
-    except ValueError as exc:  # ConfigError: a port in use, unreadable TLS files
-        raise CliError(str(exc)) from None
+        yield load
+    finally:
+        for engine in engines:
+            engine.close()
 
 
 def run_sidecar(args: argparse.Namespace) -> int:
@@ -196,10 +217,11 @@ def run_sidecar(args: argparse.Namespace) -> int:
         tokenizer = load_tokenizer(resolve_checkpoint(args.model).path)
     except (FileNotFoundError, KeyError, ValueError) as exc:
         raise CliError(str(exc).strip("'\"")) from None
-    try:
-        return serve(config, lambda: _engine(args), request_defaults(args), sidecar=sidecar, tokenizer=tokenizer)
-    except ValueError as exc:  # ConfigError: a port in use, unreadable TLS files
-        raise CliError(str(exc)) from None
+    with _closing_engines(args) as engine:
+        try:
+            return serve(config, engine, request_defaults(args), sidecar=sidecar, tokenizer=tokenizer)
+        except ValueError as exc:  # ConfigError: a port in use, unreadable TLS files
+            raise CliError(str(exc)) from None
 
 
 def run_worker(args: argparse.Namespace) -> int:
@@ -208,7 +230,8 @@ def run_worker(args: argparse.Namespace) -> int:
     config = _service_config(args)
     if not config.redis_url:
         raise CliError("redis-url: a worker needs --redis-url (or ILRE_REDIS_URL)")
-    return work(_engine(args), config, name=args.name, metrics_port=args.metrics_port)
+    with _closing_engines(args) as engine:
+        return work(engine(), config, name=args.name, metrics_port=args.metrics_port)
 
 
 def run_batch(args: argparse.Namespace) -> int:

@@ -15,6 +15,7 @@ wanted. The prefill knows nothing about strategies: it returns keys and queries,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Generator
 
 import torch
 
@@ -261,6 +262,16 @@ def encode_context(
     DCA (eq. 7): at score layers the keys of chunk i < N_C - 1 are moved to chunk N_C - 1's start,
     so every query-key distance stays under two chunk lengths.
     """
+    return run_steps(encode_in_steps(model, context_ids, config, score_layers, parts))
+
+
+def encode_in_steps(
+    model: TruncatedLM, context_ids: torch.Tensor, config: PrefillConfig, score_layers: tuple[int, ...] | None = None,
+    parts: tuple[str, ...] = (),
+) -> Generator[None, None, ContextState]:
+    """`encode_context` one layer of one chunk at a time: a generator that yields after each step and
+    returns the ContextState (`run_steps` runs it out), so a background encoding can give way to
+    requests between steps. The arguments are checked here, before the first step."""
     l_r = model.n_layers
     score_layers = tuple(sorted(set(score_layers or (l_r,))))
     if score_layers[-1] > l_r or score_layers[0] < 1:
@@ -283,11 +294,27 @@ def encode_context(
     bounds = chunk_bounds(length, config)
     caches = [WindowCache(config, length, config.chunk, model) for _ in range(score_layers[-1] - 1)]
     state = ContextState(length, len(bounds), config, keys, caches, {name: cache(name) for name in parts})
+    return _encode_chunks(model, state, context_ids, bounds)
+
+
+def run_steps(steps: Generator[None, None, ContextState]) -> ContextState:
+    """Run a stepwise encoding (`encode_in_steps`) to its end: its ContextState."""
+    while True:
+        try:
+            next(steps)
+        except StopIteration as done:
+            return done.value
+
+
+def _encode_chunks(model: TruncatedLM, state: ContextState, context_ids: torch.Tensor,
+                   bounds: list[tuple[int, int]]) -> Generator[None, None, ContextState]:
+    """The context chunks through the layers, a step (one layer of one chunk) per `next`."""
+    config = state.config
     base = bounds[-2][0] if len(bounds) >= 2 else 0  # start of chunk N_C - 1 (eq. 7 anchor)
     for index, (start, end) in enumerate(bounds):
         key_shift = base - start if config.dca and index < len(bounds) - 2 else 0
-        _context_chunk(model, state, context_ids[start:end], start, index, key_shift)
-    for window_cache in caches:
+        yield from _context_chunk(model, state, context_ids[start:end], start, index, key_shift)
+    for window_cache in state.caches:
         window_cache.freeze()  # what a query reads and nothing more: a cached document holds only this
     return state
 
@@ -329,10 +356,10 @@ def _chunk_inputs(model: TruncatedLM, state: ContextState, ids: torch.Tensor, st
 
 
 def _context_chunk(model: TruncatedLM, state: ContextState, ids: torch.Tensor, start: int, index: int,
-                   key_shift: int) -> None:
-    """Context chunk number `index` (ids (T,) at positions start..) through layers 1..top: writes its
-    keys at every score layer (moved by `key_shift`, eq. 7) and, at l_R, the parts the state keeps;
-    appends its K/V to the window cache of every layer below the top."""
+                   key_shift: int) -> Generator[None, None, None]:
+    """Context chunk number `index` (ids (T,) at positions start..) through layers 1..top, yielding
+    after each layer: writes its keys at every score layer (moved by `key_shift`, eq. 7) and, at l_R,
+    the parts the state keeps; appends its K/V to the window cache of every layer below the top."""
     l_r, top, end = model.n_layers, max(state.keys), start + ids.numel()
     h, cos, sin, sink_shift = _chunk_inputs(model, state, ids, start, index)
     for l in range(1, top + 1):
@@ -356,6 +383,7 @@ def _context_chunk(model: TruncatedLM, state: ContextState, ids: torch.Tensor, s
         out = cache.attend(q, k, v, sink_shift, model.inv_freq)
         cache.append(k, v, first=index == 0)
         h = layer.finish(h, out)
+        yield
 
 
 def _query_chunk(model: TruncatedLM, state: ContextState, ids: torch.Tensor, parts: tuple[str, ...]

@@ -126,10 +126,48 @@ class DocumentCache:
         return self._tiered(slot, key, "units", lambda entry: entry.units, compute,
                             lambda tensors: tensors["bounds"], lambda bounds: {"bounds": bounds})
 
+    def held_state(self, slot: str, key: str,
+                   restore: Callable[[dict[str, torch.Tensor]], ContextState]) -> ContextState | None:
+        """The document's ContextState for `key` if either tier holds it (nothing is encoded)."""
+        return self._lookup(slot, key, "state", lambda entry: entry.states, restore)
+
+    def store_state(self, slot: str, key: str, state: ContextState, replaces: str | None = None) -> bool:
+        """Keep a state encoded elsewhere (a background deepening) under `key`, in both tiers, dropping
+        this process's state `replaces`, which it supersedes. False when the document has left this
+        process (nothing is kept then)."""
+        with self._lock:
+            entry = self._docs.get(slot)
+            if entry is None:
+                return False
+            if replaces is not None:
+                entry.states.pop(replaces, None)
+        if self.shared is not None:
+            self.shared.put_state(slot, key, state.to_tensors())
+        return self._keep(slot, key, lambda entry: entry.states, state)
+
+    def holds(self, slot: str, key: str | None = None) -> bool:
+        """Whether this process holds the document in `slot` (with `key`: and its state under that key);
+        touches nothing."""
+        with self._lock:
+            entry = self._docs.get(slot)
+            return entry is not None and (key is None or key in entry.states)
+
     def _tiered(self, slot: str, key: str, kind: str, held: Callable[[_Document], dict], compute: Callable[[], Any],
                 restore: Callable[[dict[str, torch.Tensor]], Any], to_tensors: Callable[[Any], dict[str, torch.Tensor]]):
         """What `held(entry)[key]` holds for the document: from this process, else the shared store
         (`restore`d from its tensors), else `compute()`d and stored in both (counted as `kind`)."""
+        found = self._lookup(slot, key, kind, held, restore)
+        if found is not None:
+            return found
+        value = compute()
+        if self.shared is not None:
+            self.shared.put_state(slot, key, to_tensors(value))
+        self._keep(slot, key, held, value)
+        return value
+
+    def _lookup(self, slot: str, key: str, kind: str, held: Callable[[_Document], dict],
+                restore: Callable[[dict[str, torch.Tensor]], Any]) -> Any:
+        """`held(entry)[key]` from this process, else from the shared store (restored and kept here), else None."""
         with self._lock:
             entry = self._docs.get(slot)
             found = held(entry).get(key) if entry is not None else None
@@ -138,22 +176,27 @@ class DocumentCache:
                 self.stats.hits[kind, "local"] += 1
                 return found
         self.stats.misses[kind, "local"] += 1
-        tensors = self.shared.get_state(slot, key) if self.shared is not None else None
-        if self.shared is not None:
-            (self.stats.hits if tensors is not None else self.stats.misses)[kind, "shared"] += 1
-        if tensors is not None:
-            value = restore(tensors)
-        else:
-            value = compute()
-            if self.shared is not None:
-                self.shared.put_state(slot, key, to_tensors(value))
+        if self.shared is None:
+            return None
+        tensors = self.shared.get_state(slot, key)
+        (self.stats.hits if tensors is not None else self.stats.misses)[kind, "shared"] += 1
+        if tensors is None:
+            return None
+        value = restore(tensors)
+        self._keep(slot, key, held, value)
+        return value
+
+    def _keep(self, slot: str, key: str, held: Callable[[_Document], dict], value: Any) -> bool:
+        """Hang `value` on the document under `key` and evict to the cap; False when the document is not
+        held (evicted meanwhile, or its IDs never fit)."""
         with self._lock:
             entry = self._docs.get(slot)
-            if entry is not None:  # else evicted meanwhile (or the IDs never fit): nothing to hang it on
-                held(entry)[key] = value
-                self._docs.move_to_end(slot)
-                self._fit(keep=slot)
-        return value
+            if entry is None:
+                return False
+            held(entry)[key] = value
+            self._docs.move_to_end(slot)
+            self._fit(keep=slot)
+            return True
 
     def clear(self) -> None:
         """Forget every document this process holds (the shared tier is left as it is)."""

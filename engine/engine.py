@@ -7,7 +7,6 @@ holds no per-request state between calls.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from dataclasses import dataclass, field
 from typing import Callable
@@ -18,7 +17,7 @@ from ..compressor.batched_prefill import fits_one_chunk
 from ..compressor.defaults import (AUTO_BATCH_TOKENS, DEFAULT_BUDGET, DOC_CACHE_MB, MAX_CONTEXT_TOKENS,
                                   MAX_EXPLAIN_TOKENS, MAX_QUERY_TOKENS)
 from ..compressor.pipeline import Selection, SelectionJob, batchable, score_layers, select_context, select_contexts
-from ..compressor.prefill import ContextState, PrefillConfig, encode_context
+from ..compressor.prefill import ContextState, PrefillConfig, encode_context, encode_in_steps
 from ..compressor.strategies import Strategy
 from ..compressor.units import UNITS_VERSION, document_units, kept_spans
 from ..models.device import resolve_placement
@@ -28,6 +27,7 @@ from ..models.profiles import load_profile
 from ..models.retaining_head import attach_head, head_directories, head_path
 from ..models.token_bytes import context_bytes, token_bytes
 from ..models.tokenize import TooManyTokens, tokenize_text
+from .deepening import Deepener
 from .document_names import DocumentNames
 from .documents import DocumentCache, SharedDocuments, state_key
 from .explain import ExplanationFacts, render_explanation
@@ -60,6 +60,7 @@ class EngineConfig:
     default_budget: int = DEFAULT_BUDGET
     batch_tokens: int | None = None  # padded context tokens per batched prefill; 0 = off, None = auto
     doc_cache_mb: int = DOC_CACHE_MB  # in-process document cache (IDs and encoded contexts); 0 = off
+    deepen: bool = False  # encode asked documents in full to l_R while idle (engine/deepening.py; the service's default)
 
 
 class Engine:
@@ -70,7 +71,8 @@ class Engine:
     Documents belong to a scope (the caller's, engine/document_names.py): a request finds only its
     own scope's. `names` issues the ids under the document secret (a random one for this process until
     the service sets its own).
-    One engine runs one request at a time (a query pass uses its cached context as scratch)."""
+    One engine runs one request at a time (a query pass uses its cached context as scratch); with
+    `deepen`, a background thread uses the idle moments between requests (engine/deepening.py)."""
 
     def __init__(self, config: EngineConfig | None = None, shared_documents: SharedDocuments | None = None):
         self.config = config = config or EngineConfig()
@@ -86,7 +88,7 @@ class Engine:
         self.tokenizer = load_tokenizer(checkpoint.path)
         self.documents = DocumentCache(config.doc_cache_mb << 20, shared_documents)
         self.names = DocumentNames()
-        self._running = threading.Lock()  # one request at a time: cached contexts are query scratch space
+        self.deepening = Deepener(config.deepen)  # also whose turn it is: one request at a time
         self._models: dict[int, TruncatedLM] = {}
         self.model_at(self.layer)
 
@@ -176,7 +178,7 @@ class Engine:
         """Tokenize, select context tokens, detokenize; raises InputError for bad input and
         NotFoundError for a document_id that `scope` (the caller's, "" without API keys) does not
         hold. A request with `queries` gets a CompressResults (one prefill, one result per query)."""
-        with self._running:
+        with self.deepening.turn():
             job = self._prepare(request, scope)
             return self._finish(job, self._select(job))
 
@@ -202,7 +204,7 @@ class Engine:
             if on_result is not None:
                 on_result(i, outcome)
 
-        with self._running:
+        with self.deepening.turn():
             self._run_many(requests, deliver, scopes or [""] * len(requests))
         return outcomes  # type: ignore[return-value]
 
@@ -235,23 +237,64 @@ class Engine:
         return (self.batch_tokens > 0 and len(job.queries) == 1 and job.model is not None and batchable(job.strategy)
                 and job.budget < job.context_ids.numel() and fits_one_chunk(job.context_ids.numel(), job.prefill))
 
+    def close(self) -> None:
+        """Stop the background deepening (after its step in progress)."""
+        self.deepening.close()
+
     def _select(self, job: "_Job") -> list[Selection]:
-        """One selection per query, all against one encoded context from the document cache."""
-        model, prefill = job.model, job.prefill
-        parts, layers = job.strategy.context_parts, score_layers(job.strategy, job.layer)
+        """One selection per query, all against one encoded context from the document cache. A document
+        deepened in the background is served by the strategy's deepened form; a document that was not
+        is offered for deepening once its queries are answered."""
+        deep = job.strategy.deepened() if self.deepening.enabled else None
+        if deep is not None:
+            held = self.documents.held_state(job.slot, self._state_key(job, deep), self._restore(job))
+            if held is not None:
+                return self._selections(job, deep, lambda: held)
+        selections = self._selections(job, job.strategy, self._encoded(job))
+        if deep is not None:
+            self._offer(job, deep)
+        return selections
+
+    def _selections(self, job: "_Job", strategy: Strategy, encoded: Callable[[], ContextState]) -> list[Selection]:
+        return [select_context(job.model, job.context_ids, query_ids, job.budget, strategy, job.prefill, encoded=encoded,
+                               units=job.units) for query_ids in job.queries]
+
+    def _state_key(self, job: "_Job", strategy: Strategy) -> str:
+        """The document cache's key of the encoded context `strategy` reads on this job's layer and prefill."""
+        layers = score_layers(strategy, job.layer)
         top = max(layers)  # the deepest layer encoded: l_R, or a cascade's coarse layer
-        key = state_key(top, prefill, self.placement.dtype_name, parts, tuple(l for l in layers if l != top))
+        return state_key(top, job.prefill, self.placement.dtype_name, strategy.context_parts,
+                         tuple(l for l in layers if l != top))
+
+    def _restore(self, job: "_Job") -> Callable[[dict[str, torch.Tensor]], ContextState]:
+        return lambda tensors: ContextState.from_tensors(job.model, job.prefill, tensors)
+
+    def _encoded(self, job: "_Job") -> Callable[[], ContextState]:
+        """The job's encoded context, from the document cache or encoded on first use (once per job)."""
+        layers, parts = score_layers(job.strategy, job.layer), job.strategy.context_parts
         encoded: list[ContextState] = []
 
         def state() -> ContextState:
             if not encoded:
                 encoded.append(self.documents.state(
-                    job.slot, key, lambda: encode_context(model, job.context_ids, prefill, layers, parts=parts),
-                    lambda tensors: ContextState.from_tensors(model, prefill, tensors)))
+                    job.slot, self._state_key(job, job.strategy),
+                    lambda: encode_context(job.model, job.context_ids, job.prefill, layers, parts=parts),
+                    self._restore(job)))
             return encoded[0]
 
-        return [select_context(model, job.context_ids, query_ids, job.budget, job.strategy, prefill, encoded=state,
-                               units=job.units) for query_ids in job.queries]
+        return state
+
+    def _offer(self, job: "_Job", deep: Strategy) -> None:
+        """Queue the job's document for deepening: the encoding `deep` reads, which then replaces the one
+        the job's strategy read."""
+        slot, key, first = job.slot, self._state_key(job, deep), self._state_key(job, job.strategy)
+        model, context_ids, prefill = job.model, job.context_ids, job.prefill
+        layers = score_layers(deep, job.layer)
+        self.deepening.offer(
+            f"{slot}/{key}",
+            start=lambda: encode_in_steps(model, context_ids, prefill, layers, parts=deep.context_parts),
+            store=lambda state: self.documents.store_state(slot, key, state, replaces=first),
+            wanted=lambda: self.documents.holds(slot) and not self.documents.holds(slot, key))
 
     def _prepare(self, request: CompressRequest, scope: str) -> "_Job":
         """Check and tokenize a request of a caller in `scope`; InputError naming the field when it

@@ -11,6 +11,11 @@ import pytest
 # request's on CPUs with AMX, so a near-tie may break the other way. Tests of bfloat16 name it.
 DTYPE = "float32"
 os.environ.setdefault("ILRE_DTYPE", DTYPE)
+# No background deepening in the `ilre` servers tests start (ILRE_DEEPEN): it runs in whatever idle moment a
+# test leaves, so a document's later queries would switch to the deepened path at a time no test controls
+# (and it would take the 2 cores from the next test). tests/engine/test_deepening.py and the gateway's
+# retrieve test turn it on.
+os.environ.setdefault("ILRE_DEEPEN", "off")
 
 
 @pytest.fixture(scope="session")

@@ -71,6 +71,12 @@ class Strategy(ABC):
         would cover the context runs without its coarse layer)."""
         return self
 
+    def deepened(self) -> "Strategy | None":
+        """The strategy as it runs on a context encoded in full to l_R, which the engine builds in the
+        background once a document has been asked (engine/deepening.py); None: a first query already
+        encodes all it reads. A cascade becomes plain ILRe at l_R with its coarse layer blended in."""
+        return None
+
     def with_defaults(self, defaults: dict) -> "Strategy":
         """This strategy with the options it leaves unset (None) taken from `defaults` (a model profile's)."""
         unset = {name: value for name, value in defaults.items()

@@ -66,6 +66,11 @@ class Cascade(Strategy):
             return dataclasses.replace(self, whole=True)
         return self
 
+    def deepened(self) -> "Cascade | None":
+        """Every token a candidate: the limit the candidate stage approximates (ILRe at l_R with the
+        coarse layer at coarse_weight, stage 18 of the results page)."""
+        return dataclasses.replace(self, whole=True) if self.cascade_layer is not None else None
+
     def score(self, inputs: ScoreInputs) -> torch.Tensor:
         """l_R's A^C (over the candidates, or on the whole context over all) blended with the coarse
         layer's at coarse_weight."""

@@ -1,0 +1,203 @@
+"""Deepening: a document asked once is encoded in full to l_R while the engine is idle, and its later
+queries are answered from that encoding. Checked against the strategy it stands for (plain ILRe at l_R
+with the coarse layer blended in, computed from scratch), with requests coming first, resumed where it
+stopped, across workers through a real redis-server, and the background thread's rules on its own."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+import time
+
+import pytest
+
+from ilre.compressor.prefill import PrefillConfig, chunk_bounds, encode_context, encode_in_steps, run_steps
+from ilre.engine.deepening import Deepener
+from ilre.engine.documents import DocumentCache
+from ilre.engine.messages import CompressRequest
+from ilre.models.loader import load_truncated
+from ilre.service.queue.shared_documents import RedisDocuments
+from tests.tiny_models import N_LAYERS, random_ids, tiny_checkpoint
+
+from .conftest import comparable
+from .test_documents import QUESTIONS, long_text
+
+BUDGET = 200  # 800 candidates: well inside the ~3.5K-token document, so the first query runs the candidate pass
+
+
+@contextlib.contextmanager
+def deepening_on(engine, shared=None):
+    """The session engine with background deepening on and an empty document cache (on `shared` when given)."""
+    kept = engine.documents, engine.deepening
+    engine.documents, engine.deepening = DocumentCache(1 << 30, shared), Deepener(True)
+    try:
+        yield engine
+    finally:
+        engine.deepening.close()
+        engine.documents, engine.deepening = kept
+
+
+def uncached(engine, request: CompressRequest) -> dict:
+    """The request's result from scratch (the session engine: no deepening, its cache off)."""
+    kept = engine.documents
+    engine.documents = DocumentCache(0)
+    try:
+        return comparable(engine.compress(request))
+    finally:
+        engine.documents = kept
+
+
+def full_depth_reference(engine, query: str, context: str | None = None) -> dict:
+    """What a deepened document stands for, from scratch: plain ILRe at l_R with the cascade's coarse layer
+    at its weight (the profile's), the strategy's name aside."""
+    options = engine.profile.strategy_options("cascade")
+    blended = {"also_layers": [options["coarse_layer"]], "also_weight": 0.5}
+    result = uncached(engine, CompressRequest(context=context or long_text(), query=query, budget=BUDGET,
+                                              strategy="ilre", strategy_options=blended))
+    return {k: v for k, v in result.items() if k != "strategy"}
+
+
+def without_strategy(result) -> dict:
+    return {k: v for k, v in comparable(result).items() if k != "strategy"}
+
+
+def test_stepwise_encoding_interleaved_equals_encode_context():
+    model = load_truncated(tiny_checkpoint("llama"), N_LAYERS)
+    config = PrefillConfig(sink=2, window=5, chunk=7, dca=True)
+    a_ids, b_ids = random_ids(45, seed=3), random_ids(30, seed=4)
+    a, b = encode_in_steps(model, a_ids, config, (2, N_LAYERS)), encode_in_steps(model, b_ids, config)
+    steps = 0
+    for _ in b:  # another encoding's steps between each of a's: nothing is shared
+        steps += 1
+        next(a, None)
+    state = run_steps(a)
+    reference = encode_context(model, a_ids, config, (2, N_LAYERS))
+    assert steps == len(chunk_bounds(30, config)) * (N_LAYERS - 1)  # one step per layer below l_R per chunk
+    for layer in reference.keys:
+        assert state.keys[layer].equal(reference.keys[layer])
+    for got, want in zip(state.caches, reference.caches):
+        assert got.k.equal(want.k) and got.v.equal(want.v) and got.sink_raw.equal(want.sink_raw)
+    with pytest.raises(ValueError, match="parts: unknown"):  # checked when made, not at the first step
+        encode_in_steps(model, a_ids, config, parts=("nonsense",))
+
+
+def test_a_document_asked_again_is_answered_from_its_full_depth_encoding(engine):
+    cascade = uncached(engine, CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET))
+    references = [full_depth_reference(engine, query) for query in QUESTIONS]
+    assert cascade["kept_indices"] != references[1]["kept_indices"]  # the two paths differ on this document
+    with deepening_on(engine):
+        first = engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET))
+        assert comparable(first) == cascade  # the first query: the cascade, unchanged
+        assert engine.deepening.wait_idle(120) and engine.deepening.stats.finished == 1
+        again = [engine.compress(CompressRequest(document_id=first.document_id, query=query, budget=BUDGET))
+                 for query in QUESTIONS]
+        by_text = engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[0], budget=BUDGET))
+        assert engine.deepening.wait_idle(10) and engine.deepening.stats.finished == 1  # not offered again
+        (entry,) = engine.documents._docs.values()
+        held = list(entry.states)
+    assert [r.strategy for r in again] == ["cascade"] * 3
+    assert [without_strategy(r) for r in again] == references
+    assert without_strategy(by_text) == references[0]
+    assert len(held) == 1 and held[0].startswith(f"l{engine.layer}-")  # the coarse layer's encoding was dropped
+
+
+def test_requests_come_first_and_deepening_resumes_where_it_stopped(engine):
+    short = long_text()[:6000]
+    alone = uncached(engine, CompressRequest(context=short, query=QUESTIONS[2], budget=BUDGET))
+    with deepening_on(engine):
+        first = engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET))
+        stats = engine.deepening.stats
+        deadline = time.monotonic() + 60
+        while stats.steps < 5 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        other = engine.compress(CompressRequest(context=short, query=QUESTIONS[2], budget=BUDGET))
+        assert stats.steps >= 5 and stats.finished == 0  # the request ran in the middle of the deepening
+        assert engine.deepening.wait_idle(120) and stats.finished == 2  # then both documents, each once
+    assert comparable(other) == alone
+    chunks = [len(chunk_bounds(r.original_tokens, engine.config.prefill)) for r in (first, other)]
+    assert stats.steps == sum(n * (engine.layer - 1) + 1 for n in chunks)  # every step ran once: resumed, not restarted
+
+
+def test_a_deepened_document_serves_another_worker_through_redis(engine, redis_server):
+    reference = full_depth_reference(engine, QUESTIONS[0])
+    shared = RedisDocuments(redis_server.url, prefix="docs-deep", max_bytes=1 << 30, ttl_s=60)
+    try:
+        with deepening_on(engine, shared):
+            first = engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET))
+            assert engine.deepening.wait_idle(120) and engine.deepening.stats.finished == 1
+        with deepening_on(engine, shared):  # another worker: its own empty process tier, the same Redis
+            again = engine.compress(CompressRequest(document_id=first.document_id, query=QUESTIONS[0], budget=BUDGET))
+            assert engine.deepening.wait_idle(10) and engine.deepening.stats.steps == 0  # nothing left to deepen
+            assert engine.documents.stats.hits["state", "shared"] == 1
+    finally:
+        shared.close()
+    assert without_strategy(again) == reference
+
+
+# --- the background thread's rules, on plain generators ----------------------------------------
+
+def counting(log: list, name: str, steps: int):
+    def run():
+        for i in range(steps):
+            log.append((name, i))
+            yield
+        return name
+    return run
+
+
+def test_no_step_runs_while_a_request_holds_its_turn_and_newest_offers_go_first():
+    deepener, log, stored = Deepener(True), [], []
+    try:
+        with deepener.turn():
+            for name in ("old", "new"):
+                deepener.offer(name, counting(log, name, 3), stored.append, lambda: True)
+            time.sleep(0.2)
+            assert log == [] and deepener.pending("old")  # "new" is taken, waiting for its turn
+        assert deepener.wait_idle(10)
+        assert stored == ["new", "old"] and [n for n, _ in log] == ["new"] * 3 + ["old"] * 3
+        assert deepener.stats.finished == 2 and deepener.stats.steps == 8
+    finally:
+        deepener.close()
+
+
+def test_a_document_that_left_the_cache_is_skipped_and_the_queue_is_bounded():
+    deepener, log, stored = Deepener(True, max_pending=2), [], []
+    try:
+        with deepener.turn():
+            deepener.offer("gone", counting(log, "gone", 3), stored.append, lambda: False)
+            for name in ("a", "b", "c"):  # "gone" and then "a" fall off the end
+                deepener.offer(name, counting(log, name, 1), stored.append, lambda: True)
+        assert deepener.wait_idle(10)
+        assert stored == ["c", "b"] and deepener.stats.dropped == 2
+    finally:
+        deepener.close()
+
+
+def test_a_failing_deepening_is_logged_and_the_next_one_runs(caplog):
+    def broken():
+        yield
+        raise RuntimeError("out of memory")
+
+    deepener, stored = Deepener(True), []
+    try:
+        with deepener.turn():
+            deepener.offer("ok", counting([], "ok", 2), stored.append, lambda: True)
+            deepener.offer("broken", broken, stored.append, lambda: True)
+        assert deepener.wait_idle(10)
+    finally:
+        deepener.close()
+    assert stored == ["ok"] and deepener.stats.dropped == 1
+    assert "deepening a document failed" in caplog.text
+
+
+def test_off_starts_no_thread_and_close_stops_a_long_one():
+    off = Deepener(False)
+    off.offer("x", counting([], "x", 1), lambda state: None, lambda: True)
+    assert off.wait_idle(0) and threading.active_count() >= 1 and off._thread is None
+    on, log = Deepener(True), []
+    on.offer("long", counting(log, "long", 10**9), lambda state: None, lambda: True)
+    time.sleep(0.1)
+    on.close()
+    steps = len(log)
+    time.sleep(0.1)
+    assert 0 < steps == len(log)
