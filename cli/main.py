@@ -30,8 +30,7 @@ def _engine(args: argparse.Namespace):
         raise CliError(f"batch-tokens: must be >= 0 (got {args.batch_tokens})")
     if args.doc_cache_mb < 0:
         raise CliError(f"doc-cache-mb: must be >= 0 (got {args.doc_cache_mb})")
-    if getattr(args, "deepen", "off") not in DEEPEN_MODES:
-        raise CliError(f"deepen: must be one of {', '.join(DEEPEN_MODES)} (got {args.deepen!r}; env ILRE_DEEPEN)")
+    _check_deepen(args)
     config = EngineConfig(model=args.model, layer=args.layer, prefill=prefill, max_context_tokens=args.max_context_tokens,
                           device=args.device, dtype=args.dtype, batch_tokens=args.batch_tokens,
                           doc_cache_mb=args.doc_cache_mb, deepen=getattr(args, "deepen", "off") == "idle")
@@ -144,8 +143,15 @@ def _service_config(args: argparse.Namespace, **settings: Any):
         raise CliError(str(exc)) from None
 
 
+def _check_deepen(args: argparse.Namespace) -> None:
+    """--deepen checked (its ILRE_DEEPEN default is not an argparse choice), also before a server starts."""
+    if getattr(args, "deepen", "off") not in DEEPEN_MODES:
+        raise CliError(f"deepen: must be one of {', '.join(DEEPEN_MODES)} (got {args.deepen!r}; env ILRE_DEEPEN)")
+
+
 def _check_placement(args: argparse.Namespace) -> None:
-    """--device / --dtype checked before a server starts (its model loads in the background)."""
+    """--device / --dtype (and --deepen) checked before a server starts (its model loads in the background)."""
+    _check_deepen(args)
     from ..models.device import resolve_placement
 
     try:

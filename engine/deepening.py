@@ -15,11 +15,13 @@ layer of one chunk; no step starts while a request waits. The newest offers run 
 
 from __future__ import annotations
 
+import atexit
 import collections
 import contextlib
 import logging
 import threading
 import time
+import weakref
 from dataclasses import dataclass
 from typing import Callable, Generator, Iterator
 
@@ -30,6 +32,14 @@ from ..compressor.prefill import ContextState
 log = logging.getLogger(__name__)
 
 MAX_PENDING = 8  # documents waiting to be deepened; the oldest offer is dropped beyond this
+
+_RUNNING: "weakref.WeakSet[Deepener]" = weakref.WeakSet()  # closed at exit: a step must not outlive the interpreter
+
+
+@atexit.register
+def _close_all() -> None:
+    for deepener in list(_RUNNING):
+        deepener.close()
 
 
 @dataclass
@@ -98,6 +108,7 @@ class Deepener:
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="ilre-deepening", daemon=True)
                 self._thread.start()
+                _RUNNING.add(self)
             self._changed.notify_all()
 
     def pending(self, name: str) -> bool:
@@ -111,7 +122,7 @@ class Deepener:
             return self._changed.wait_for(lambda: not self._offers and not self._busy, timeout)
 
     def close(self) -> None:
-        """Stop after the step in progress; queued documents are dropped."""
+        """Stop after the step in progress; queued documents are dropped (also done at exit)."""
         with self._changed:
             self._closed = True
             self._offers.clear()

@@ -18,7 +18,10 @@ from .ruler import length_label
 OURS = ("cascade", "cascade_units", "ilre", "ilre_units", "ilre_fast_too", "ilre_fast_half", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto")
 BASELINES = ("rag", "longllmlingua", "llmlingua", "streaming_llm")
 DEFAULT = "cascade"  # the strategy a request gets when it names none
-VARIANTS = {"cascade": "ilre", "cascade_units": "cascade", "ilre_units": "ilre", "ilre_fast_too": "ilre", "ilre_fast_half": "ilre", "ilre_nodca": "ilre"}  # an option of a strategy -> the strategy without it
+# (an option of a strategy, the strategy without it); ILRe + layer 8 at half weight is also what the default
+# becomes on a deepened document (engine/deepening.py), so it is set against the cascade too
+VARIANTS = (("cascade", "ilre"), ("cascade_units", "cascade"), ("ilre_units", "ilre"), ("ilre_fast_too", "ilre"),
+            ("ilre_fast_half", "ilre"), ("ilre_fast_half", "cascade"), ("ilre_nodca", "ilre"))
 
 
 def retention_by_sample(records: list[dict], length: int, field: str = "retention") -> dict[str, dict[tuple, float]]:
@@ -115,7 +118,7 @@ def variant_section(records: list[dict], labels: dict[str, str], groups: dict[st
     all the tasks both ran and on each named group of tasks: the paired mean difference with its bootstrap interval,
     and the tasks that move it. An option is kept only where this says it leads."""
     rows = []
-    for variant, base in VARIANTS.items():
+    for variant, base in VARIANTS:
         for n in sorted({r["length"] for r in records if r["strategy"] == variant}):
             shown = None
             for group, tasks in {"all tasks both ran": (), **groups}.items():

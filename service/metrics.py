@@ -48,7 +48,7 @@ class Metrics:
 
         # the document cache of the engine this process serves (engine/documents.py), read when scraped
         self.documents: Any = None
-        self.deepening: Any = None  # and its background deepening's counters (engine/deepening.py)
+        self.deepening: Any = None  # and its background deepening (engine/deepening.py)
         registry.register(_DocumentCacheCollector(self))
 
     def observe_result(self, timings_ms: dict[str, float], tokens_in: int, tokens_out: int) -> None:
@@ -92,7 +92,7 @@ class _DocumentCacheCollector:
         yield evictions
         yield GaugeMetricFamily("ilre_doc_cache_bytes", "Bytes held by the in-process document cache", value=stats.bytes)
         yield GaugeMetricFamily("ilre_doc_cache_documents", "Documents held by the in-process cache", value=stats.documents)
-        deepening = self.metrics.deepening
+        deepening = self.metrics.deepening.stats if self.metrics.deepening is not None else None
         if deepening is not None:
             family = CounterMetricFamily("ilre_deepened_documents", "Documents encoded in full to l_R in the background, "
                                          "by outcome (finished; dropped: left the cache or the queue)", labels=["outcome"])

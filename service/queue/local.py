@@ -83,7 +83,7 @@ class LocalQueue:
     def _adopt(self, engine: Engine) -> None:
         """Serve `engine`: its cache in /metrics, its document ids under the configured secret."""
         self.metrics.documents = engine.documents
-        self.metrics.deepening = engine.deepening.stats
+        self.metrics.deepening = engine.deepening
         if self.document_secret:
             engine.names = DocumentNames(self.document_secret.encode())
 

@@ -69,7 +69,7 @@ class Worker:
                                           config.doc_cache_shared_mb << 20, config.doc_cache_ttl_s)
             engine.documents.shared = self._shared
         self.metrics.documents = engine.documents
-        self.metrics.deepening = engine.deepening.stats
+        self.metrics.deepening = engine.deepening
         if config.document_secret:  # else the secret on Redis, agreed before the first entry is read
             engine.names = DocumentNames(config.document_secret.encode())
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ilre-engine")

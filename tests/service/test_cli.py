@@ -97,6 +97,17 @@ def test_every_model_command_checks_device_and_dtype(command):
     assert proc.returncode == 2 and "dtype: 'double' is not one of" in err, err
 
 
+@pytest.mark.parametrize("command", [["serve", "--grpc-port", "0", "--http-port", "0"], ["sidecar", "--port", "0"],
+                                     ["worker", "--redis-url", "redis://127.0.0.1:1"]])
+def test_every_server_checks_deepen(command):
+    proc = run(*command, env={"ILRE_DEEPEN": "always"})
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "deepen: must be one of idle, off (got 'always'; env ILRE_DEEPEN)" in err, err
+    assert "Traceback" not in err
+    proc = run(*command, "--deepen", "later")
+    assert proc.returncode == 2 and "--deepen: invalid choice: 'later'" in proc.stderr.decode()
+
+
 def test_batch_keeps_going_past_bad_lines(tmp_path: Path):
     lines = [
         json.dumps({"id": "a", "context": CONTEXT, "query": QUERY, "budget": 128}),

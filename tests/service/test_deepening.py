@@ -12,7 +12,7 @@ import time
 import pytest
 
 from ilre.compressor.prefill import PrefillConfig, chunk_bounds, encode_context, encode_in_steps, run_steps
-from ilre.engine.deepening import Deepener
+from ilre.engine.deepening import Deepener, DeepeningStats
 from ilre.engine.documents import DocumentCache
 from ilre.engine.messages import CompressRequest
 from ilre.models.loader import load_truncated
@@ -27,14 +27,17 @@ BUDGET = 200  # 800 candidates: well inside the ~3.5K-token document, so the fir
 
 @contextlib.contextmanager
 def deepening_on(engine, shared=None):
-    """The session engine with background deepening on and an empty document cache (on `shared` when given)."""
-    kept = engine.documents, engine.deepening
-    engine.documents, engine.deepening = DocumentCache(1 << 30, shared), Deepener(True)
+    """The session engine with background deepening on (its counters from zero) and an empty document cache
+    (on `shared` when given); off again, and idle, after."""
+    kept, deepener = engine.documents, engine.deepening
+    engine.documents = DocumentCache(1 << 30, shared)
+    deepener.enabled, deepener.stats = True, DeepeningStats()
     try:
         yield engine
     finally:
-        engine.deepening.close()
-        engine.documents, engine.deepening = kept
+        deepener.enabled = False
+        deepener.wait_idle(300)
+        engine.documents = kept
 
 
 def uncached(engine, request: CompressRequest) -> dict:
@@ -201,3 +204,31 @@ def test_off_starts_no_thread_and_close_stops_a_long_one():
     steps = len(log)
     time.sleep(0.1)
     assert 0 < steps == len(log)
+
+
+EXIT_WHILE_DEEPENING = """
+import sys, time, torch
+from ilre.engine import deepening
+if sys.argv[1] == "unregistered":
+    import atexit; atexit.unregister(deepening._close_all)
+def work():
+    a = torch.randn(256, 256)
+    while True:
+        for _ in range(50):
+            a = torch.tanh(a @ a)
+        yield
+d = deepening.Deepener(True)
+d.offer("forever", work, lambda state: None, lambda: True)
+time.sleep(0.3)
+print("steps", d.stats.steps, flush=True)
+"""
+
+
+def test_a_process_exits_cleanly_while_a_document_is_being_deepened():
+    import subprocess
+    import sys
+
+    run = subprocess.run([sys.executable, "-c", EXIT_WHILE_DEEPENING, "registered"], capture_output=True, text=True,
+                         timeout=60)
+    assert run.returncode == 0 and "terminate" not in run.stderr, run.stderr[-2000:]
+    assert int(run.stdout.split()[-1]) > 0  # it was deepening when the interpreter went down

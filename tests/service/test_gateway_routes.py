@@ -69,3 +69,21 @@ def test_bad_gateway_input_is_refused_naming_the_field(http):
         reply = http.get(path)
         assert reply.status_code == status and reply.json()["field"] == field, reply.text
     assert refused() == before + len(cases) + 2  # counted in /metrics as the front end counts its own refusals
+
+
+def test_a_retrieve_once_the_tool_result_is_deepened_ranks_every_token(http, engine):
+    from ilre.engine.messages import CompressRequest
+
+    from .test_deepening import deepening_on, uncached
+
+    chat, answer = agent_chat(120)
+    coarse = engine.profile.strategy_options("cascade")["coarse_layer"]
+    reference = uncached(engine, CompressRequest(context=chat[3]["content"], query=QUESTION, budget=300, granularity="unit",
+                                                 strategy="ilre", strategy_options={"also_layers": [coarse]}))
+    with deepening_on(engine):
+        body = http.post("/v1/compress", json={"messages": chat, "budget": 600}).json()
+        assert engine.deepening.wait_idle(120)
+        found = http.get(f"/v1/retrieve/{body['ccr_hashes'][0]}", params={"query": QUESTION, "budget": "300"}).json()
+        metrics = http.get("/metrics").text
+    assert found["original_content"] == reference["compressed_context"] and answer in found["original_content"]
+    assert 'ilre_deepened_documents_total{outcome="finished"} 1.0' in metrics
