@@ -33,11 +33,12 @@ def _padded(seqs: list[torch.Tensor], device: torch.device) -> tuple[torch.Tenso
 
 def batched_prefill(
     model: TruncatedLM, contexts: list[torch.Tensor], queries: list[torch.Tensor], config: PrefillConfig,
-    also_layers: tuple[int, ...] = (),
+    score_layers: tuple[int, ...] | None = None,
 ) -> list[RetrievalState]:
     """contexts[b]: (L_b,) int64 with L_b <= chunk + S; queries[b]: (Lq_b,) int64 ->
-    one RetrievalState per request: keys (KV, L_b, d) and queries (H, Lq_b, d) at l_R and at each
-    layer of `also_layers` (below l_R: what a strategy blending a lower layer's attention reads)."""
+    one RetrievalState per request: keys (KV, L_b, d) and queries (H, Lq_b, d) at each of `score_layers`
+    (default: l_R; the union of what the batch's strategies encode, e.g. l_R and a layer blended with it,
+    or a cascade's coarse layer), computed as the streaming prefill computes them."""
     if not all(fits_one_chunk(c.numel(), config) for c in contexts):
         limit = config.chunk + config.sink
         raise ValueError(f"context: batched prefill takes contexts of at most chunk + sink = {limit} tokens")
@@ -48,17 +49,20 @@ def batched_prefill(
     cos_c, sin_c = model.rope(torch.arange(ctx_ids.shape[1], device=device))  # (T, d)
     cos_q, sin_q = model.rope(ctx_len[:, None] + torch.arange(qry_ids.shape[1], device=device))  # (B, Tq, d)
     cos_q, sin_q = cos_q[:, None], sin_q[:, None]  # (B, 1, Tq, d): broadcast over heads
-    if any(not 1 <= l < l_r for l in also_layers):
-        raise ValueError(f"also_layers: every layer must be below l_R = {l_r} (got {sorted(also_layers)})")
+    layers = tuple(sorted(set(score_layers or (l_r,))))
+    if not 1 <= layers[0] <= layers[-1] <= l_r:
+        raise ValueError(f"layer: score layers must be within 1..{l_r} (got {layers})")
     h_c, h_q = model.embed(ctx_ids), model.embed(qry_ids)  # (B, T, D), (B, Tq, D)
     kept_keys: dict[int, torch.Tensor] = {}
     kept_queries: dict[int, torch.Tensor] = {}
-    for l in range(1, l_r):
+    for l in range(1, min(layers[-1] + 1, l_r)):
         layer = model.layer(l)
         q, k, v = layer.qkv(h_c, cos_c, sin_c)  # (B, H, T, d), (B, KV, T, d) x2: one matmul for all
         qq, kq, vq = layer.qkv(h_q, cos_q, sin_q)  # (B, H, Tq, d), (B, KV, Tq, d) x2
-        if l in also_layers:  # one chunk: no DCA move, the keys as the streaming prefill keeps them
+        if l in layers:  # one chunk: no DCA move, the keys as the streaming prefill keeps them
             kept_keys[l], kept_queries[l] = k, qq
+        if l == layers[-1]:  # the deepest layer asked for, below l_R: nothing above it is needed
+            break
         out_c, out_q = torch.zeros_like(q), torch.zeros_like(qq)
         for b, (n, m) in enumerate(spans):  # attention per request, exactly as streaming_prefill runs it
             cache = WindowCache(config, n, m, model)
@@ -66,8 +70,9 @@ def batched_prefill(
             cache.append(k[b, :, :n], v[b, :, :n], first=True)
             out_q[b, :, :m] = cache.attend(qq[b, :, :m], kq[b, :, :m], vq[b, :, :m], 0, model.inv_freq)
         h_c, h_q = layer.finish(h_c, out_c), layer.finish(h_q, out_q)
-    top = model.layer(l_r)
-    kept_keys[l_r], kept_queries[l_r] = top.keys(h_c, cos_c, sin_c), top.queries(h_q, cos_q, sin_q)
+    if layers[-1] == l_r:
+        top = model.layer(l_r)
+        kept_keys[l_r], kept_queries[l_r] = top.keys(h_c, cos_c, sin_c), top.queries(h_q, cos_q, sin_q)
     return [RetrievalState(keys={l: keys[b, :, :n] for l, keys in kept_keys.items()},
                            queries={l: queries[b, :, :m] for l, queries in kept_queries.items()})
             for b, (n, m) in enumerate(spans)]

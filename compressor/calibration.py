@@ -13,9 +13,9 @@ import math
 
 from ..kernels.query_scores import query_key_scores
 from .allocation import PoolingAllocator
-from .cascade import pick_candidates, recent_share
 from .prefill import PrefillConfig, RetrievalState
 from .strategies import Strategy
+from .strategies.cascade import pick_candidates, recent_share
 
 CANDIDATE_FACTORS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0)  # candidates per budget token the cascade's calibration weighs
 COST_CAP = 1.3  # the cascade's prefill at most this much of plain ILRe at the coarse layer

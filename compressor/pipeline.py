@@ -15,13 +15,12 @@ from typing import Callable
 
 import torch
 
-from ..kernels.query_scores import query_key_scores
 from ..models.llama import TruncatedLM
 from .batched_prefill import batched_prefill, fits_one_chunk
-from .cascade import candidate_prefill, pick_candidates, recent_share
 from .defaults import AUTO_BATCH_TOKENS
 from .prefill import ContextState, PrefillConfig, RetrievalState, encode_context, prefill_query
 from .strategies import ScoreInputs, Strategy
+from .strategies.base import QueryPass
 from .unit_selection import select_units
 
 
@@ -29,12 +28,14 @@ from .unit_selection import select_units
 class Selection:
     """kept: (B,) int64 ascending indices into the context, on the CPU; timings_ms: per stage;
     passthrough: True when the context already fit the budget and nothing ran; scores: the
-    strategy's (L,) scores, left where they were computed (the explanation view reads them)."""
+    strategy's (L,) scores, left where they were computed (the explanation view reads them);
+    prefill_shared: how many requests one batched prefill served with this one (1: its own)."""
 
     kept: torch.Tensor
     timings_ms: dict[str, float] = field(default_factory=dict)
     passthrough: bool = False
     scores: torch.Tensor | None = None
+    prefill_shared: int = 1
 
 
 @dataclass(frozen=True)
@@ -71,14 +72,14 @@ def select_context(
     if length <= budget:
         return Selection(torch.arange(length), passthrough=True)
     if model is not None:
-        score_layers(strategy, model.n_layers)  # the options against l_R, before they are resolved for the length
+        strategy.encoded_layers(model.n_layers)  # the options against l_R, before they are resolved for the length
     strategy = strategy.for_context(length, budget)
     if not strategy.needs_attention:
         return _choose(None, None, length, budget, strategy, config.sink, {}, units=units)
     if model is None:
         raise ValueError(f"strategy: {strategy.name} needs a model")
     clock = time.perf_counter()
-    layers = score_layers(strategy, model.n_layers)
+    layers = strategy.encoded_layers(model.n_layers)
     with torch.inference_mode():
         state = encoded() if encoded is not None else encode_context(model, context_ids, config, layers,
                                                                      parts=strategy.context_parts)
@@ -90,16 +91,16 @@ def select(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor, bud
            units: torch.Tensor | None = None) -> Selection:
     """The query-dependent part: the query chunk against an encoded context, scoring, allocation.
     Any number of queries may be selected from one ContextState, one after another; `timings`
-    (ms so far, e.g. the context's "prefill") are carried into the Selection. A cascade
-    (`strategy.cascade_layer`) also runs its candidates, which needs the context's ids (L,). `units`: (U+1,)
-    unit bounds to keep whole units (None: single tokens)."""
+    (ms so far, e.g. the context's "prefill") are carried into the Selection; their "prefill" grows by the
+    query pass and what the strategy runs to get its attention (a cascade's candidates, which need the
+    context's ids (L,)). `units`: (U+1,) unit bounds to keep whole units (None: single tokens)."""
     timings = dict(timings or {})
     if state.length <= budget:
         return Selection(torch.arange(state.length), timings, passthrough=True)
     missing = set(strategy.context_parts) - set(state.parts)
     if missing:
         raise ValueError(f"strategy: {strategy.name} needs {sorted(missing)} that the encoded context lacks")
-    lacking = set(score_layers(strategy, model.n_layers)) - set(state.keys)
+    lacking = set(strategy.encoded_layers(model.n_layers)) - set(state.keys)
     if lacking:
         raise ValueError(f"strategy: {strategy.name} reads layers {sorted(lacking)} that the encoded context lacks")
     if not strategy.needs_query:  # scores from the context alone: computed once, memoised on the state
@@ -108,30 +109,11 @@ def select(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor, bud
     clock = time.perf_counter()
     with torch.inference_mode():
         retrieval = prefill_query(model, state, query_ids, strategy.query_parts)
-        attention = coarse = None
-        if strategy.cascade_layer is not None:
-            if context_ids is None:
-                raise ValueError(f"context_ids: {strategy.name} runs its candidates again and needs the context's ids")
-            attention, coarse = _cascade_attention(model, state, retrieval, context_ids, query_ids, budget, strategy)
+        attention, coarse = strategy.query_attention(QueryPass(model, retrieval, context_ids, query_ids, budget,
+                                                               state.config))
     timings["prefill"] = round(timings.get("prefill", 0.0) + _lap(clock), 3)
     return _choose(model, retrieval, state.length, budget, strategy, state.config.sink, timings,
                    attention=attention, coarse=coarse, units=units)
-
-
-def _cascade_attention(model: TruncatedLM, state: ContextState, retrieval: RetrievalState, context_ids: torch.Tensor,
-                       query_ids: torch.Tensor, budget: int, strategy: Strategy) -> tuple[torch.Tensor, torch.Tensor]:
-    """A^C (L,) of a cascade at l_R and at its coarse layer: the coarse layer's attention picks the
-    candidates, which run to l_R with the query; l_R's attention is over them, zero elsewhere
-    (compressor/cascade.py)."""
-    coarse = strategy.cascade_layer
-    scores = query_key_scores(retrieval.queries[coarse], state.keys[coarse])  # (L,)
-    count = strategy.candidate_count(budget)
-    config = state.config
-    candidates = pick_candidates(scores, count, config.sink, recent_share(count, config), strategy.allocator)
-    keys, queries = candidate_prefill(model, context_ids, candidates, query_ids, config)
-    attention = torch.zeros(state.length, device=scores.device)
-    attention[candidates] = query_key_scores(queries, keys)
-    return attention, scores
 
 
 def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config: PrefillConfig,
@@ -140,7 +122,8 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
     """`select_context` for every job, equal to running them one by one. With batch_tokens > 0,
     jobs that need attention and whose context is one chunk are prefilled together, longest first,
     in groups of at most `batch_tokens` padded context tokens (their "prefill" timing is their
-    group's); the other jobs run one by one. `done(i, selection)` is called as each job finishes."""
+    group's, plus what each strategy runs for its own attention, e.g. a cascade's candidates); the other jobs
+    run one by one. `done(i, selection)` is called as each job finishes."""
     out: list[Selection | None] = [None] * len(jobs)
 
     def finished(i: int, selection: Selection) -> None:
@@ -149,7 +132,7 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
             done(i, selection)
 
     strategies = [job.strategy.for_context(job.context_ids.numel(), job.budget) for job in jobs]
-    short = [i for i, job in enumerate(jobs) if batch_tokens > 0 and model is not None and batchable(strategies[i])
+    short = [i for i, job in enumerate(jobs) if batch_tokens > 0 and model is not None and strategies[i].batchable
              and job.budget < job.context_ids.numel() and fits_one_chunk(job.context_ids.numel(), config)]
     short.sort(key=lambda i: jobs[i].context_ids.numel())
     while short:
@@ -158,14 +141,20 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
         del short[-len(group):]
         clock = time.perf_counter()
         with torch.inference_mode():
-            also = tuple(sorted({l for i in group for l in strategies[i].extra_layers}))
+            layers = tuple(sorted({l for i in group for l in strategies[i].encoded_layers(model.n_layers)}))
             states = batched_prefill(model, [jobs[i].context_ids for i in group], [jobs[i].query_ids for i in group],
-                                     config, also)
+                                     config, layers)
         prefill_ms = _lap(clock)
         for i, state in zip(group, states):
-            job = jobs[i]
-            finished(i, _choose(model, state, job.context_ids.numel(), job.budget, strategies[i], config.sink,
-                                {"prefill": prefill_ms}, units=job.units))
+            job, clock = jobs[i], time.perf_counter()
+            with torch.inference_mode():
+                attention, coarse = strategies[i].query_attention(QueryPass(model, state, job.context_ids, job.query_ids,
+                                                                            job.budget, config))
+            selection = _choose(model, state, job.context_ids.numel(), job.budget, strategies[i], config.sink,
+                                {"prefill": round(prefill_ms + _lap(clock), 3)}, attention=attention, coarse=coarse,
+                                units=job.units)
+            selection.prefill_shared = len(group)
+            finished(i, selection)
     for i, job in enumerate(jobs):
         if out[i] is None:
             finished(i, select_context(model, job.context_ids, job.query_ids, job.budget, job.strategy, config,
@@ -173,43 +162,18 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
     return out  # type: ignore[return-value]
 
 
-def batchable(strategy: Strategy) -> bool:
-    """Whether the batched prefill serves the strategy: it needs the attention at l_R (and at lower layers,
-    as the default does on a context its candidates cover), a query, and nothing else: no context or query
-    parts, no candidate pass."""
-    return (strategy.needs_attention and strategy.needs_query and not strategy.context_parts and not strategy.query_parts
-            and strategy.cascade_layer is None)
-
-
-def score_layers(strategy: Strategy, l_r: int) -> tuple[int, ...]:
-    """The layers whose context keys the encoded context holds for the strategy: its extra layers, then
-    l_R; for a cascade its coarse layer alone. ValueError naming the option when one is not below l_R."""
-    coarse = strategy.cascade_layer
-    if coarse is not None:
-        if coarse >= l_r:
-            raise ValueError(f"coarse_layer: must be below l_R = {l_r}, the layer that ranks the candidates (got {coarse})")
-        return (coarse,)
-    above = [layer for layer in strategy.extra_layers if layer >= l_r]
-    if above:
-        raise ValueError(f"also_layers: every layer must be below l_R = {l_r} (got {above})")
-    return (*strategy.extra_layers, l_r)
-
-
 def _choose(model: TruncatedLM | None, state: RetrievalState | None, length: int, budget: int, strategy: Strategy,
             sink: int, timings: dict[str, float], memo: dict[str, torch.Tensor] | None = None,
             attention: torch.Tensor | None = None, coarse: torch.Tensor | None = None,
             units: torch.Tensor | None = None) -> Selection:
-    """Score (A^C at l_R when the state holds the query, unless `attention` (L,) is given; `coarse`: a
-    cascade's A^C at its coarse layer) and allocate: the sink + budget - S tokens, or with `units` (U+1,)
+    """Score (`attention`: the query's A^C (L,) from `Strategy.query_attention`, None for a query-agnostic
+    strategy; `coarse`: a cascade's A^C at its coarse layer) and allocate: the sink + budget - S tokens, or with `units` (U+1,)
     bounds, as many tokens in whole units around the strategy's own choice. `memo`: where a
     query-agnostic strategy's scores for this context are kept between queries."""
     clock = time.perf_counter()
     with torch.inference_mode():
         scores = memo.get(strategy.memo_key) if memo is not None else None
         if scores is None:
-            if attention is None and state is not None and model is not None and state.queries:
-                layer = model.n_layers
-                attention = query_key_scores(state.queries[layer], state.keys[layer])
             scores = strategy.score(ScoreInputs(length=length, attention=attention, state=state, sink=sink, budget=budget,
                                                 coarse_attention=coarse))
             if memo is not None:

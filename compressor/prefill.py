@@ -193,9 +193,10 @@ class ContextState:
     """The query-independent part of the prefill, as it stands at the end of the context.
 
     keys[l]: (kv_heads, L, d) context keys at each score layer l (re-rotated if DCA); caches[l-1]:
-    the sink and window K/V of layer l < top, ready for one more chunk; length: L; n_chunks: N_C.
-    Any number of queries can be run against it one after another (`prefill_query`); a query pass
-    uses the caches' chunk slot as scratch, so two passes must not run on one state at once.
+    the sink and window K/V of layer l < top, frozen once the context is encoded (`WindowCache.freeze`:
+    the live entries only; a query attends through a copy of them plus its own K/V); length: L;
+    n_chunks: N_C. Any number of queries can be run against it one after another (`prefill_query`);
+    a query pass may re-rotate the sink keys in place (DCA), so passes run one at a time.
     parts: the CONTEXT_PARTS encoded at l_R (shapes: `part_shape`); scores: (L,) scores of
     query-agnostic strategies, memoised by `Strategy.memo_key`.
     """

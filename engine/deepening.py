@@ -1,6 +1,6 @@
 """Deepening: documents encoded in full to l_R in the engine's idle moments, so later queries are cheap.
 
-A first query of a long document runs the cascade (compressor/cascade.py): the streaming prefill to the
+A first query of a long document runs the cascade (compressor/strategies/cascade.py): the streaming prefill to the
 coarse layer over the whole document, then the candidates again to l_R. Its candidates depend on the
 query, so a later query pays the candidate pass again. Once a document has been asked, the engine offers
 it here; a background thread runs the streaming prefill to l_R over the whole document (keeping the

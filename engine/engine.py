@@ -1,6 +1,6 @@
 """The engine: a loaded model + tokenizer that turns CompressRequests into CompressResults.
 
-Built once per process (CLI run, later each worker); `compress` is safe to call repeatedly and
+Built once per process (a CLI run, a server, each worker); `compress` is safe to call repeatedly and
 holds no per-request state between calls.
 """
 
@@ -14,11 +14,11 @@ from typing import Callable
 import torch
 
 from ..compressor.batched_prefill import fits_one_chunk
-from ..compressor.defaults import (AUTO_BATCH_TOKENS, DEFAULT_BUDGET, DOC_CACHE_MB, MAX_CONTEXT_TOKENS,
-                                  MAX_EXPLAIN_TOKENS, MAX_QUERY_TOKENS)
-from ..compressor.pipeline import Selection, SelectionJob, batchable, score_layers, select_context, select_contexts
+from ..compressor.defaults import (AUTO_BATCH_TOKENS, DEFAULT_BUDGET, DEFAULT_STRATEGY, DOC_CACHE_MB,
+                                  MAX_CONTEXT_TOKENS, MAX_EXPLAIN_TOKENS, MAX_QUERY_TOKENS)
+from ..compressor.pipeline import Selection, SelectionJob, select_context, select_contexts
 from ..compressor.prefill import ContextState, PrefillConfig, encode_context, encode_in_steps
-from ..compressor.strategies import Strategy
+from ..compressor.strategies import STRATEGIES, Strategy
 from ..compressor.units import UNITS_VERSION, document_units, kept_spans
 from ..models.device import resolve_placement
 from ..models.llama import TruncatedLM
@@ -31,6 +31,7 @@ from .deepening import Deepener
 from .document_names import DocumentNames
 from .documents import DocumentCache, SharedDocuments, state_key
 from .explain import ExplanationFacts, render_explanation
+from .info import ModelInfo
 from .messages import CompressRequest, CompressResult, CompressResults, InputError, NotFoundError, Outcome
 
 log = logging.getLogger(__name__)
@@ -102,6 +103,19 @@ class Engine:
             model = load_truncated(self.checkpoint.path, layer, self.placement.dtype, self.placement.device)
             self._models[layer] = attach_head(model, self.checkpoint.name)
         return self._models[layer]
+
+    def info(self) -> ModelInfo:
+        """What this engine serves (GetModelInfo, /v1/model): the model, its layers, the limits, the default."""
+        cfg, spec = self.config, self.spec
+        return ModelInfo(
+            model=self.model_name, layer=self.layer, num_layers=spec.num_layers, vocab_size=spec.vocab_size,
+            native_context=spec.native_context, calibrated=bool(self.profile.calibrated), strategies=sorted(STRATEGIES),
+            default_budget=cfg.default_budget, max_context_tokens=cfg.max_context_tokens,
+            max_query_tokens=cfg.max_query_tokens, sink=cfg.prefill.sink, window=cfg.prefill.window or 0,
+            chunk=cfg.prefill.chunk, device=str(self.placement.device), dtype=self.placement.dtype_name,
+            layer_choices=self.profile.choices, default_strategy=DEFAULT_STRATEGY,
+            default_strategy_options=self.profile.strategy_options(DEFAULT_STRATEGY),
+        )
 
     def head_layers(self) -> list[int]:
         """The layers with a stored retaining head (Locret) for this model."""
@@ -234,7 +248,7 @@ class Engine:
 
     def _batchable(self, job: "_Job") -> bool:
         """A one-query request whose context is a single prefill chunk, when batching is on."""
-        return (self.batch_tokens > 0 and len(job.queries) == 1 and job.model is not None and batchable(job.strategy)
+        return (self.batch_tokens > 0 and len(job.queries) == 1 and job.model is not None and job.strategy.batchable
                 and job.budget < job.context_ids.numel() and fits_one_chunk(job.context_ids.numel(), job.prefill))
 
     def close(self) -> None:
@@ -261,7 +275,7 @@ class Engine:
 
     def _state_key(self, job: "_Job", strategy: Strategy) -> str:
         """The document cache's key of the encoded context `strategy` reads on this job's layer and prefill."""
-        layers = score_layers(strategy, job.layer)
+        layers = strategy.encoded_layers(job.layer)
         top = max(layers)  # the deepest layer encoded: l_R, or a cascade's coarse layer
         return state_key(top, job.prefill, self.placement.dtype_name, strategy.context_parts,
                          tuple(l for l in layers if l != top))
@@ -271,7 +285,7 @@ class Engine:
 
     def _encoded(self, job: "_Job") -> Callable[[], ContextState]:
         """The job's encoded context, from the document cache or encoded on first use (once per job)."""
-        layers, parts = score_layers(job.strategy, job.layer), job.strategy.context_parts
+        layers, parts = job.strategy.encoded_layers(job.layer), job.strategy.context_parts
         encoded: list[ContextState] = []
 
         def state() -> ContextState:
@@ -289,7 +303,7 @@ class Engine:
         the job's strategy read."""
         slot, key, first = job.slot, self._state_key(job, deep), self._state_key(job, job.strategy)
         model, context_ids, prefill = job.model, job.context_ids, job.prefill
-        layers = score_layers(deep, job.layer)
+        layers = deep.encoded_layers(job.layer)
         self.deepening.offer(
             f"{slot}/{key}",
             start=lambda: encode_in_steps(model, context_ids, prefill, layers, parts=deep.context_parts),
@@ -305,11 +319,11 @@ class Engine:
         layer = self.strategy_layer(requested, request.layer)
         strategy = self.with_profile(requested)
         try:
-            score_layers(strategy, layer)
+            strategy.encoded_layers(layer)
         except ValueError:  # the profile's options do not fit this layer (a coarse layer at or above it): without them
             strategy = requested
         try:
-            score_layers(strategy, layer)
+            strategy.encoded_layers(layer)
         except ValueError as exc:
             raise InputError.from_option_error(exc) from None
         names = self.names  # one secret for the whole request, even while it is being replaced

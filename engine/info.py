@@ -3,12 +3,9 @@
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from ..compressor.defaults import DEFAULT_STRATEGY
-
-if TYPE_CHECKING:  # a thin client reads ModelInfo without the engine (or torch)
-    from .engine import Engine
 
 
 @dataclass(frozen=True)
@@ -35,22 +32,6 @@ class ModelInfo:
     layer_choices: dict[str, int] = field(default_factory=dict)
     default_strategy: str = DEFAULT_STRATEGY
     default_strategy_options: dict[str, float] = field(default_factory=dict)
-
-    @classmethod
-    def from_engine(cls, engine: "Engine") -> "ModelInfo":
-        from ..compressor.strategies import STRATEGIES
-
-        cfg = engine.config
-        return cls(
-            model=engine.model_name, layer=engine.layer, num_layers=engine.spec.num_layers,
-            vocab_size=engine.spec.vocab_size, native_context=engine.spec.native_context,
-            calibrated=bool(engine.profile.calibrated), strategies=sorted(STRATEGIES),
-            default_budget=cfg.default_budget, max_context_tokens=cfg.max_context_tokens,
-            max_query_tokens=cfg.max_query_tokens, sink=cfg.prefill.sink, window=cfg.prefill.window or 0,
-            chunk=cfg.prefill.chunk, device=str(engine.placement.device), dtype=engine.placement.dtype_name,
-            layer_choices=engine.profile.choices, default_strategy=DEFAULT_STRATEGY,
-            default_strategy_options=engine.profile.strategy_options(DEFAULT_STRATEGY),
-        )
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelInfo":

@@ -1,7 +1,7 @@
 """Every message that crosses a boundary: a compression request, its result, and input errors.
 
-A request arrives as a JSON object (a batch line, later the HTTP mirror and the gRPC message) and
-is validated here once, so every transport reports bad input the same way: field name and limit.
+A request arrives as a JSON object (a batch line, the HTTP API's body, or the gRPC message converted)
+and is validated here once, so every transport reports bad input the same way: field name and limit.
 """
 
 from __future__ import annotations

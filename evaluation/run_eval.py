@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from ..compressor.pipeline import score_layers, select
+from ..compressor.pipeline import select
 from ..compressor.prefill import ContextState, PrefillConfig, encode_context
 from ..compressor.strategies import ScoreInputs, Strategy, make_strategy
 from ..compressor.units import document_units
@@ -251,18 +251,19 @@ class Evaluator:
         passes: dict[tuple[int, bool, int | None], tuple[ContextState, float]] = {}
         length = len(sample.context_ids)
 
-        def encoded(layer: int, dca: bool, coarse: int | None) -> tuple[ContextState, float]:
-            """One pass per layer shared by the strategies that read l_R; a cascade's (coarse layer only) of its own."""
-            if (layer, dca, coarse) not in passes:
-                if coarse is not None:
-                    passes[layer, dca, coarse] = encode_pass(self.engine, sample, coarse, dca, (), (), model_layer=layer)
-                    return passes[layer, dca, coarse]
+        def encoded(layer: int, dca: bool, top: int) -> tuple[ContextState, float]:
+            """One pass per layer shared by the strategies that read l_R; one whose encoding stops below l_R (a
+            cascade's coarse layer) has its own."""
+            if (layer, dca, top) not in passes:
+                if top != layer:
+                    passes[layer, dca, top] = encode_pass(self.engine, sample, top, dca, (), (), model_layer=layer)
+                    return passes[layer, dca, top]
                 here = [s for s in (self.strategy(n, length) for n in strategies if n in ATTENTION and self.layers[n] == layer)
-                        if s.cascade_layer is None]
+                        if max(s.encoded_layers(layer)) == layer]
                 parts = tuple(sorted({p for s in here for p in s.context_parts}))
-                also = tuple(sorted({l for s in here for l in score_layers(s, layer)[:-1]}))
-                passes[layer, dca, None] = encode_pass(self.engine, sample, layer, dca, parts, also)
-            return passes[layer, dca, coarse]
+                also = tuple(sorted({l for s in here for l in s.encoded_layers(layer)[:-1]}))
+                passes[layer, dca, top] = encode_pass(self.engine, sample, layer, dca, parts, also)
+            return passes[layer, dca, top]
 
         bounds: list[torch.Tensor] = []
 
@@ -284,7 +285,7 @@ class Evaluator:
             elif name in ATTENTION:
                 dca = name != "ilre_nodca" and total > self.native  # the engine's --dca auto
                 strategy = self.strategy(name, length)
-                state, pass_s = encoded(self.layers[name], dca, strategy.cascade_layer)
+                state, pass_s = encoded(self.layers[name], dca, max(strategy.encoded_layers(self.layers[name])))
                 tick = time.perf_counter()
                 kept = select(self.engine.model_at(self.layers[name]), state, torch.tensor(sample.query_ids), budget,
                               strategy, context_ids=torch.tensor(sample.context_ids),

@@ -116,7 +116,7 @@ def dense_prefill(
 
 def dense_candidate_prefill(model, context_ids: torch.Tensor, candidates: list[int], query_ids: torch.Tensor,
                             config: PrefillConfig) -> tuple[torch.Tensor, torch.Tensor]:
-    """Reference for compressor.cascade.candidate_prefill: the dense masked prefill of the sequence
+    """Reference for compressor.candidate_prefill.candidate_prefill: the dense masked prefill of the sequence
     (candidates, then the query) at their original positions, where token i may attend token j iff
     the whole-context Λ mask lets it (the mask restricted to the candidates). DCA as in
     `dense_prefill`, each token in its original chunk. Returns the l_R keys of the candidates

@@ -9,8 +9,10 @@ from typing import ClassVar
 
 import torch
 
+from ...kernels.query_scores import query_key_scores
+from ...models.llama import TruncatedLM
 from ..allocation import top_k_indices
-from ..prefill import RetrievalState
+from ..prefill import PrefillConfig, RetrievalState
 
 
 def check_int(name: str, value: object, minimum: int, optional: bool = True) -> None:
@@ -37,11 +39,26 @@ class ScoreInputs:
     coarse_attention: torch.Tensor | None = None
 
 
+@dataclass(frozen=True)
+class QueryPass:
+    """What a strategy's `query_attention` reads once the query has run against the encoded context:
+    retrieval: the context keys (kv_heads, L, d) and query states (heads, Lq, d) at the encoded layers;
+    context_ids (L,) and query_ids (Lq,) int64 (None: not at hand); the budget; the prefill settings."""
+
+    model: TruncatedLM
+    retrieval: RetrievalState
+    context_ids: torch.Tensor | None
+    query_ids: torch.Tensor
+    budget: int
+    config: PrefillConfig
+
+
 class Strategy(ABC):
     """A scorer (one score per context token, higher = keep) plus an allocator.
 
     Subclasses are frozen dataclasses whose fields are their options. Capabilities the pipeline
-    reads (it never branches on the concrete type): `needs_attention`, whether to run the prefill;
+    reads (it never branches on the concrete type): `encoded_layers`, what the context's prefill keeps;
+    `query_attention`, the query's A^C once the query has run; `needs_attention`, whether to run the prefill;
     `needs_query`, whether the scores depend on the query (False: they are computed once per
     encoded context and memoised on it, so a document's later queries skip the query chunk too;
     such a strategy also runs without any query); `context_parts` / `query_parts`, what else the
@@ -60,11 +77,28 @@ class Strategy(ABC):
         """Layers below l_R whose context keys and query states `score` also reads (from `state`)."""
         return ()
 
+    def encoded_layers(self, l_r: int) -> tuple[int, ...]:
+        """The layers whose context keys the encoded context holds for the strategy, ascending: its extra
+        layers, then l_R. ValueError naming the option when one is not below l_R."""
+        above = [layer for layer in self.extra_layers if layer >= l_r]
+        if above:
+            raise ValueError(f"also_layers: every layer must be below l_R = {l_r} (got {above})")
+        return (*self.extra_layers, l_r)
+
+    def query_attention(self, query: QueryPass) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(A^C (L,) at l_R, None) from the query pass; None when the pass holds no l_R query (a
+        query-agnostic strategy). A strategy that runs more than the query (a cascade's candidates)
+        returns a lower layer's A^C second, for `ScoreInputs.coarse_attention`."""
+        retrieval, l_r = query.retrieval, query.model.n_layers
+        if l_r not in retrieval.queries:
+            return None, None
+        return query_key_scores(retrieval.queries[l_r], retrieval.keys[l_r]), None
+
     @property
-    def cascade_layer(self) -> int | None:
-        """A layer below l_R whose query attention picks the candidates l_R ranks (compressor/cascade.py);
-        the encoded context then holds that layer's keys instead of l_R's. None: l_R scores everything."""
-        return None
+    def batchable(self) -> bool:
+        """Whether the batched prefill of one-chunk contexts serves the strategy: it keeps keys and query
+        states at the encoded layers only, so the strategy needs attention, a query, and no parts."""
+        return self.needs_attention and self.needs_query and not self.context_parts and not self.query_parts
 
     def for_context(self, length: int, budget: int) -> "Strategy":
         """The strategy as it runs on a context of `length` tokens at `budget` (a cascade whose candidates

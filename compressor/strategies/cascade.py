@@ -1,4 +1,11 @@
-"""ILRe as a cascade: a shallow layer's attention picks candidates, l_R's attention picks the budget."""
+"""ILRe as a cascade: a shallow layer's attention picks candidates, l_R's attention picks the budget.
+
+The whole strategy is here: what it encodes (the coarse layer's keys only), how it picks candidates
+(`pick_candidates`), how it ranks them (the candidates run again to l_R: compressor/candidate_prefill.py)
+and scores and allocates (l_R's attention blended with the coarse layer's, Algorithm 1); where its
+candidates would cover the context it runs as ILRe at l_R with the coarse layer blended in, as it does
+on a document encoded in full (`deepened`).
+"""
 
 from __future__ import annotations
 
@@ -10,9 +17,34 @@ import torch
 
 from ...kernels.query_scores import blend_layers, query_key_scores
 from ..allocation import PoolingAllocator
-from .base import ScoreInputs, Strategy, check_int
+from ..candidate_prefill import candidate_prefill
+from ..prefill import PrefillConfig
+from .base import QueryPass, ScoreInputs, Strategy, check_int
 
 DEFAULT_CANDIDATES = 4.0  # candidates per budget token when neither the request nor the profile says
+
+
+def recent_share(count: int, config: PrefillConfig) -> int:
+    """How many of `count` candidates are the context's last tokens: an eighth, at most the window
+    (the query attends to the window before it below l_R, so with the default budget it sees
+    exactly what it sees in the streaming prefill)."""
+    return min(config.window or count, count // 8)
+
+
+def pick_candidates(scores: torch.Tensor, count: int, sink: int, recent: int,
+                    allocator: PoolingAllocator) -> torch.Tensor:
+    """scores: (L,) coarse A^C -> (min(count, L),) int64 candidate indices, ascending: the first
+    `sink` tokens, the last `recent`, and `allocator` (Algorithm 1) over the tokens between them
+    for the rest of `count`."""
+    length = scores.numel()
+    if count >= length:
+        return torch.arange(length, device=scores.device)
+    head = min(sink, count)
+    tail = min(recent, count - head)
+    middle = scores[head:length - tail]
+    picked = allocator.allocate(middle, count - head - tail) + head
+    return torch.cat((torch.arange(head, device=scores.device), picked,
+                      torch.arange(length - tail, length, device=scores.device)))
 
 
 @dataclass(frozen=True)
@@ -24,7 +56,7 @@ class Cascade(Strategy):
     sum 1 outside the sink, element-wise max, as ILRe's also_layers; 0 = l_R alone);
     max_kernels / avg_kernels: Algorithm 1's kernels, at both stages; whole: set by `for_context`
     when the candidates would cover the context, which then runs as ILRe at l_R with the coarse
-    layer in also_layers. How the candidates run: compressor/cascade.py."""
+    layer in also_layers. How the candidates run: compressor/candidate_prefill.py."""
 
     name = "cascade"
     coarse_layer: int | None = None
@@ -49,7 +81,34 @@ class Cascade(Strategy):
 
     @property
     def cascade_layer(self) -> int | None:
+        """The layer whose attention picks the candidates; None when every token is a candidate."""
         return None if self.whole else self.coarse_layer
+
+    def encoded_layers(self, l_r: int) -> tuple[int, ...]:
+        """The coarse layer alone (its candidates run to l_R per query); as ILRe at l_R when whole."""
+        coarse = self.cascade_layer
+        if coarse is None:
+            return super().encoded_layers(l_r)
+        if coarse >= l_r:
+            raise ValueError(f"coarse_layer: must be below l_R = {l_r}, the layer that ranks the candidates (got {coarse})")
+        return (coarse,)
+
+    def query_attention(self, query: QueryPass) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """A^C (L,) at l_R over the candidates (zero elsewhere) and the coarse layer's over all: the coarse
+        layer's attention picks the candidates, which run to l_R with the query."""
+        coarse = self.cascade_layer
+        if coarse is None:
+            return super().query_attention(query)
+        if query.context_ids is None:
+            raise ValueError(f"context_ids: {self.name} runs its candidates again and needs the context's ids")
+        retrieval, config = query.retrieval, query.config
+        scores = query_key_scores(retrieval.queries[coarse], retrieval.keys[coarse])  # (L,)
+        count = self.candidate_count(query.budget)
+        candidates = pick_candidates(scores, count, config.sink, recent_share(count, config), self.allocator)
+        keys, queries = candidate_prefill(query.model, query.context_ids, candidates, query.query_ids, config)
+        attention = torch.zeros(scores.numel(), device=scores.device)
+        attention[candidates] = query_key_scores(queries, keys)
+        return attention, scores
 
     @property
     def extra_layers(self) -> tuple[int, ...]:

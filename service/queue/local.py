@@ -100,7 +100,7 @@ class LocalQueue:
     async def model_info(self) -> ModelInfo:
         if self.engine is None:
             raise ServiceError(Code.UNAVAILABLE, self._not_loaded())
-        return ModelInfo.from_engine(self.engine)
+        return self.engine.info()
 
     def _not_loaded(self) -> str:
         return f"model: failed to load ({self.load_error})" if self.load_error else "model: still loading"

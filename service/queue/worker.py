@@ -33,7 +33,6 @@ from redis.exceptions import RedisError, ResponseError
 
 from ...engine.document_names import DocumentNames
 from ...engine.engine import Engine
-from ...engine.info import ModelInfo
 from ...engine.messages import CompressRequest, InputError, Outcome, results_of
 from .. import tracing
 from ..config import ServiceConfig
@@ -77,7 +76,7 @@ class Worker:
         self._claim_cursor = "0-0"
         self._next_claim = 0.0
         self._group_ready = False
-        self.info = ModelInfo.from_engine(engine)
+        self.info = engine.info()
 
     @property
     def claim_idle_s(self) -> float:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ilre.compressor.batched_prefill import batched_prefill, fits_one_chunk
-from ilre.compressor.pipeline import SelectionJob, batchable, select_context, select_contexts
+from ilre.compressor.pipeline import SelectionJob, select_context, select_contexts
 from ilre.compressor.prefill import PrefillConfig, streaming_prefill
 from ilre.compressor.strategies import make_strategy
 from tests.tiny_models import N_LAYERS, random_ids, single_thread, tiny_checkpoint  # noqa: F401
@@ -36,22 +36,24 @@ def test_batched_prefill_equals_one_by_one(kind, config_name):
     contexts = [random_ids(n, seed=10 + i) for i, (n, _) in enumerate(LENGTHS)]
     queries = [random_ids(m, seed=50 + i) for i, (_, m) in enumerate(LENGTHS)]
     assert all(fits_one_chunk(c.numel(), config) for c in contexts)
-    also = (1, N_LAYERS - 1)  # lower layers' keys and queries too, as the default blends layer l_c's attention
-    batched = batched_prefill(model(kind), contexts, queries, config, also)
-    for context, query, got in zip(contexts, queries, batched):
-        alone = streaming_prefill(model(kind), context, query, config, (*also, N_LAYERS))
-        assert set(got.keys) == set(got.queries) == {*also, N_LAYERS}
-        for layer in (*also, N_LAYERS):
-            torch.testing.assert_close(got.keys[layer], alone.keys[layer], atol=2e-5, rtol=1e-5)
-            torch.testing.assert_close(got.queries[layer], alone.queries[layer], atol=2e-5, rtol=1e-5)
+    # lower layers' keys and queries too, as the default blends layer l_c's attention; a coarse layer alone, as
+    # the default's candidate stage reads
+    for layers in ((1, N_LAYERS - 1, N_LAYERS), (N_LAYERS - 1,)):
+        batched = batched_prefill(model(kind), contexts, queries, config, layers)
+        for context, query, got in zip(contexts, queries, batched):
+            alone = streaming_prefill(model(kind), context, query, config, layers)
+            assert set(got.keys) == set(got.queries) == set(layers)
+            for layer in layers:
+                torch.testing.assert_close(got.keys[layer], alone.keys[layer], atol=2e-5, rtol=1e-5)
+                torch.testing.assert_close(got.queries[layer], alone.queries[layer], atol=2e-5, rtol=1e-5)
 
 
 def test_batched_prefill_rejects_long_contexts_and_layers_not_below_l_r():
     config = PrefillConfig(sink=2, window=4, chunk=8)
     with pytest.raises(ValueError, match="chunk \\+ sink = 10"):
         batched_prefill(model("llama"), [random_ids(11, 0)], [random_ids(2, 1)], config)
-    with pytest.raises(ValueError, match=f"also_layers: every layer must be below l_R = {N_LAYERS}"):
-        batched_prefill(model("llama"), [random_ids(5, 0)], [random_ids(2, 1)], config, (N_LAYERS,))
+    with pytest.raises(ValueError, match=f"layer: score layers must be within 1..{N_LAYERS}"):
+        batched_prefill(model("llama"), [random_ids(5, 0)], [random_ids(2, 1)], config, (N_LAYERS + 1,))
 
 
 def test_select_contexts_equals_select_context_and_keeps_order():
@@ -70,16 +72,21 @@ def test_select_contexts_equals_select_context_and_keeps_order():
 
 
 def test_the_default_and_blended_layers_take_the_batched_prefill():
-    """The cascade on a context its candidates cover (l_R with the coarse layer blended) and ILRe with
-    also_layers: batched with other requests, each selection equals its own streaming one."""
+    """The cascade with its candidate stage (the coarse layer batched, the candidates of each run after it)
+    and on a context its candidates cover (l_R with the coarse layer blended), and ILRe with also_layers:
+    batched with other requests, each selection equals its own streaming one."""
     config = PrefillConfig(sink=2, window=5, chunk=24)
     strategies = [make_strategy("cascade", {"coarse_layer": 1}), make_strategy("ilre", {"also_layers": [2]}),
-                  make_strategy("ilre"), make_strategy("cascade", {"coarse_layer": 2, "coarse_weight": 1.0})]
+                  make_strategy("ilre"), make_strategy("cascade", {"coarse_layer": 2, "coarse_weight": 1.0}),
+                  make_strategy("cascade", {"coarse_layer": 1, "candidates": 2}),
+                  make_strategy("cascade", {"coarse_layer": 2, "candidates": 1.5, "coarse_weight": 0.0})]
     jobs = [SelectionJob(random_ids(20 + i, seed=200 + i), random_ids(3, seed=300 + i), 6, strategy)
             for i, strategy in enumerate(strategies)]
-    assert all(batchable(job.strategy.for_context(job.context_ids.numel(), job.budget)) for job in jobs)
+    resolved = [job.strategy.for_context(job.context_ids.numel(), job.budget) for job in jobs]
+    assert all(s.batchable for s in resolved)
+    assert [s.encoded_layers(N_LAYERS) for s in resolved][-2:] == [(1,), (2,)]  # these two run their candidates
     together = select_contexts(model("llama"), jobs, config, batch_tokens=200)
     for job, got in zip(jobs, together):
         alone = select_context(model("llama"), job.context_ids, job.query_ids, job.budget, job.strategy, config)
         assert got.kept.tolist() == alone.kept.tolist()
-        assert got.timings_ms["prefill"] == together[0].timings_ms["prefill"]  # one batched prefill for all
+        assert got.prefill_shared == len(jobs)  # one batched prefill for all

@@ -7,10 +7,11 @@ from functools import lru_cache
 import pytest
 import torch
 
-from ilre.compressor.cascade import candidate_prefill, pick_candidates, recent_share
-from ilre.compressor.pipeline import batchable, score_layers, select, select_context
+from ilre.compressor.candidate_prefill import candidate_prefill
+from ilre.compressor.pipeline import select, select_context
 from ilre.compressor.prefill import PrefillConfig, encode_context
 from ilre.compressor.strategies import make_strategy
+from ilre.compressor.strategies.cascade import pick_candidates, recent_share
 from ilre.models.loader import load_truncated
 from tests.reference import dense_candidate_prefill, dense_prefill, dense_scores, literal_algorithm1
 from tests.tiny_models import N_LAYERS, random_ids, single_thread, tiny_checkpoint  # noqa: F401
@@ -120,13 +121,13 @@ def test_candidates_covering_the_context_give_ilre_at_l_r(config, weight):
     strategy = cascade(coarse_layer=2, candidates=LENGTH / 20, coarse_weight=weight)  # 90 candidates: all of them
     # through the coarse layer and a candidate pass over everything
     with torch.inference_mode():
-        state = encode_context(model(), context, config, score_layers(strategy, N_LAYERS))
+        state = encode_context(model(), context, config, strategy.encoded_layers(N_LAYERS))
     assert select(model(), state, query, 20, strategy, context_ids=context).kept.tolist() == plain
     # and as the pipeline runs it: without the coarse layer at all
     whole = strategy.for_context(LENGTH, 20)
     assert whole.cascade_layer is None and whole.extra_layers == ((2,) if weight else ())
     assert select_context(model(), context, query, 20, strategy, config).kept.tolist() == plain
-    assert not batchable(strategy) and batchable(whole)  # the candidate pass cannot batch; l_R (+ l_c) can
+    assert strategy.batchable and whole.batchable  # the coarse layer (then each one's candidates) or l_R (+ l_c)
 
 
 def test_cached_and_multi_query_selections_equal_uncached():
@@ -135,7 +136,7 @@ def test_cached_and_multi_query_selections_equal_uncached():
     queries = [random_ids(N_QUERY, seed=s) for s in (10, 11, 12)]
     strategy = cascade(coarse_layer=2, candidates=2.0)
     with torch.inference_mode():
-        state = encode_context(model(), context, config, score_layers(strategy, N_LAYERS))
+        state = encode_context(model(), context, config, strategy.encoded_layers(N_LAYERS))
     again = [select(model(), state, q, 16, strategy, context_ids=context).kept.tolist() for q in queries]
     alone = [select_context(model(), context, q, 16, strategy, config).kept.tolist() for q in queries]
     assert again == alone
@@ -144,7 +145,7 @@ def test_cached_and_multi_query_selections_equal_uncached():
 
 def test_the_encoded_context_holds_only_the_coarse_layer():
     strategy = cascade(coarse_layer=2)
-    state = encode_context(model(), random_ids(LENGTH, seed=13), CONFIGS[0], score_layers(strategy, N_LAYERS))
+    state = encode_context(model(), random_ids(LENGTH, seed=13), CONFIGS[0], strategy.encoded_layers(N_LAYERS))
     assert set(state.keys) == {2} and len(state.caches) == 1
 
 
@@ -174,7 +175,7 @@ def test_a_coarse_layer_at_or_above_l_r_is_refused(coarse):
 def test_select_without_the_context_ids_says_so():
     strategy = cascade(coarse_layer=2)
     context = random_ids(LENGTH, seed=1)
-    state = encode_context(model(), context, CONFIGS[0], score_layers(strategy, N_LAYERS))
+    state = encode_context(model(), context, CONFIGS[0], strategy.encoded_layers(N_LAYERS))
     with pytest.raises(ValueError, match=r"^context_ids: "):
         select(model(), state, random_ids(N_QUERY, seed=2), 10, strategy)
 

@@ -7,7 +7,7 @@ from functools import lru_cache
 import pytest
 import torch
 
-from ilre.compressor.pipeline import batchable, select, select_context
+from ilre.compressor.pipeline import select, select_context
 from ilre.compressor.prefill import PrefillConfig, encode_context
 from ilre.compressor.strategies import make_strategy
 from ilre.models.loader import load_truncated
@@ -88,4 +88,4 @@ def test_an_encoded_context_without_the_layer_is_refused():
     state = encode_context(model(), random_ids(LENGTH, seed=1), config)  # l_R's keys only
     with pytest.raises(ValueError, match=r"reads layers \[1\] that the encoded context lacks"):
         select(model(), state, random_ids(N_QUERY, seed=2), 20, strategy)
-    assert batchable(strategy) and batchable(make_strategy("ilre"))  # the batched prefill keeps lower layers too
+    assert strategy.batchable and make_strategy("ilre").batchable  # the batched prefill keeps lower layers too

@@ -17,10 +17,12 @@ def batched() -> Engine:
 
 
 def requests() -> list[CompressRequest]:
-    """Short ones of different lengths and strategies (batched), a bad one, one that fits its
-    budget (passthrough), one longer than a prefill chunk (streamed alone)."""
+    """Short ones of different lengths and strategies (batched; the default among them, with and without
+    its candidate pass), a bad one, one that fits its budget (passthrough), one longer than a prefill
+    chunk (streamed alone)."""
     short = [CompressRequest(context=context(i, 1 + i % 4), query=QUERY, budget=24 + 8 * i,
-                             strategy=("ilre", "snapkv", "ilre", "streaming_llm")[i % 4]) for i in range(10)]
+                             strategy=("cascade", "cascade", "snapkv", "cascade", "streaming_llm", "ilre")[i % 6])
+             for i in range(10)]  # the cascade runs its candidates at i = 1, 3, 7
     return short[:3] + [
         CompressRequest(context_ids=[1, 2, 10**9], query=QUERY),
         CompressRequest(context=context(0, 1), query=QUERY, budget=4096),

@@ -1,9 +1,9 @@
-"""Coarse to fine: a shallow layer picks candidates over the whole context, the deep layer l_R ranks them.
+"""The candidate prefill of the cascade (compressor/strategies/cascade.py): candidates run to l_R.
 
 Data flow of one query (the context was encoded up to the coarse layer l_c < l_R, as plain ILRe at l_c):
   query -> layers 1..l_c against the encoded context -> A^C at l_c over all L tokens
-        -> candidates C: the sink, the last `recent` tokens, and Algorithm 1 at budget |C| (spans
-           around the coarse layer's peaks)
+        -> candidates C (the strategy's choice): the sink, the last `recent` tokens, and Algorithm 1 at
+           budget |C| (spans around the coarse layer's peaks)
   candidates (original positions) + query -> layers 1..l_R again, every candidate attending only to
         the candidates it would attend to in the streaming prefill: the sink, those within the
         window before its chunk, and those of its own chunk before it (the Λ mask restricted to C;
@@ -24,31 +24,7 @@ import torch
 from ..kernels.chunk_attention import chunk_attention
 from ..kernels.rope import rerotate
 from ..models.llama import TruncatedLM
-from .allocation import PoolingAllocator
 from .prefill import PrefillConfig, chunk_bounds
-
-
-def recent_share(count: int, config: PrefillConfig) -> int:
-    """How many of `count` candidates are the context's last tokens: an eighth, at most the window
-    (the query attends to the window before it below l_R, so with the default budget it sees
-    exactly what it sees in the streaming prefill)."""
-    return min(config.window or count, count // 8)
-
-
-def pick_candidates(scores: torch.Tensor, count: int, sink: int, recent: int,
-                    allocator: PoolingAllocator) -> torch.Tensor:
-    """scores: (L,) coarse A^C -> (min(count, L),) int64 candidate indices, ascending: the first
-    `sink` tokens, the last `recent`, and `allocator` (Algorithm 1) over the tokens between them
-    for the rest of `count`."""
-    length = scores.numel()
-    if count >= length:
-        return torch.arange(length, device=scores.device)
-    head = min(sink, count)
-    tail = min(recent, count - head)
-    middle = scores[head:length - tail]
-    picked = allocator.allocate(middle, count - head - tail) + head
-    return torch.cat((torch.arange(head, device=scores.device), picked,
-                      torch.arange(length - tail, length, device=scores.device)))
 
 
 @dataclass(frozen=True)
