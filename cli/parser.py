@@ -5,8 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..compressor.defaults import (AUTO_BATCH_TOKENS, CHUNK, DEFAULT_BUDGET, DEFAULT_STRATEGY, DOC_CACHE_MB,
-                                  MAX_CONTEXT_TOKENS, QUERY_TOKENS, SINK, WINDOW)
+from ..compressor.defaults import CHUNK, DEFAULT_STRATEGY, SINK, WINDOW
+from ..engine.defaults import AUTO_BATCH_TOKENS, DEFAULT_BUDGET, DOC_CACHE_MB, MAX_CONTEXT_TOKENS, QUERY_TOKENS
 from ..engine.messages import DCA_MODES, GRANULARITIES
 
 

@@ -1,7 +1,7 @@
 """One compression: token ids in, kept context indices out (the data path of the design).
 
 `select_context` runs one request as two steps: `encode_context` (the query-independent prefill
-of the context) and `select` (the query chunk, scores, allocation), so an encoded context can
+of the context) and `select_query` (the query chunk, scores, allocation), so an encoded context can
 serve several queries. `select_contexts` runs many requests, sending those whose context is a
 single prefill chunk through one batched prefill (compressor/batched_prefill.py) and the rest one
 by one. Scores and allocations stay on the model's device; only the kept indices come back.
@@ -17,7 +17,6 @@ import torch
 
 from ..models.llama import TruncatedLM
 from .batched_prefill import batched_prefill, fits_one_chunk
-from .defaults import AUTO_BATCH_TOKENS
 from .prefill import ContextState, PrefillConfig, RetrievalState, encode_context, prefill_query
 from .strategies import ScoreInputs, Strategy
 from .strategies.base import QueryPass
@@ -60,7 +59,7 @@ def select_context(
     encoded: Callable[[], ContextState] | None = None,
     units: torch.Tensor | None = None,
 ) -> Selection:
-    """Choose at most `budget` context tokens for the query: encode_context, then `select`.
+    """Choose at most `budget` context tokens for the query: encode_context, then `select_query`.
 
     context_ids: (L,) int64, query_ids: (Lq,) int64. The first S (sink) tokens are always kept
     and count against the budget; the strategy allocates the other budget - S among the rest.
@@ -75,7 +74,7 @@ def select_context(
         strategy.encoded_layers(model.n_layers)  # the options against l_R, before they are resolved for the length
     strategy = strategy.for_context(length, budget)
     if not strategy.needs_attention:
-        return _choose(None, None, length, budget, strategy, config.sink, {}, units=units)
+        return _score_and_allocate(None, None, length, budget, strategy, config.sink, {}, units=units)
     if model is None:
         raise ValueError(f"strategy: {strategy.name} needs a model")
     clock = time.perf_counter()
@@ -83,10 +82,10 @@ def select_context(
     with torch.inference_mode():
         state = encoded() if encoded is not None else encode_context(model, context_ids, config, layers,
                                                                      parts=strategy.context_parts)
-    return select(model, state, query_ids, budget, strategy, {"prefill": _lap(clock)}, context_ids, units)
+    return select_query(model, state, query_ids, budget, strategy, {"prefill": _lap(clock)}, context_ids, units)
 
 
-def select(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor, budget: int, strategy: Strategy,
+def select_query(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor, budget: int, strategy: Strategy,
            timings: dict[str, float] | None = None, context_ids: torch.Tensor | None = None,
            units: torch.Tensor | None = None) -> Selection:
     """The query-dependent part: the query chunk against an encoded context, scoring, allocation.
@@ -104,7 +103,7 @@ def select(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor, bud
     if lacking:
         raise ValueError(f"strategy: {strategy.name} reads layers {sorted(lacking)} that the encoded context lacks")
     if not strategy.needs_query:  # scores from the context alone: computed once, memoised on the state
-        return _choose(model, RetrievalState(state.keys, {}, dict(state.parts)), state.length, budget, strategy,
+        return _score_and_allocate(model, RetrievalState(state.keys, {}, dict(state.parts)), state.length, budget, strategy,
                        state.config.sink, timings, memo=state.scores, units=units)
     clock = time.perf_counter()
     with torch.inference_mode():
@@ -112,12 +111,12 @@ def select(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor, bud
         attention, coarse = strategy.query_attention(QueryPass(model, retrieval, context_ids, query_ids, budget,
                                                                state.config))
     timings["prefill"] = round(timings.get("prefill", 0.0) + _lap(clock), 3)
-    return _choose(model, retrieval, state.length, budget, strategy, state.config.sink, timings,
+    return _score_and_allocate(model, retrieval, state.length, budget, strategy, state.config.sink, timings,
                    attention=attention, coarse=coarse, units=units)
 
 
 def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config: PrefillConfig,
-                    batch_tokens: int = AUTO_BATCH_TOKENS,
+                    batch_tokens: int,
                     done: Callable[[int, Selection], None] | None = None) -> list[Selection]:
     """`select_context` for every job, equal to running them one by one. With batch_tokens > 0,
     jobs that need attention and whose context is one chunk are prefilled together, longest first,
@@ -150,7 +149,7 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
             with torch.inference_mode():
                 attention, coarse = strategies[i].query_attention(QueryPass(model, state, job.context_ids, job.query_ids,
                                                                             job.budget, config))
-            selection = _choose(model, state, job.context_ids.numel(), job.budget, strategies[i], config.sink,
+            selection = _score_and_allocate(model, state, job.context_ids.numel(), job.budget, strategies[i], config.sink,
                                 {"prefill": round(prefill_ms + _lap(clock), 3)}, attention=attention, coarse=coarse,
                                 units=job.units)
             selection.prefill_shared = len(group)
@@ -162,7 +161,7 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
     return out  # type: ignore[return-value]
 
 
-def _choose(model: TruncatedLM | None, state: RetrievalState | None, length: int, budget: int, strategy: Strategy,
+def _score_and_allocate(model: TruncatedLM | None, state: RetrievalState | None, length: int, budget: int, strategy: Strategy,
             sink: int, timings: dict[str, float], memo: dict[str, torch.Tensor] | None = None,
             attention: torch.Tensor | None = None, coarse: torch.Tensor | None = None,
             units: torch.Tensor | None = None) -> Selection:

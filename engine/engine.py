@@ -14,8 +14,7 @@ from typing import Callable
 import torch
 
 from ..compressor.batched_prefill import fits_one_chunk
-from ..compressor.defaults import (AUTO_BATCH_TOKENS, DEFAULT_BUDGET, DEFAULT_STRATEGY, DOC_CACHE_MB,
-                                  MAX_CONTEXT_TOKENS, MAX_EXPLAIN_TOKENS, MAX_QUERY_TOKENS)
+from ..compressor.defaults import DEFAULT_STRATEGY
 from ..compressor.pipeline import Selection, SelectionJob, select_context, select_contexts
 from ..compressor.prefill import ContextState, PrefillConfig, encode_context, encode_in_steps
 from ..compressor.strategies import STRATEGIES, Strategy
@@ -28,6 +27,8 @@ from ..models.retaining_head import attach_head, head_directories, head_path
 from ..models.token_bytes import context_bytes, token_bytes
 from ..models.tokenize import TooManyTokens, tokenize_text
 from .deepening import Deepener
+from .defaults import (AUTO_BATCH_TOKENS, DEFAULT_BUDGET, DOC_CACHE_MB, MAX_CONTEXT_TOKENS, MAX_EXPLAIN_TOKENS,
+                       MAX_QUERY_TOKENS)
 from .document_names import DocumentNames
 from .documents import DocumentCache, SharedDocuments, state_key
 from .explain import ExplanationFacts, render_explanation
@@ -194,7 +195,7 @@ class Engine:
         hold. A request with `queries` gets a CompressResults (one prefill, one result per query)."""
         with self.deepening.turn():
             job = self._prepare(request, scope)
-            return self._finish(job, self._select(job))
+            return self._finish(job, self._answer(job))
 
     @property
     def batch_tokens(self) -> int:
@@ -224,8 +225,8 @@ class Engine:
 
     def _run_many(self, requests: list[CompressRequest], deliver: Callable[[int, Outcome | InputError], None],
                   scopes: list[str]) -> None:
-        groups: dict[tuple, list[tuple[int, _Job]]] = {}
-        alone: list[tuple[int, _Job]] = []
+        groups: dict[tuple, list[tuple[int, Prepared]]] = {}
+        alone: list[tuple[int, Prepared]] = []
         for i, request in enumerate(requests):
             try:
                 job = self._prepare(request, scopes[i])
@@ -237,16 +238,16 @@ class Engine:
             else:
                 alone.append((i, job))
         for (layer, prefill), members in groups.items():
-            def selected(k: int, selection: Selection, members: list[tuple[int, _Job]] = members) -> None:
+            def selected(k: int, selection: Selection, members: list[tuple[int, Prepared]] = members) -> None:
                 index, job = members[k]
                 deliver(index, self._finish(job, [selection]))
 
             select_contexts(self.model_at(layer), [job.selection(0) for _, job in members], prefill, self.batch_tokens,
                             done=selected)
         for i, job in alone:
-            deliver(i, self._finish(job, self._select(job)))
+            deliver(i, self._finish(job, self._answer(job)))
 
-    def _batchable(self, job: "_Job") -> bool:
+    def _batchable(self, job: "Prepared") -> bool:
         """A one-query request whose context is a single prefill chunk, when batching is on."""
         return (self.batch_tokens > 0 and len(job.queries) == 1 and job.model is not None and job.strategy.batchable
                 and job.budget < job.context_ids.numel() and fits_one_chunk(job.context_ids.numel(), job.prefill))
@@ -255,7 +256,7 @@ class Engine:
         """Stop the background deepening (after its step in progress)."""
         self.deepening.close()
 
-    def _select(self, job: "_Job") -> list[Selection]:
+    def _answer(self, job: "Prepared") -> list[Selection]:
         """One selection per query, all against one encoded context from the document cache. A document
         deepened in the background is served by the strategy's deepened form; a document that was not
         is offered for deepening once its queries are answered."""
@@ -263,27 +264,27 @@ class Engine:
         if deep is not None:
             held = self.documents.held_state(job.slot, self._state_key(job, deep), self._restore(job))
             if held is not None:
-                return self._selections(job, deep, lambda: held)
-        selections = self._selections(job, job.strategy, self._encoded(job))
+                return self._select_queries(job, deep, lambda: held)
+        selections = self._select_queries(job, job.strategy, self._encoded(job))
         if deep is not None:
             self._offer(job, deep)
         return selections
 
-    def _selections(self, job: "_Job", strategy: Strategy, encoded: Callable[[], ContextState]) -> list[Selection]:
+    def _select_queries(self, job: "Prepared", strategy: Strategy, encoded: Callable[[], ContextState]) -> list[Selection]:
         return [select_context(job.model, job.context_ids, query_ids, job.budget, strategy, job.prefill, encoded=encoded,
                                units=job.units) for query_ids in job.queries]
 
-    def _state_key(self, job: "_Job", strategy: Strategy) -> str:
+    def _state_key(self, job: "Prepared", strategy: Strategy) -> str:
         """The document cache's key of the encoded context `strategy` reads on this job's layer and prefill."""
         layers = strategy.encoded_layers(job.layer)
         top = max(layers)  # the deepest layer encoded: l_R, or a cascade's coarse layer
         return state_key(top, job.prefill, self.placement.dtype_name, strategy.context_parts,
                          tuple(l for l in layers if l != top))
 
-    def _restore(self, job: "_Job") -> Callable[[dict[str, torch.Tensor]], ContextState]:
+    def _restore(self, job: "Prepared") -> Callable[[dict[str, torch.Tensor]], ContextState]:
         return lambda tensors: ContextState.from_tensors(job.model, job.prefill, tensors)
 
-    def _encoded(self, job: "_Job") -> Callable[[], ContextState]:
+    def _encoded(self, job: "Prepared") -> Callable[[], ContextState]:
         """The job's encoded context, from the document cache or encoded on first use (once per job)."""
         layers, parts = job.strategy.encoded_layers(job.layer), job.strategy.context_parts
         encoded: list[ContextState] = []
@@ -298,7 +299,7 @@ class Engine:
 
         return state
 
-    def _offer(self, job: "_Job", deep: Strategy) -> None:
+    def _offer(self, job: "Prepared", deep: Strategy) -> None:
         """Queue the job's document for deepening: the encoding `deep` reads, which then replaces the one
         the job's strategy read."""
         slot, key, first = job.slot, self._state_key(job, deep), self._state_key(job, job.strategy)
@@ -310,7 +311,7 @@ class Engine:
             store=lambda state: self.documents.store_state(slot, key, state, replaces=first),
             wanted=lambda: self.documents.holds(slot) and not self.documents.holds(slot, key))
 
-    def _prepare(self, request: CompressRequest, scope: str) -> "_Job":
+    def _prepare(self, request: CompressRequest, scope: str) -> "Prepared":
         """Check and tokenize a request of a caller in `scope`; InputError naming the field when it
         cannot run, NotFoundError for a document_id the scope does not hold (another scope's id takes
         the same path as one never issued: its slot is simply not there)."""
@@ -358,17 +359,17 @@ class Engine:
         if "retaining" in strategy.context_parts and model.retaining_head is None:
             raise InputError("strategy", f"{strategy.name} needs a retaining head for {self.model_name} at layer {layer}: "
                              f"train one with `ilre train-locret --layer {layer}` (heads found: {self._heads_found()})")
-        return _Job(request, doc, slot, context_ids, queries, budget, strategy, layer, prefill, model, dca,
+        return Prepared(request, doc, slot, context_ids, queries, budget, strategy, layer, prefill, model, dca,
                     start, _ms(start, time.perf_counter()), granularity, units)
 
-    def _finish(self, job: "_Job", selections: list[Selection]) -> Outcome:
+    def _finish(self, job: "Prepared", selections: list[Selection]) -> Outcome:
         """Kept indices -> token ids, detokenized text and timings: one result per query."""
         results = [self._result(job, i, selection) for i, selection in enumerate(selections)]
         if job.request.multi:
             return CompressResults(job.request.id, job.document_id, results)
         return results[0]
 
-    def _result(self, job: "_Job", index: int, selection: Selection) -> CompressResult:
+    def _result(self, job: "Prepared", index: int, selection: Selection) -> CompressResult:
         request, context_ids, query_ids = job.request, job.context_ids, job.queries[index]
         kept = selection.kept.tolist()
         kept_ids = context_ids[selection.kept].tolist()
@@ -394,7 +395,7 @@ class Engine:
             result.explanation = self._explanation(job, selection, result)
         return result
 
-    def _explanation(self, job: "_Job", selection: Selection, result: CompressResult) -> str:
+    def _explanation(self, job: "Prepared", selection: Selection, result: CompressResult) -> str:
         """The HTML page of one result (engine/explain.py)."""
         tokens = self.tokenizer.batch_decode([[i] for i in job.context_ids.tolist()])
         budget = result.budget or job.budget  # an automatic budget: the one chosen
@@ -409,7 +410,7 @@ class Engine:
 
 
 @dataclass(frozen=True)
-class _Job:
+class Prepared:
     """A checked, tokenized request on its way through the engine: its context (L,) and
     queries [(Lq,)] as int64 IDs, the document they belong to (its id, and the slot the cache holds
     it in), and how to select."""

@@ -10,7 +10,8 @@ import math
 from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from ..compressor.defaults import DEFAULT_STRATEGY, MAX_QUERIES
+from ..compressor.defaults import DEFAULT_STRATEGY
+from .defaults import MAX_QUERIES
 from .document_ids import DOCUMENT_ID_CHARS, HASH_CHARS, is_document_id
 
 if TYPE_CHECKING:  # the strategies need torch; a thin client builds requests without them

@@ -26,7 +26,7 @@ context, query and budget:
 
 ILRe, ILRe without DCA, SnapKV, LagKV, ReAttention, Locret and ActQKV share streaming passes: one encode of the
 context per (sample, DCA setting) keeps the layer-l_R keys and every part these strategies read
-(values, pre-RoPE keys, the retaining head's scores), and each strategy then runs `select` on it: its query chunk, scores and
+(values, pre-RoPE keys, the retaining head's scores), and each strategy then runs `select_query` on it: its query chunk, scores and
 allocation (exactly what `Engine.compress` computes; tests check it). Their wall time is that pass
 plus their own selection.
 
@@ -50,7 +50,7 @@ from pathlib import Path
 
 import torch
 
-from ..compressor.pipeline import select
+from ..compressor.pipeline import select_query
 from ..compressor.prefill import ContextState, PrefillConfig, encode_context
 from ..compressor.strategies import ScoreInputs, Strategy, make_strategy
 from ..compressor.units import document_units
@@ -287,7 +287,7 @@ class Evaluator:
                 strategy = self.strategy(name, length)
                 state, pass_s = encoded(self.layers[name], dca, max(strategy.encoded_layers(self.layers[name])))
                 tick = time.perf_counter()
-                kept = select(self.engine.model_at(self.layers[name]), state, torch.tensor(sample.query_ids), budget,
+                kept = select_query(self.engine.model_at(self.layers[name]), state, torch.tensor(sample.query_ids), budget,
                               strategy, context_ids=torch.tensor(sample.context_ids),
                               units=units() if name in UNIT_ROWS else None).kept.tolist()
                 seconds = pass_s + time.perf_counter() - tick

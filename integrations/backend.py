@@ -13,7 +13,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..compressor.defaults import QUERY_TOKENS
+from ..engine.defaults import QUERY_TOKENS
 from ..engine.messages import CompressRequest, CompressResult
 
 QUERY_TEMPLATE = "\nQuestion: {query}\nAnswer:"

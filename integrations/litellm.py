@@ -36,7 +36,7 @@ from typing import Any, Mapping
 
 from litellm.integrations.custom_logger import CustomLogger
 
-from ..compressor.defaults import DEFAULT_BUDGET, QUERY_TOKENS
+from ..engine.defaults import DEFAULT_BUDGET, QUERY_TOKENS
 from ..engine.messages import GRANULARITIES
 from .backend import Backend, chosen, compress_by_its_end, count_tokens
 

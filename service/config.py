@@ -11,7 +11,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..compressor.defaults import MAX_CONTEXT_TOKENS, MAX_QUERY_TOKENS, QUERY_TOKENS
+from ..engine.defaults import MAX_CONTEXT_TOKENS, MAX_QUERY_TOKENS, QUERY_TOKENS
 from ..engine.document_ids import MIN_SECRET_CHARS
 from .errors import ConfigError
 from .keys import ApiKeys

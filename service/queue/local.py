@@ -31,7 +31,7 @@ log = logging.getLogger(__name__)
 
 
 @dataclass
-class _Job:
+class _Queued:
     request: CompressRequest
     future: asyncio.Future
     deadline: float                      # time.monotonic()
@@ -53,8 +53,8 @@ class LocalQueue:
         if self.engine is not None:
             self._adopt(self.engine)
         self.max_batch, self.max_wait_s, self.max_depth = max_batch, max_wait_s, max_depth
-        self._jobs: collections.deque[_Job] = collections.deque()
-        self._running: list[_Job] = []
+        self._jobs: collections.deque[_Queued] = collections.deque()
+        self._running: list[_Queued] = []
         self._wakeup = asyncio.Event()
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ilre-engine")
         self._tasks: list[asyncio.Task] = []
@@ -126,7 +126,7 @@ class LocalQueue:
         return outcome
 
     async def _queue_and_wait(self, request: CompressRequest, timeout_s: float, depth: int, scope: str) -> Outcome:
-        job = _Job(request, asyncio.get_running_loop().create_future(), time.monotonic() + timeout_s, scope)
+        job = _Queued(request, asyncio.get_running_loop().create_future(), time.monotonic() + timeout_s, scope)
         self._jobs.append(job)
         self.metrics.queue_depth.set(depth + 1)
         self._wakeup.set()
@@ -157,14 +157,14 @@ class LocalQueue:
                 self._running = []
                 self.metrics.queue_depth.set(self._depth())
 
-    def _still_wanted(self, job: _Job) -> bool:
+    def _still_wanted(self, job: _Queued) -> bool:
         """False (and counted as dropped) when the caller is gone or the deadline has passed."""
         if job.future.done() or time.monotonic() >= job.deadline:
             self.metrics.dropped.inc()
             return False
         return True
 
-    def _run_batch(self, batch: list[_Job], loop: asyncio.AbstractEventLoop) -> None:
+    def _run_batch(self, batch: list[_Queued], loop: asyncio.AbstractEventLoop) -> None:
         """On the engine thread: run the still-wanted jobs as one Engine.compress_many batch (short
         requests may share a batched prefill) and hand each outcome back as soon as it is ready."""
         if self._closing:

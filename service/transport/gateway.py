@@ -34,7 +34,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ...compressor.defaults import QUERY_TOKENS
+from ...engine.defaults import QUERY_TOKENS
 from ...engine.document_ids import HASH_CHARS, is_hex, retrieve_hash
 from ...engine.messages import GRANULARITIES, CompressResult, InputError
 from ..errors import Code, ServiceError

@@ -22,7 +22,7 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from ...compressor.defaults import DEFAULT_BUDGET
+from ...engine.defaults import DEFAULT_BUDGET
 from ..errors import HTTP_STATUS, Code, ServiceError
 from ..keys import UNAUTHENTICATED_MESSAGE
 from ..quotas import retry_after_header

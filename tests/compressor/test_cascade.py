@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ilre.compressor.candidate_prefill import candidate_prefill
-from ilre.compressor.pipeline import select, select_context
+from ilre.compressor.pipeline import select_context, select_query
 from ilre.compressor.prefill import PrefillConfig, encode_context
 from ilre.compressor.strategies import make_strategy
 from ilre.compressor.strategies.cascade import pick_candidates, recent_share
@@ -122,7 +122,7 @@ def test_candidates_covering_the_context_give_ilre_at_l_r(config, weight):
     # through the coarse layer and a candidate pass over everything
     with torch.inference_mode():
         state = encode_context(model(), context, config, strategy.encoded_layers(N_LAYERS))
-    assert select(model(), state, query, 20, strategy, context_ids=context).kept.tolist() == plain
+    assert select_query(model(), state, query, 20, strategy, context_ids=context).kept.tolist() == plain
     # and as the pipeline runs it: without the coarse layer at all
     whole = strategy.for_context(LENGTH, 20)
     assert whole.cascade_layer is None and whole.extra_layers == ((2,) if weight else ())
@@ -137,7 +137,7 @@ def test_cached_and_multi_query_selections_equal_uncached():
     strategy = cascade(coarse_layer=2, candidates=2.0)
     with torch.inference_mode():
         state = encode_context(model(), context, config, strategy.encoded_layers(N_LAYERS))
-    again = [select(model(), state, q, 16, strategy, context_ids=context).kept.tolist() for q in queries]
+    again = [select_query(model(), state, q, 16, strategy, context_ids=context).kept.tolist() for q in queries]
     alone = [select_context(model(), context, q, 16, strategy, config).kept.tolist() for q in queries]
     assert again == alone
     assert len({tuple(k) for k in alone}) > 1  # the queries do choose differently
@@ -177,7 +177,7 @@ def test_select_without_the_context_ids_says_so():
     context = random_ids(LENGTH, seed=1)
     state = encode_context(model(), context, CONFIGS[0], strategy.encoded_layers(N_LAYERS))
     with pytest.raises(ValueError, match=r"^context_ids: "):
-        select(model(), state, random_ids(N_QUERY, seed=2), 10, strategy)
+        select_query(model(), state, random_ids(N_QUERY, seed=2), 10, strategy)
 
 
 def test_profile_defaults_fill_only_what_the_request_left_unset():

@@ -7,7 +7,7 @@ from functools import lru_cache
 import pytest
 import torch
 
-from ilre.compressor.pipeline import select, select_context
+from ilre.compressor.pipeline import select_context, select_query
 from ilre.compressor.prefill import PrefillConfig, encode_context
 from ilre.compressor.strategies import make_strategy
 from ilre.models.loader import load_truncated
@@ -87,5 +87,5 @@ def test_an_encoded_context_without_the_layer_is_refused():
     strategy = make_strategy("ilre", {"also_layers": [1]})
     state = encode_context(model(), random_ids(LENGTH, seed=1), config)  # l_R's keys only
     with pytest.raises(ValueError, match=r"reads layers \[1\] that the encoded context lacks"):
-        select(model(), state, random_ids(N_QUERY, seed=2), 20, strategy)
+        select_query(model(), state, random_ids(N_QUERY, seed=2), 20, strategy)
     assert strategy.batchable and make_strategy("ilre").batchable  # the batched prefill keeps lower layers too

@@ -21,7 +21,7 @@ def test_shared_pass_gives_the_engines_selection(engine):
     and run_sample records what they keep."""
     import torch
 
-    from ilre.compressor.pipeline import select
+    from ilre.compressor.pipeline import select_query
     from ilre.compressor.strategies import make_strategy
     from ilre.engine.messages import CompressRequest
     from ilre.evaluation.metrics import retention
@@ -42,7 +42,7 @@ def test_shared_pass_gives_the_engines_selection(engine):
         if name == "streaming_llm":
             ours = allocate(name, None, len(sample.context_ids), 512, engine.config.prefill.sink)
         else:
-            ours = select(engine.model_at(engine.layer), state, torch.tensor(sample.query_ids), 512,
+            ours = select_query(engine.model_at(engine.layer), state, torch.tensor(sample.query_ids), 512,
                           make_strategy(name)).kept.tolist()
         assert ours == result.kept_indices, name
         text = engine.tokenizer.decode([sample.context_ids[i] for i in ours])

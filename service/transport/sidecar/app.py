@@ -40,7 +40,7 @@ from ..http_common import decode_json, parse_timeout, read_body, unless_disconne
 from .formats import FORMATS, Prompt, RouteFormat, chat_chunk_from_completion, chat_from_completion, map_sse
 from .options import BODY_FIELD, CompressionOptions
 from .prompt import ChatTemplateError, PromptSplitter, Split, rebuild_messages
-from .upstream import PROBE_TEXT, EngineError, EngineHealth, Upstream, response_headers
+from .upstream import PROBE_TEXT, UpstreamError, UpstreamHealth, Upstream, response_headers
 
 log = logging.getLogger(__name__)
 failures = logging.getLogger("ilre.sidecar")
@@ -70,7 +70,7 @@ class Sidecar:
                  defaults: CompressionOptions):
         self.frontend, self.config, self.splitter, self.defaults = frontend, config, splitter, defaults
         self.upstream = Upstream(config.engine_url, config.engine_api, config.connect_timeout_s)
-        self.health = EngineHealth(self.upstream, config.engine_health_interval_s, config.engine_health_timeout_s)
+        self.health = UpstreamHealth(self.upstream, config.engine_health_interval_s, config.engine_health_timeout_s)
         self.metrics = frontend.metrics
         self._forward: str | None = None if config.forward == "auto" else config.forward
         self._budget: int | None = None  # the engine's default budget, once known
@@ -104,7 +104,7 @@ class Sidecar:
             left = PROBE_TIMEOUT_S if deadline is None else min(PROBE_TIMEOUT_S, max(deadline - time.monotonic(), 0.001))
             try:
                 theirs = await self.upstream.tokenize(PROBE_TEXT, left)
-            except EngineError:
+            except UpstreamError:
                 return "ids"  # unreachable or slow: the request fails at the engine anyway; decide next time
             self._forward = "ids" if theirs == list(ours) else "text"
             log.info("engine %s: tokenizer %s ours: forwarding %s", self.config.engine_url,
@@ -230,7 +230,7 @@ class Sidecar:
         with tracing.tracer().start_as_current_span("ilre.forward", kind=SpanKind.CLIENT, attributes=attributes) as span:
             try:  # the span lasts until the engine's answer starts (its body streams on after)
                 response = await unless_disconnected(request, work)
-            except EngineError as exc:
+            except UpstreamError as exc:
                 self.metrics.sidecar_engine_errors.labels("timeout" if exc.status == 504 else "unreachable").inc()
                 span.set_attribute("http.response.status_code", exc.status)
                 self.log_failure(exc.status, rid, route, exc.message)

@@ -14,7 +14,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ....compressor.defaults import MAX_QUERY_TOKENS, QUERY_TOKENS
+from ....engine.defaults import MAX_QUERY_TOKENS, QUERY_TOKENS
 from ....engine.messages import GRANULARITIES, InputError
 
 BODY_FIELD = "compression"

@@ -1,12 +1,14 @@
-"""The engine behind the sidecar: one pooled HTTP client, requests opened as streams, transport
-failures mapped to one error type, and the start-up check that the engine's tokenizer is ours.
+"""The upstream: the inference engine behind the sidecar (SGLang, vLLM, llama.cpp; "the engine" in the
+sidecar's options and messages, apart from ilre's own Engine): one pooled HTTP client, requests opened as
+streams, transport failures mapped to one error type (UpstreamError), and the start-up check that the
+engine's tokenizer is ours.
 
 Failures: cannot connect -> 502; the connection breaks -> 502 (a kept-alive one the engine closed
 just as it was reused: the request goes again on a new one); no answer (headers, or the next body
 chunk) within the deadline -> 504. The engine's own error answers are not failures here: they are
 relayed with their status and body.
 
-EngineHealth asks the engine's `GET /health` (SGLang, vLLM and llama.cpp all serve it) every few
+UpstreamHealth asks the engine's `GET /health` (SGLang, vLLM and llama.cpp all serve it) every few
 seconds; the sidecar's /ilre/readyz is ready only while the latest answer was a recent 200.
 """
 
@@ -37,7 +39,7 @@ STALE_RETRIES = 2
 PROBE_TEXT = "Tokenizer probe: naïve café, 1234567 <tag> {\"json\": [1, 2]}\n\tend."
 
 
-class EngineError(Exception):
+class UpstreamError(Exception):
     """The engine could not be reached or did not answer in time; `status` is 502 or 504."""
 
     def __init__(self, status: int, message: str):
@@ -71,7 +73,7 @@ class Upstream:
 
     async def open(self, method: str, path: str, query: str, headers: Mapping[str, str], content: Any,
                    timeout_s: float) -> httpx.Response:
-        """Send a request and return the engine's response with its body not yet read; EngineError
+        """Send a request and return the engine's response with its body not yet read; UpstreamError
         when the engine is unreachable or sends no headers within `timeout_s`.
 
         A kept-alive connection that the engine closes just as it is reused fails with no answer
@@ -88,7 +90,7 @@ class Upstream:
                 return await self._send(method, path, query, headers, content, deadline, connection)
             except (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError) as exc:
                 if connection.opened or not replayable or resent == STALE_RETRIES:
-                    raise EngineError(502, f"engine: {self.base_url} closed the connection ({_reason(exc)})") from None
+                    raise UpstreamError(502, f"engine: {self.base_url} closed the connection ({_reason(exc)})") from None
                 resent += 1
                 log.debug("engine %s: a kept-alive connection was closed under %s %s; sending it again", self.base_url,
                           method, path)
@@ -105,12 +107,12 @@ class Upstream:
             return await asyncio.wait_for(self.client.send(request, stream=True), timeout_s)
         except (asyncio.TimeoutError, httpx.TimeoutException) as exc:
             if isinstance(exc, httpx.ConnectTimeout):
-                raise EngineError(502, f"engine: no connection to {self.base_url} within {self.connect_timeout_s:g} s") from None
-            raise EngineError(504, f"engine: {self.base_url} did not answer {method} {path} within {timeout_s:.1f} s, "
+                raise UpstreamError(502, f"engine: no connection to {self.base_url} within {self.connect_timeout_s:g} s") from None
+            raise UpstreamError(504, f"engine: {self.base_url} did not answer {method} {path} within {timeout_s:.1f} s, "
                                    "the time left before the request's deadline (x-request-timeout, else "
                                    "--engine-timeout)") from None
         except httpx.ConnectError as exc:
-            raise EngineError(502, f"engine: cannot connect to {self.base_url} ({_reason(exc)})") from None
+            raise UpstreamError(502, f"engine: cannot connect to {self.base_url} ({_reason(exc)})") from None
 
     async def body(self, response: httpx.Response, decoded: bool = False) -> AsyncIterator[bytes]:
         """The response body as it arrives: the bytes as sent, or content-decoded (for rewriting).
@@ -129,7 +131,7 @@ class Upstream:
         """None when the engine's GET /health answers 200 within `timeout_s`, else what went wrong."""
         try:
             response = await self.open("GET", "/health", "", {}, None, timeout_s)
-        except EngineError as exc:
+        except UpstreamError as exc:
             return exc.message if exc.status != 504 else f"engine: {self.base_url}/health did not answer within {timeout_s:g} s"
         try:
             await response.aread()
@@ -143,7 +145,7 @@ class Upstream:
 
     async def tokenize(self, text: str, timeout_s: float = 10.0) -> list[int] | None:
         """The engine's token IDs for `text`, no special tokens added (its /tokenize endpoint);
-        None when it answers without them; EngineError when it cannot be reached."""
+        None when it answers without them; UpstreamError when it cannot be reached."""
         payload = ({"content": text, "add_special": False} if self.api == "llamacpp"
                    else {"prompt": text, "add_special_tokens": False})
         response = await self.open("POST", "/tokenize", "", {"content-type": "application/json"},
@@ -175,7 +177,7 @@ def response_headers(response: httpx.Response, rewritten: bool) -> dict[str, str
     return {k: v for k, v in response.headers.items() if k.lower() not in drop}
 
 
-class EngineHealth:
+class UpstreamHealth:
     """The engine's health as last seen: `run()` asks `upstream.health` every `interval_s`, each
     check allowed `timeout_s` (SGLang's /health queues a one-token generation behind the running
     batch and gives it 20 s itself: a long prefill on a CPU holds it for seconds). Healthy means the
