@@ -32,7 +32,7 @@ from ilre.evaluation.haystack import shakespeare_text  # noqa: E402
 from ilre.evaluation.intervals import rank_sum_test  # noqa: E402
 from ilre.service.config import ServiceConfig  # noqa: E402
 from ilre.service.keys import ApiKeys  # noqa: E402
-from ilre.service.queue.shared_documents import RedisDocuments  # noqa: E402
+from ilre.service.documents.redis_tier import RedisDocuments  # noqa: E402
 from ilre.service.server import ServiceThread  # noqa: E402
 from tests.service.conftest import RedisServer  # noqa: E402
 

@@ -11,7 +11,7 @@ finds it only from the same scope. Two tiers, both optional to a request and inv
               once (least recently used first), then those documents, then the states of documents
               named again, then those, so a burst of one-off documents cannot push out a small
               document that is asked every few seconds
-  shared      a `SharedDocuments` store (queue/shared_documents.py: Redis with a TTL and a byte
+  shared      a `SharedDocuments` store (service/documents/redis_tier.py: Redis with a TTL and a byte
               cap) that every worker reads, so a second query reaches any worker; states travel
               as named tensors (ContextState.to_tensors)
 A lookup tries the process first, then the shared store (and keeps what it found); every encode

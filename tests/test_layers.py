@@ -29,8 +29,10 @@ ALLOWED = {
 SUBPACKAGE_RULES = [
     ("service.queue", ("service.transport", "service.server")),  # the queues know no transport, nor what composes them
     ("service.transport", ("service.queue", "service.server")),  # the transports reach the queue through the Frontend
+    ("service.documents", ("service.queue", "service.transport", "service.server")),  # the document tier serves the queue
     *((f"service.{name}", ("service.queue", "service.transport", "service.server"))  # the service's own ground floor
-      for name in ("config", "errors", "keys", "metrics", "quotas", "redis_url", "request_log", "tracing")),
+      for name in ("config", "errors", "keys", "metrics", "quotas", "redis_url", "redis_connection", "request_log",
+                   "tracing")),
     ("service.client", ("service.queue", "service.server")),  # the thin client: only the wire's conversion
     ("compressor.strategies", ("compressor.pipeline", "compressor.batched_prefill", "compressor.calibration")),
     ("compressor.prefill", ("compressor.strategies", "compressor.pipeline")),  # the prefill knows no strategy

@@ -117,3 +117,19 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
+
+
+def test_every_package_folder_is_in_the_wheel():
+    """A folder with an __init__.py that pyproject.toml does not list would be missing from the wheel (and
+    the image) while the editable install still finds it."""
+    import tomllib
+
+    config = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["setuptools"]
+    listed, roots = set(config["packages"]), config["package-dir"]
+    found = set()
+    for package, folder in roots.items():
+        for init in (REPO / folder).rglob("__init__.py"):
+            if "__pycache__" not in init.parts:
+                found.add(".".join([package, *init.parent.relative_to(REPO / folder).parts]))
+    assert found - listed == set(), f"not in pyproject.toml's packages: {sorted(found - listed)}"
+    assert "ilre.service.documents" in found  # not vacuous

@@ -12,7 +12,7 @@ Keys (prefix "ilre" by default):
   {p}:cancel:{rid}   set when the caller is gone or its deadline passed: workers drop the entry
   {p}:worker:{name}  a live worker's ModelInfo (JSON), with a TTL refreshed by its heartbeat
   {p}:dead-letter    entries whose workers died max_attempts times
-  {p}:document-secret the secret document ids are keyed with (queue/document_secret.py)
+  {p}:document-secret the secret document ids are keyed with (service/documents/secret.py)
 Envelope: {"ok": <result dict>} or {"error": {"code", "message", "field"}}.
 """
 
@@ -40,7 +40,7 @@ from ..errors import Code, ServiceError
 from ..keys import ANONYMOUS, KeyPolicy
 from ..metrics import Metrics
 from ..quotas import rate_refusal, share_refusal
-from .redis_connection import async_client
+from ..redis_connection import async_client
 
 log = logging.getLogger(__name__)
 

@@ -36,14 +36,14 @@ from ...engine.engine import Engine
 from ...engine.messages import CompressRequest, InputError, Outcome, results_of
 from .. import tracing
 from ..config import ServiceConfig
+from ..documents.redis_tier import RedisDocuments
+from ..documents.secret import sync_names
 from ..errors import Code, ServiceError
 from ..metrics import Metrics
 from ..redis_url import parse_redis_url
 from ..request_log import log_request
 from .batch import run_batch
-from .document_secret import sync_names
 from .redis_stream import RESULT_GRACE_S, RedisKeys, connect, encode_outcome, ensure_group
-from .shared_documents import RedisDocuments
 
 log = logging.getLogger(__name__)
 
@@ -317,7 +317,7 @@ class Worker:
                     pass
 
     async def _sync_secret(self) -> None:
-        """Name documents under the secret Redis holds (queue/document_secret.py), unless one is configured."""
+        """Name documents under the secret Redis holds (service/documents/secret.py), unless one is configured."""
         if not self.config.document_secret:
             self.engine.names = await sync_names(self.client, self.keys.document_secret, self.engine.names, self.name)
 

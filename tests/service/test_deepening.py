@@ -16,7 +16,7 @@ from ilre.engine.deepening import Deepener, DeepeningStats
 from ilre.engine.documents import DocumentCache
 from ilre.engine.messages import CompressRequest
 from ilre.models.loader import load_truncated
-from ilre.service.queue.shared_documents import RedisDocuments
+from ilre.service.documents.redis_tier import RedisDocuments
 from tests.tiny_models import N_LAYERS, random_ids, tiny_checkpoint
 
 from .conftest import comparable

@@ -24,7 +24,7 @@ from ilre.evaluation.intervals import rank_sum_test
 from ilre.service.client import Client, ClientError
 from ilre.service.errors import ConfigError
 from ilre.service.keys import ANONYMOUS, ApiKeys
-from ilre.service.queue.shared_documents import RedisDocuments
+from ilre.service.documents.redis_tier import RedisDocuments
 
 from .conftest import ILRE, QUERY, Served, WorkerProcess, context, service_config, wait_for
 

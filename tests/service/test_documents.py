@@ -17,7 +17,7 @@ from ilre.engine.engine import NOT_FOUND_MESSAGE
 from ilre.engine.messages import CompressRequest, CompressResults, InputError, NotFoundError
 from ilre.evaluation.haystack import shakespeare_text
 from ilre.models.loader import load_truncated
-from ilre.service.queue.shared_documents import RedisDocuments
+from ilre.service.documents.redis_tier import RedisDocuments
 from tests.tiny_models import N_LAYERS, random_ids, tiny_checkpoint
 
 from .conftest import comparable

@@ -15,7 +15,7 @@ import pytest
 
 from ilre.service.client import Client, ClientError
 from ilre.service.errors import ConfigError
-from ilre.service.queue.redis_connection import sync_client
+from ilre.service.redis_connection import sync_client
 from ilre.service.redis_url import parse_redis_url
 from ilre.service.server import ServiceThread
 

@@ -15,7 +15,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.sentinel import Sentinel as AsyncSentinel
 from redis.sentinel import Sentinel
 
-from ..redis_url import RedisTarget, parse_redis_url
+from .redis_url import RedisTarget, parse_redis_url
 
 
 def async_client(url: str, **options: Any) -> aioredis.Redis:
