@@ -67,12 +67,12 @@ def _engine_options(parser: argparse.ArgumentParser) -> None:
 DEEPEN_MODES = ("idle", "off")
 
 
-def _deepen_option(parser: argparse.ArgumentParser) -> None:
+def _deepen_option(parser: argparse.ArgumentParser, default: str) -> None:
     """--deepen of the commands that serve many requests (env ILRE_DEEPEN)."""
-    parser.add_argument("--deepen", choices=DEEPEN_MODES, default=os.environ.get("ILRE_DEEPEN") or "idle",
+    parser.add_argument("--deepen", choices=DEEPEN_MODES, default=os.environ.get("ILRE_DEEPEN") or default,
                         help="idle: while no request waits, encode each asked document in full to l_R, so its later "
                         "queries skip the cascade's candidate pass (README, \"Asking a document many questions\"); "
-                        "off: never (default idle; env ILRE_DEEPEN)")
+                        f"off: never (default {default}; env ILRE_DEEPEN)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -105,12 +105,12 @@ def build_parser() -> argparse.ArgumentParser:
     _service_options(serve)
     _observability_options(serve)
     _engine_options(serve)
-    _deepen_option(serve)
+    _deepen_option(serve, "idle")
     sidecar = sub.add_parser("sidecar", help="an engine's own HTTP API (SGLang, vLLM/OpenAI, llama.cpp) with long prompts compressed")
     _sidecar_options(sidecar)
     _observability_options(sidecar)
     _engine_options(sidecar)
-    _deepen_option(sidecar)
+    _deepen_option(sidecar, "off")  # each prompt is new (a chat grows): deepening it would only take the device
     worker = sub.add_parser("worker", help="serve requests queued on Redis by `ilre serve --redis-url`")
     _queue_options(worker)
     _observability_options(worker)
@@ -124,7 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     worker.add_argument("--metrics-port", type=int, help="serve this worker's Prometheus metrics on this port")
     worker.add_argument("--host", help="address of --metrics-port (default 127.0.0.1, env ILRE_HOST)")
     _engine_options(worker)
-    _deepen_option(worker)
+    _deepen_option(worker, "idle")
     calibrate = sub.add_parser("calibrate", help="find the model's retrieval layer l_R and write its profile")
     calibrate.add_argument("--model", default=None, help="checkpoint folder, .gguf file or hub id (default: embedded)")
     calibrate.add_argument("--lengths", default=None, help="context lengths, comma-separated (default 2048,6144)")
