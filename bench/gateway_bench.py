@@ -61,11 +61,12 @@ def main() -> None:
         tool = document(args.tokens)
         messages = [{"role": "user", "content": "List the logs."}, {"role": "tool", "content": tool},
                     {"role": "user", "content": QUERY}]
+        engine.deepening.wait_idle()
+        spent = engine.deepening.stats.seconds  # from here on, every step is this tool result's
         first_s, reply = timed(lambda: http.post("/v1/compress", json={"messages": messages}))
         body = reply.json()
         hash_ = body["ccr_hashes"][0]
         at_once_s, _ = timed(lambda: http.get(f"/v1/retrieve/{hash_}", params={"query": QUERY}))
-        spent = engine.deepening.stats.seconds
         engine.deepening.wait_idle()
         deepening_s = engine.deepening.stats.seconds - spent
         retrieve = [timed(lambda: http.get(f"/v1/retrieve/{hash_}", params={"query": QUERY}))
