@@ -113,6 +113,13 @@ class EngineServer:
         """Requests the engine is working on now."""
         raise NotImplementedError
 
+    def running_now(self) -> int | None:
+        """`running()`, or None while the engine does not answer its metrics in time."""
+        try:
+            return self.running()
+        except httpx.HTTPError:
+            return None
+
     def busy(self) -> bool:
         return self.running() > 0
 
