@@ -20,7 +20,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ilre.service.transport.sidecar.upstream import IDLE_CONNECTION_S  # noqa: E402
+from ilre.service.sidecar.upstream import IDLE_CONNECTION_S  # noqa: E402
 from tests.service.engines import LlamaServer, RecordingRelay  # noqa: E402
 
 

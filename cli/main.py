@@ -72,7 +72,7 @@ def read_context(args: argparse.Namespace) -> str:
 
 
 def run_compress(args: argparse.Namespace) -> int:
-    from ..engine.messages import CompressRequest, results_of
+    from ..engine.messages import CompressRequest, CompressResult, CompressResults
 
     if args.document_id is not None and not args.server:
         raise CliError("document-id: names a document cached by a running service: give --server too")
@@ -83,17 +83,19 @@ def run_compress(args: argparse.Namespace) -> int:
     if args.explain:
         data["explain"] = True
     request = CompressRequest.from_json(data, request_defaults(args))
-    outcome = _compress_remote(args, request) if args.server else _engine(args).compress(request)
+    outcome = _compress_remote(args, request) if args.server else _engine(args).run(request)
+    if isinstance(outcome, CompressResult):  # the thin client's answer to one query
+        outcome = CompressResults(outcome.id, outcome.document_id, [outcome], single=True)
     if args.explain:
+        page, outcome.results[0].explanation = outcome.results[0].explanation, None
         try:
-            Path(args.explain).write_text(outcome.explanation, encoding="utf-8")
+            Path(args.explain).write_text(page, encoding="utf-8")
         except OSError as exc:
             raise CliError(f"explain: cannot write {args.explain}: {exc.strerror}") from None
-        outcome.explanation = None
     if args.json:
         print(json.dumps(outcome.to_dict(), ensure_ascii=False))
         return 0
-    for result in results_of(outcome):
+    for result in outcome.results:
         print(result.compressed_context)
         print(summary(result.to_dict()), file=sys.stderr)
     return 0

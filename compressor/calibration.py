@@ -31,15 +31,15 @@ def recall_by_layer(
 ) -> dict[str, dict[int, bool]]:
     """For each strategy and score layer of `state`: is the whole needle kept at `budget`?
 
-    Scores every layer from the same pass (keys (kv, L, d) and queries (heads, Lq, d) per layer).
+    Scores every layer from the same pass (keys (kv, L, d) and queries (heads, Lq, d) per layer) and
+    keeps what the strategy's own `select` keeps from those scores: the engine's selection at that
+    layer, from one pass instead of one per layer (tests/compressor/test_calibration.py checks each).
     """
     out: dict[str, dict[int, bool]] = {name: {} for name in strategies}
     for layer, keys in state.keys.items():
         scores = query_key_scores(state.queries[layer], keys)  # (L,)
         for name, strategy in strategies.items():
-            picked = strategy.allocate(scores[sink:], budget - sink) + sink
-            kept = torch.cat((torch.arange(sink), picked))
-            out[name][layer] = needle_kept(kept, needle)
+            out[name][layer] = needle_kept(strategy.select(scores, budget, sink).cpu(), needle)
     return out
 
 

@@ -131,8 +131,8 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
             done(i, selection)
 
     strategies = [job.strategy.for_context(job.context_ids.numel(), job.budget) for job in jobs]
-    short = [i for i, job in enumerate(jobs) if batch_tokens > 0 and model is not None and strategies[i].batchable
-             and job.budget < job.context_ids.numel() and fits_one_chunk(job.context_ids.numel(), config)]
+    short = [i for i, job in enumerate(jobs) if batch_tokens > 0 and model is not None
+             and joins_a_batch(job.context_ids.numel(), job.budget, strategies[i], config)]
     short.sort(key=lambda i: jobs[i].context_ids.numel())
     while short:
         longest = jobs[short[-1]].context_ids.numel()
@@ -159,6 +159,12 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
             finished(i, select_context(model, job.context_ids, job.query_ids, job.budget, job.strategy, config,
                                        units=job.units))
     return out  # type: ignore[return-value]
+
+
+def joins_a_batch(length: int, budget: int, strategy: Strategy, config: PrefillConfig) -> bool:
+    """Whether a one-query request of `length` context tokens goes through the batched prefill (when batching
+    is on): its strategy takes it, its context is one prefill chunk and longer than the budget."""
+    return strategy.batchable and budget < length and fits_one_chunk(length, config)
 
 
 def _score_and_allocate(model: TruncatedLM | None, state: RetrievalState | None, length: int, budget: int, strategy: Strategy,

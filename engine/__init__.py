@@ -1,7 +1,10 @@
 """The engine: a loaded model that turns compression requests into results, below every service layer.
 
     messages.py      the request and result messages, validated once (field names and limits)
-    engine.py        Engine: tokenize, select through the compressor, detokenize, explain
+    engine.py        Engine: a request through its stages (prepare, encode, answer, finish); `compress` is the
+                     library's call, `run` the service's
+    prepared.py      the Prepared stage and the checks of a request's token IDs
+    results.py       Selections -> CompressResults (ids, text, spans, timings, the explanation page)
     documents.py     the document cache (IDs and encoded contexts reused by later queries), and its
                      shared tier's interface
     document_names.py  document ids keyed by a secret and the caller's scope, and the cache slots
@@ -13,10 +16,11 @@
 
 A request's stages, named once:
     CompressRequest  (messages.py) as it arrived, its fields validated
-    Prepared         (engine.py) checked and tokenized: its document named and held, its strategy resolved
+    Prepared         (prepared.py) checked and tokenized: its document named and held, its strategy resolved
                      for the layer, the model's profile and the context's length, the budget and DCA decided
     SelectionJob     (compressor/pipeline.py) one query's ids, budget, strategy and units
     Selection        (compressor/pipeline.py) the kept indices, the timings, the scores
-    CompressResult   (messages.py) the contract's fields; a request with `queries` gets CompressResults, one
-                     CompressResult per query
+    CompressResults  (messages.py) one CompressResult (the contract's fields) per query, always a list inside;
+                     the single-result shape of a one-query request only at the edges (`CompressResults.wire`:
+                     `Engine.compress`, HTTP, gRPC, the CLI, the thin client)
 """

@@ -13,27 +13,26 @@ from typing import Callable
 
 import torch
 
-from ..compressor.batched_prefill import fits_one_chunk
 from ..compressor.defaults import DEFAULT_STRATEGY
-from ..compressor.pipeline import Selection, SelectionJob, select_context, select_contexts
+from ..compressor.pipeline import Selection, joins_a_batch, select_context, select_contexts
 from ..compressor.prefill import ContextState, PrefillConfig, encode_context, encode_in_steps
 from ..compressor.strategies import STRATEGIES, Strategy
-from ..compressor.units import UNITS_VERSION, document_units, kept_spans
+from ..compressor.units import UNITS_VERSION, document_units
 from ..models.device import resolve_placement
 from ..models.llama import TruncatedLM
 from ..models.loader import load_spec, load_tokenizer, load_truncated, resolve_checkpoint
 from ..models.profiles import load_profile
 from ..models.retaining_head import attach_head, head_directories, head_path
 from ..models.token_bytes import context_bytes, token_bytes
-from ..models.tokenize import TooManyTokens, tokenize_text
 from .deepening import Deepener
 from .defaults import (AUTO_BATCH_TOKENS, DEFAULT_BUDGET, DOC_CACHE_MB, MAX_CONTEXT_TOKENS, MAX_EXPLAIN_TOKENS,
                        MAX_QUERY_TOKENS)
 from .document_names import DocumentNames
 from .documents import DocumentCache, SharedDocuments, state_key
-from .explain import ExplanationFacts, render_explanation
 from .info import ModelInfo
-from .messages import CompressRequest, CompressResult, CompressResults, InputError, NotFoundError, Outcome
+from .messages import CompressRequest, CompressResult, CompressResults, InputError, NotFoundError
+from .prepared import Prepared, checked_ids
+from .results import results_of_job
 
 log = logging.getLogger(__name__)
 
@@ -165,37 +164,20 @@ class Engine:
 
     def _ids(self, name: str, text: str | None, ids: list[int] | None, limit: int, limit_name: str,
              ids_field: str | None = None) -> torch.Tensor:
-        """(T,) int64 token ids of a text or checked ids; InputError when empty, too long, off-vocabulary
-        (naming `ids_field`, default "<name>_ids", for an id outside the vocabulary)."""
-        ids_field = ids_field or f"{name}_ids"
-        if ids is None:
-            try:
-                tensor = tokenize_text(self.tokenizer, text, limit)
-            except TooManyTokens as exc:
-                raise InputError(name, f"{exc.count} tokens exceed the limit of {limit} ({limit_name})") from None
-        elif len(ids) > limit:
-            raise InputError(name, f"{len(ids)} tokens exceed the limit of {limit} ({limit_name})")
-        else:
-            try:
-                tensor = torch.tensor(ids, dtype=torch.int64)
-            except (OverflowError, RuntimeError, ValueError):  # beyond int64: the error path may loop
-                bad = next(i for i in ids if not -(1 << 63) <= i < (1 << 63))
-                raise InputError(ids_field, f"token id {bad} outside the vocabulary 0..{self.spec.vocab_size - 1}") from None
-        if not tensor.numel():
-            raise InputError(name, "has no tokens")
-        outside = (tensor < 0) | (tensor >= self.spec.vocab_size)
-        if bool(outside.any()):
-            bad = int(tensor[outside][0])
-            raise InputError(ids_field, f"token id {bad} outside the vocabulary 0..{self.spec.vocab_size - 1}")
-        return tensor
+        return checked_ids(self.tokenizer, self.spec.vocab_size, name, text, ids, limit, limit_name, ids_field)
 
-    def compress(self, request: CompressRequest, scope: str = "") -> Outcome:
-        """Tokenize, select context tokens, detokenize; raises InputError for bad input and
-        NotFoundError for a document_id that `scope` (the caller's, "" without API keys) does not
-        hold. A request with `queries` gets a CompressResults (one prefill, one result per query)."""
+    def compress(self, request: CompressRequest, scope: str = "") -> CompressResult | CompressResults:
+        """The library's call: `run`'s answer in the contract's shape (a CompressResult, or CompressResults
+        for a request with `queries`)."""
+        return self.run(request, scope).wire()
+
+    def run(self, request: CompressRequest, scope: str = "") -> CompressResults:
+        """Tokenize, select context tokens, detokenize: one result per query (one prefill for all). Raises
+        InputError for bad input and NotFoundError for a document_id that `scope` (the caller's, "" without
+        API keys) does not hold."""
         with self.deepening.turn():
-            job = self._prepare(request, scope)
-            return self._finish(job, self._answer(job))
+            job = self.prepare(request, scope)
+            return self.finish(job, self.answer(job))
 
     @property
     def batch_tokens(self) -> int:
@@ -205,16 +187,16 @@ class Engine:
         return 0 if self.placement.device.type == "cpu" else AUTO_BATCH_TOKENS
 
     def compress_many(self, requests: list[CompressRequest],
-                      on_result: Callable[[int, Outcome | InputError], None] | None = None,
-                      scopes: list[str] | None = None) -> list[Outcome | InputError]:
+                      on_result: Callable[[int, CompressResults | InputError], None] | None = None,
+                      scopes: list[str] | None = None) -> list[CompressResults | InputError]:
         """Compress a batch: each request's outcome, or the InputError that rejected it (in order);
         scopes[i]: the scope of request i's caller (None = "" for all).
         Short one-query requests on the same layer and DCA setting share one batched prefill when
         `batch_tokens` allows; the others go through the document cache. The results equal those
-        of `compress` one by one. `on_result(i, outcome)` is called as soon as request i is done."""
-        outcomes: list[Outcome | InputError | None] = [None] * len(requests)
+        of `run` one by one. `on_result(i, outcome)` is called as soon as request i is done."""
+        outcomes: list[CompressResults | InputError | None] = [None] * len(requests)
 
-        def deliver(i: int, outcome: Outcome | InputError) -> None:
+        def deliver(i: int, outcome: CompressResults | InputError) -> None:
             outcomes[i] = outcome
             if on_result is not None:
                 on_result(i, outcome)
@@ -223,13 +205,13 @@ class Engine:
             self._run_many(requests, deliver, scopes or [""] * len(requests))
         return outcomes  # type: ignore[return-value]
 
-    def _run_many(self, requests: list[CompressRequest], deliver: Callable[[int, Outcome | InputError], None],
+    def _run_many(self, requests: list[CompressRequest], deliver: Callable[[int, CompressResults | InputError], None],
                   scopes: list[str]) -> None:
         groups: dict[tuple, list[tuple[int, Prepared]]] = {}
         alone: list[tuple[int, Prepared]] = []
         for i, request in enumerate(requests):
             try:
-                job = self._prepare(request, scopes[i])
+                job = self.prepare(request, scopes[i])
             except InputError as exc:
                 deliver(i, exc)
                 continue
@@ -240,24 +222,24 @@ class Engine:
         for (layer, prefill), members in groups.items():
             def selected(k: int, selection: Selection, members: list[tuple[int, Prepared]] = members) -> None:
                 index, job = members[k]
-                deliver(index, self._finish(job, [selection]))
+                deliver(index, self.finish(job, [selection]))
 
             select_contexts(self.model_at(layer), [job.selection(0) for _, job in members], prefill, self.batch_tokens,
                             done=selected)
         for i, job in alone:
-            deliver(i, self._finish(job, self._answer(job)))
+            deliver(i, self.finish(job, self.answer(job)))
 
-    def _batchable(self, job: "Prepared") -> bool:
+    def _batchable(self, job: Prepared) -> bool:
         """A one-query request whose context is a single prefill chunk, when batching is on."""
-        return (self.batch_tokens > 0 and len(job.queries) == 1 and job.model is not None and job.strategy.batchable
-                and job.budget < job.context_ids.numel() and fits_one_chunk(job.context_ids.numel(), job.prefill))
+        return (self.batch_tokens > 0 and len(job.queries) == 1 and job.model is not None
+                and joins_a_batch(job.context_ids.numel(), job.budget, job.strategy, job.prefill))
 
     def close(self) -> None:
         """Stop the background deepening (after its step in progress)."""
         self.deepening.close()
 
-    def _answer(self, job: "Prepared") -> list[Selection]:
-        """One selection per query, all against one encoded context from the document cache. A document
+    def answer(self, job: Prepared) -> list[Selection]:
+        """The Selection stage: one selection per query, all against one encoded context from the document cache. A document
         deepened in the background is served by the strategy's deepened form; a document that was not
         is offered for deepening once its queries are answered."""
         deep = job.strategy.deepened() if self.deepening.enabled else None
@@ -270,21 +252,30 @@ class Engine:
             self._offer(job, deep)
         return selections
 
-    def _select_queries(self, job: "Prepared", strategy: Strategy, encoded: Callable[[], ContextState]) -> list[Selection]:
+    def _select_queries(self, job: Prepared, strategy: Strategy, encoded: Callable[[], ContextState]) -> list[Selection]:
         return [select_context(job.model, job.context_ids, query_ids, job.budget, strategy, job.prefill, encoded=encoded,
                                units=job.units) for query_ids in job.queries]
 
-    def _state_key(self, job: "Prepared", strategy: Strategy) -> str:
+    def encode(self, job: Prepared) -> ContextState:
+        """The job's encoded context as its strategy reads it: the document cache's, or encoded now and kept
+        there (what `answer` then reads; the evaluation times the two apart)."""
+        return self._encoded(job)()
+
+    def encoding_key(self, job: Prepared) -> str:
+        """The document cache's key of the encoding `encode(job)` returns (equal keys: the same encoding)."""
+        return self._state_key(job, job.strategy)
+
+    def _state_key(self, job: Prepared, strategy: Strategy) -> str:
         """The document cache's key of the encoded context `strategy` reads on this job's layer and prefill."""
         layers = strategy.encoded_layers(job.layer)
         top = max(layers)  # the deepest layer encoded: l_R, or a cascade's coarse layer
         return state_key(top, job.prefill, self.placement.dtype_name, strategy.context_parts,
                          tuple(l for l in layers if l != top))
 
-    def _restore(self, job: "Prepared") -> Callable[[dict[str, torch.Tensor]], ContextState]:
+    def _restore(self, job: Prepared) -> Callable[[dict[str, torch.Tensor]], ContextState]:
         return lambda tensors: ContextState.from_tensors(job.model, job.prefill, tensors)
 
-    def _encoded(self, job: "Prepared") -> Callable[[], ContextState]:
+    def _encoded(self, job: Prepared) -> Callable[[], ContextState]:
         """The job's encoded context, from the document cache or encoded on first use (once per job)."""
         layers, parts = job.strategy.encoded_layers(job.layer), job.strategy.context_parts
         encoded: list[ContextState] = []
@@ -299,7 +290,7 @@ class Engine:
 
         return state
 
-    def _offer(self, job: "Prepared", deep: Strategy) -> None:
+    def _offer(self, job: Prepared, deep: Strategy) -> None:
         """Queue the job's document for deepening: the encoding `deep` reads, which then replaces the one
         the job's strategy read."""
         slot, key, first = job.slot, self._state_key(job, deep), self._state_key(job, job.strategy)
@@ -311,8 +302,8 @@ class Engine:
             store=lambda state: self.documents.store_state(slot, key, state, replaces=first),
             wanted=lambda: self.documents.holds(slot) and not self.documents.holds(slot, key))
 
-    def _prepare(self, request: CompressRequest, scope: str) -> "Prepared":
-        """Check and tokenize a request of a caller in `scope`; InputError naming the field when it
+    def prepare(self, request: CompressRequest, scope: str = "") -> Prepared:
+        """The Prepared stage: check and tokenize a request of a caller in `scope`; InputError naming the field when it
         cannot run, NotFoundError for a document_id the scope does not hold (another scope's id takes
         the same path as one never issued: its slot is simply not there)."""
         start = time.perf_counter()
@@ -360,80 +351,8 @@ class Engine:
             raise InputError("strategy", f"{strategy.name} needs a retaining head for {self.model_name} at layer {layer}: "
                              f"train one with `ilre train-locret --layer {layer}` (heads found: {self._heads_found()})")
         return Prepared(request, doc, slot, context_ids, queries, budget, strategy, layer, prefill, model, dca,
-                    start, _ms(start, time.perf_counter()), granularity, units)
+                        start, round((time.perf_counter() - start) * 1000.0, 3), granularity, units)
 
-    def _finish(self, job: "Prepared", selections: list[Selection]) -> Outcome:
-        """Kept indices -> token ids, detokenized text and timings: one result per query."""
-        results = [self._result(job, i, selection) for i, selection in enumerate(selections)]
-        if job.request.multi:
-            return CompressResults(job.request.id, job.document_id, results)
-        return results[0]
-
-    def _result(self, job: "Prepared", index: int, selection: Selection) -> CompressResult:
-        request, context_ids, query_ids = job.request, job.context_ids, job.queries[index]
-        kept = selection.kept.tolist()
-        kept_ids = context_ids[selection.kept].tolist()
-        query_list = query_ids.tolist()
-        selected = time.perf_counter()
-        compressed = self.tokenizer.decode(kept_ids)
-        text = request.query_inputs()[index][0]
-        query = text if text is not None else self.tokenizer.decode(query_list)
-        timings = {"tokenize": job.tokenize_ms, **selection.timings_ms, "detokenize": _ms(selected, time.perf_counter())}
-        timings["total"] = _ms(job.started, time.perf_counter())
-        result = CompressResult(
-            id=request.id, token_ids=kept_ids + query_list, kept_indices=kept, compressed_context=compressed,
-            query=query, original_tokens=len(context_ids), compressed_tokens=len(kept),
-            ratio=round(len(kept) / len(context_ids), 6), model=self.model_name, layer=job.layer,
-            strategy=job.strategy.name, dca=job.dca, passthrough=selection.passthrough, timings_ms=timings,
-            document_id=job.document_id, budget=job.budget if selection.passthrough else len(kept),
-            granularity=job.granularity,
-        )
-        if job.units is not None and not selection.passthrough:
-            text = context_bytes(token_bytes(self.tokenizer), context_ids)
-            result.kept_spans = kept_spans(job.units, selection.kept, text)
-        if request.explain:
-            result.explanation = self._explanation(job, selection, result)
-        return result
-
-    def _explanation(self, job: "Prepared", selection: Selection, result: CompressResult) -> str:
-        """The HTML page of one result (engine/explain.py)."""
-        tokens = self.tokenizer.batch_decode([[i] for i in job.context_ids.tolist()])
-        budget = result.budget or job.budget  # an automatic budget: the one chosen
-        allocated = budget - min(self.config.prefill.sink, budget)
-        facts = ExplanationFacts(model=result.model, layer=result.layer, strategy=result.strategy, dca=result.dca,
-                                 budget=budget, sink=self.config.prefill.sink,
-                                 budget_split=job.strategy.budget_split(allocated), query=result.query,
-                                 timings_ms=result.timings_ms, passthrough=result.passthrough,
-                                 granularity=job.granularity)
-        units = job.units.tolist() if job.units is not None else None
-        return render_explanation(tokens, selection.scores, result.kept_indices, facts, units)
-
-
-@dataclass(frozen=True)
-class Prepared:
-    """A checked, tokenized request on its way through the engine: its context (L,) and
-    queries [(Lq,)] as int64 IDs, the document they belong to (its id, and the slot the cache holds
-    it in), and how to select."""
-
-    request: CompressRequest
-    document_id: str
-    slot: str
-    context_ids: torch.Tensor
-    queries: list[torch.Tensor]
-    budget: int
-    strategy: Strategy
-    layer: int
-    prefill: PrefillConfig
-    model: TruncatedLM | None
-    dca: bool
-    started: float
-    tokenize_ms: float
-    granularity: str = "token"
-    units: torch.Tensor | None = None  # (U+1,) unit bounds when granularity is "unit"
-
-    def selection(self, index: int) -> SelectionJob:
-        return SelectionJob(self.context_ids, self.queries[index], self.budget, self.strategy, self.units)
-
-
-def _ms(a: float, b: float) -> float:
-    return round((b - a) * 1000.0, 3)
+    def finish(self, job: Prepared, selections: list[Selection]) -> CompressResults:
+        """The last stage: kept indices -> token ids, detokenized text and timings, one result per query."""
+        return results_of_job(self.tokenizer, self.model_name, self.config.prefill.sink, job, selections)

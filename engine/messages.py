@@ -231,32 +231,32 @@ class CompressResult:
 
 @dataclass
 class CompressResults:
-    """The answer to a request with `queries`: one CompressResult per query, in order, all from
-    one prefill of the document `document_id`."""
+    """What a request gets back, inside the service: one CompressResult per query, in order, all from one
+    prefill of the document `document_id`. `single`: the request sent one query (not `queries`), so its
+    wire shape is that one CompressResult (`wire()`, `to_dict()`); only the edges (the library's
+    `Engine.compress`, HTTP, gRPC, the CLI, the thin client) tell the two shapes apart."""
 
     id: str | int | None
-    document_id: str
+    document_id: str | None
     results: list[CompressResult]
+    single: bool = False
+
+    def wire(self) -> "CompressResult | CompressResults":
+        """The answer as the contract gives it: the one result of a one-query request, else these results."""
+        return self.results[0] if self.single else self
 
     def to_dict(self) -> dict[str, Any]:
+        """The contract's JSON: the one result's fields, or {id, document_id, results: [...]}."""
+        if self.single:
+            return self.results[0].to_dict()
         return {"id": self.id, "document_id": self.document_id, "results": [r.to_dict() for r in self.results]}
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CompressResults":
+        """The inverse of `to_dict`, for either shape."""
+        if "results" not in data:
+            return cls(data.get("id"), data.get("document_id"), [CompressResult(**data)], single=True)
         return cls(data.get("id"), data["document_id"], [CompressResult(**r) for r in data["results"]])
-
-
-Outcome = CompressResult | CompressResults  # what a request gets back
-
-
-def results_of(outcome: Outcome) -> list[CompressResult]:
-    """The per-query results of an outcome (one for a one-query request)."""
-    return outcome.results if isinstance(outcome, CompressResults) else [outcome]
-
-
-def outcome_from_dict(data: dict[str, Any]) -> Outcome:
-    """The inverse of `to_dict` for either kind of outcome."""
-    return CompressResults.from_dict(data) if "results" in data else CompressResult(**data)
 
 
 def _is_int(value: Any) -> bool:

@@ -24,7 +24,7 @@ from ..compressor.calibration import (CANDIDATE_FACTORS, COST_CAP, candidate_hit
 from ..compressor.prefill import PrefillConfig, streaming_prefill
 from ..compressor.strategies import make_strategy
 from ..models.device import Placement
-from ..models.loader import load_spec, load_tokenizer, load_truncated, resolve_checkpoint
+from ..models.loader import load_spec, resolve_checkpoint
 from ..models.profiles import EVALUATION_KEYS, PROFILE_DIR, Profile, load_profile, save_profile
 from .passkey import make_passkey_sample
 
@@ -112,6 +112,8 @@ def run_calibration(model: str | None, plan: CalibrationPlan, profile_dir: Path 
                     placement: Placement | None = None) -> Profile:
     """Measure recall per layer on both grids, save the profile (and heatmaps), return the profile.
     placement: device and dtype of the pass (default: float32 on the CPU, as the profiles were made)."""
+    from ..engine.engine import Engine, EngineConfig
+
     checkpoint = resolve_checkpoint(model)
     spec = load_spec(checkpoint.path)
     too_long = [n for n in plan.lengths if n + 64 > spec.native_context]
@@ -119,10 +121,12 @@ def run_calibration(model: str | None, plan: CalibrationPlan, profile_dir: Path 
         raise ValueError(f"lengths: {too_long} exceed the model's native window of {spec.native_context} tokens")
     if min(plan.lengths + plan.long_lengths) <= plan.budget:
         raise ValueError(f"lengths: every context must be longer than the budget of {plan.budget} tokens")
-    tokenizer = load_tokenizer(checkpoint.path)
     placement = placement or Placement(torch.device("cpu"), torch.float32)
-    truncated = load_truncated(checkpoint.path, spec.num_layers, placement.dtype, placement.device)
-    config = prefill or PrefillConfig()
+    # the engine's model, tokenizer and prefill settings: what is measured is what a request runs
+    engine = Engine(EngineConfig(model=model, device=str(placement.device), dtype=placement.dtype_name,
+                                 prefill=prefill or PrefillConfig(), layer=1, doc_cache_mb=0))
+    tokenizer, config = engine.tokenizer, engine.config.prefill
+    truncated = engine.model_at(spec.num_layers)
     strategies = {"single": make_strategy("snapkv"), "multi": make_strategy("ilre")}
     layers = tuple(range(1, spec.num_layers + 1))
     hits = grid_hits(truncated, tokenizer, plan, config, strategies, layers, 0, f"calibrate {checkpoint.name}")

@@ -3,9 +3,9 @@
 Each sample: a haystack of Python's `pydoc_data` topics (text no other stage uses) with one passkey
 phrase and `distractors` others (the calibration's long grid, multikey-style), the needle at one of
 `depths` equal segments. The default (the cascade), plain ILRe at its coarse layer and plain ILRe at
-l_R each compress it (budget 1024, DCA as the engine's `auto`); a record says whether the whole
-needle phrase was kept. Plain ILRe at both layers comes from one streaming pass (the keys of both
-layers); the cascade runs as the engine runs it.
+l_R each compress it as a request to the engine (budget 1024, DCA `auto`); a record says whether the
+whole needle phrase was kept. Plain ILRe at the coarse layer reads the encoding the cascade's first
+stage left in the document cache.
 
     python -m ilre.evaluation.other_corpus [--lengths 16K,32K] [--depths 10] [--distractors 100]
 """
@@ -21,10 +21,8 @@ from pathlib import Path
 import torch
 
 from ..compressor.calibration import needle_kept
-from ..compressor.pipeline import select_context
-from ..compressor.prefill import PrefillConfig, encode_context, prefill_query
 from ..compressor.strategies import make_strategy
-from ..kernels.query_scores import query_key_scores
+from ..engine.messages import CompressRequest
 from .intervals import paired_difference, wilson
 from .passkey import make_passkey_sample
 from .ruler import length_label
@@ -38,48 +36,34 @@ def run_other_corpus(lengths: list[int], depths: int, distractors: int, output: 
     """Measure every (length, depth) not yet in `output` (JSONL, appended); returns `output`."""
     from ..engine.engine import Engine, EngineConfig
 
-    engine = Engine(EngineConfig(doc_cache_mb=0))
-    default = engine.with_profile(make_strategy("cascade"))
-    coarse, l_r = default.coarse_layer, engine.layer
+    engine = Engine(EngineConfig())
+    coarse, l_r = engine.with_profile(make_strategy("cascade")).coarse_layer, engine.layer
+    rows = {"cascade": {"strategy": "cascade"}, f"ilre@{coarse}": {"strategy": "ilre", "layer": coarse},
+            f"ilre@{l_r}": {"strategy": "ilre", "layer": l_r}}  # the cascade first: its coarse encoding is then cached
     done = {(r["length"], r["depth"], r["strategy"]) for r in load(output)}
-    model = engine.model_at(l_r)
     for length in lengths:
         for depth in range(depths):
-            if all((length, depth, s) in done for s in ("cascade", f"ilre@{coarse}", f"ilre@{l_r}")):
+            if all((length, depth, name) in done for name in rows):
                 continue
             sample = make_passkey_sample(engine.tokenizer, length, depth / depths, digits, seed=11, source=SOURCE,
                                          distractors=distractors)
-            context, query = torch.tensor(sample.context_ids), torch.tensor(sample.query_ids)
-            config = PrefillConfig(dca=len(context) + len(query) > engine.spec.native_context)
             records = []
-            tick = time.perf_counter()
-            with torch.inference_mode():
-                state = encode_context(model, context, config, (coarse, l_r))  # plain ILRe at both layers
-                for layer in (coarse, l_r):
-                    ilre = make_strategy("ilre")
-                    kept = _plain_at(model, state, query, budget, ilre, layer)
-                    records.append((f"ilre@{layer}", kept, None))
-            plain_s = time.perf_counter() - tick
-            tick = time.perf_counter()
-            kept = select_context(model, context, query, budget, default.for_context(len(context), budget), config).kept
-            records.append(("cascade", kept, time.perf_counter() - tick))
+            for name, fields in rows.items():
+                tick = time.perf_counter()
+                result = engine.compress(CompressRequest(context_ids=sample.context_ids, query_ids=sample.query_ids,
+                                                         budget=budget, **fields))
+                seconds = time.perf_counter() - tick
+                kept = needle_kept(torch.tensor(result.kept_indices), sample.needle)
+                records.append((name, kept, round(seconds, 3) if name == "cascade" else None))
             with output.open("a") as f:
-                for name, chosen, seconds in records:
+                for name, kept, seconds in records:
                     f.write(json.dumps({"source": SOURCE, "length": length, "depth": depth, "strategy": name,
-                                        "distractors": distractors, "budget": budget,
-                                        "kept": needle_kept(chosen.cpu(), sample.needle),
-                                        "seconds": None if seconds is None else round(seconds, 3)}) + "\n")
+                                        "distractors": distractors, "budget": budget, "kept": kept,
+                                        "seconds": seconds}) + "\n")
             progress(f"{SOURCE} {length_label(length)} depth {depth}/{depths}: "
-                     + " ".join(f"{n}={'kept' if needle_kept(k.cpu(), sample.needle) else 'lost'}" for n, k, _ in records)
-                     + f" (plain pass {plain_s:.1f} s)")
+                     + " ".join(f"{n}={'kept' if k else 'lost'}" for n, k, _ in records))
+        engine.documents.clear()  # one length's documents at a time
     return output
-
-
-def _plain_at(model, state, query: torch.Tensor, budget: int, ilre, layer: int) -> torch.Tensor:
-    """Plain ILRe's kept indices at `layer` from a state holding that layer's keys (scored as at l_R)."""
-    retrieval = prefill_query(model, state, query)
-    scores = query_key_scores(retrieval.queries[layer], state.keys[layer])
-    return ilre.select(scores, budget, state.config.sink)
 
 
 def load(path: Path) -> list[dict]:

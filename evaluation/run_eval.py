@@ -24,11 +24,11 @@ context, query and budget:
   llmlingua       LLMLingua (coarse + token level), `llmlingua` 0.2.2 in its own environment
   longllmlingua   LongLLMLingua (question-aware), same package
 
-ILRe, ILRe without DCA, SnapKV, LagKV, ReAttention, Locret and ActQKV share streaming passes: one encode of the
-context per (sample, DCA setting) keeps the layer-l_R keys and every part these strategies read
-(values, pre-RoPE keys, the retaining head's scores), and each strategy then runs `select_query` on it: its query chunk, scores and
-allocation (exactly what `Engine.compress` computes; tests check it). Their wall time is that pass
-plus their own selection.
+Every row that runs in the engine (the attention rows and streaming_llm) goes through the engine's own
+stages, exactly as a request does: `Engine.prepare` (layer, profile options, DCA `auto`, units),
+`Engine.encode` (the document cache: rows reading the same encoding share one pass, e.g. the three
+cascade rows, or ilre and snapkv) and `Engine.answer`. A row's compress_s is its encoding's pass (the
+first row that ran it timed it) plus its own selection.
 
 Metrics: retention = share of gold answers whose text is in the detokenized kept context;
 end to end = the whole embedded model (all layers) generates greedily from
@@ -50,11 +50,8 @@ from pathlib import Path
 
 import torch
 
-from ..compressor.pipeline import select_query
-from ..compressor.prefill import ContextState, PrefillConfig, encode_context
-from ..compressor.strategies import ScoreInputs, Strategy, make_strategy
-from ..compressor.units import document_units
-from ..models.token_bytes import context_bytes, token_bytes
+from ..compressor.strategies import Strategy, make_strategy
+from ..engine.messages import CompressRequest
 from .baselines import rag_select
 from .generation import Generator, new_token_budget
 from .lingua import METHODS as LINGUA_METHODS
@@ -79,6 +76,9 @@ ATTENTION = {"cascade": ("cascade", {}), "cascade_units": ("cascade", {}), "casc
 GUESSLESS = ("niah", "vt", *STRUCTURED)  # task kinds whose answers (random numbers, UUIDs, names) no reader guesses
 UNIT_ROWS = ("cascade_units", "cascade_units_nl", "ilre_units")  # rows keeping whole units (compressor/units.py)
 SEPARATORS = {"cascade_units_nl": "\n"}  # rows whose reader sees this text between kept runs that are not adjacent
+
+
+IN_ENGINE = (*ATTENTION, "streaming_llm")  # rows the engine runs as requests
 
 
 def attention_strategy(name: str) -> Strategy:
@@ -178,27 +178,6 @@ class Record:
         return (self.task, self.length, self.index, self.seed, self.strategy, self.budget)
 
 
-def encode_pass(engine, sample: RulerSample, layer: int, dca: bool, parts: tuple[str, ...],
-                also_layers: tuple[int, ...] = (), model_layer: int | None = None) -> tuple[ContextState, float]:
-    """The sample's context encoded up to `layer` with `parts` and the keys of `also_layers` (one streaming
-    pass, by the model truncated at `model_layer`, default `layer`) and the seconds it took."""
-    start = time.perf_counter()
-    config = engine.config.prefill
-    prefill = PrefillConfig(config.sink, config.window, config.chunk, dca)
-    with torch.inference_mode():
-        state = encode_context(engine.model_at(model_layer or layer), torch.tensor(sample.context_ids), prefill,
-                               (*also_layers, layer), parts=parts)
-    return state, time.perf_counter() - start
-
-
-def allocate(strategy_name: str, attention: torch.Tensor | None, length: int, budget: int, sink: int) -> list[int]:
-    """The pipeline's score + select steps (compressor/pipeline.py) on precomputed attention A^C."""
-    strategy = make_strategy(strategy_name)
-    with torch.inference_mode():
-        scores = strategy.score(ScoreInputs(length=length, attention=attention, sink=sink, budget=budget))
-        return strategy.select(scores, budget, sink).cpu().tolist()
-
-
 class Evaluator:
     """Holds the engine, the generator and the lingua peer for one run."""
 
@@ -209,7 +188,7 @@ class Evaluator:
         self.notes = notes
         self.engine = Engine(EngineConfig(model=plan.model, device=plan.device, dtype=plan.dtype, layer=plan.layer))
         # the layer each attention row runs at: l_R, or for Locret the layer of its stored head (as the engine does)
-        self.layers = {name: self.engine.strategy_layer(self.strategy(name), plan.layer) for name in ATTENTION}
+        self.layers = {name: self.engine.strategy_layer(attention_strategy(name), plan.layer) for name in ATTENTION}
         self.tokenizer = self.engine.tokenizer
         self.native = self.engine.spec.native_context
         self.dtype = self.engine.placement.dtype_name  # the compressors' dtype, LLMLingua's included
@@ -244,56 +223,45 @@ class Evaluator:
         if self._lingua is not None:
             self._lingua.close()
 
+    def request(self, name: str, sample: RulerSample) -> CompressRequest:
+        """The request a row sends the engine for a sample: its strategy and options, the plan's layer and
+        budget, DCA as the engine's `auto` (off for ilre_nodca), whole units for the unit rows."""
+        strategy, options = ATTENTION.get(name, (name, {}))
+        return CompressRequest(context_ids=sample.context_ids, query_ids=sample.query_ids, budget=self.plan.budget,
+                               strategy=strategy, strategy_options=dict(options), layer=self.plan.layer,
+                               dca="off" if name == "ilre_nodca" else "auto",
+                               granularity="unit" if name in UNIT_ROWS else "token")
+
     def run_sample(self, sample: RulerSample, strategies: list[str]) -> list[Record]:
-        plan, tok = self.plan, self.tokenizer
-        budget, sink = plan.budget, self.engine.config.prefill.sink
-        total = len(sample.context_ids) + len(sample.query_ids)
-        passes: dict[tuple[int, bool, int | None], tuple[ContextState, float]] = {}
-        length = len(sample.context_ids)
-
-        def encoded(layer: int, dca: bool, top: int) -> tuple[ContextState, float]:
-            """One pass per layer shared by the strategies that read l_R; one whose encoding stops below l_R (a
-            cascade's coarse layer) has its own."""
-            if (layer, dca, top) not in passes:
-                if top != layer:
-                    passes[layer, dca, top] = encode_pass(self.engine, sample, top, dca, (), (), model_layer=layer)
-                    return passes[layer, dca, top]
-                here = [s for s in (self.strategy(n, length) for n in strategies if n in ATTENTION and self.layers[n] == layer)
-                        if max(s.encoded_layers(layer)) == layer]
-                parts = tuple(sorted({p for s in here for p in s.context_parts}))
-                also = tuple(sorted({l for s in here for l in s.encoded_layers(layer)[:-1]}))
-                passes[layer, dca, top] = encode_pass(self.engine, sample, layer, dca, parts, also)
-            return passes[layer, dca, top]
-
-        bounds: list[torch.Tensor] = []
-
-        def units() -> torch.Tensor:
-            """The sample's unit bounds, as the engine computes them for a document (once per sample)."""
-            if not bounds:
-                bounds.append(document_units(context_bytes(token_bytes(tok), torch.tensor(sample.context_ids))))
-            return bounds[0]
+        plan, tok, engine = self.plan, self.tokenizer, self.engine
+        budget, sink = plan.budget, engine.config.prefill.sink
+        passes: dict[str, float] = {}  # the encodings this sample's rows read, and the seconds each pass took
+        slot = engine.prepare(self.request("streaming_llm", sample)).slot
+        units = engine.units(slot, torch.tensor(sample.context_ids))  # as the engine keeps them with the document
 
         records = []
         for name in strategies:
             start = time.perf_counter()
-            dca = None
+            dca = layer = None
             kept_ids: list[int] | None = None
             text: str
             if name == "full":
                 kept = list(range(len(sample.context_ids)))
                 seconds = 0.0
-            elif name in ATTENTION:
-                dca = name != "ilre_nodca" and total > self.native  # the engine's --dca auto
-                strategy = self.strategy(name, length)
-                state, pass_s = encoded(self.layers[name], dca, max(strategy.encoded_layers(self.layers[name])))
+            elif name in IN_ENGINE:
+                job = engine.prepare(self.request(name, sample))
+                pass_s = 0.0
+                if job.model is not None:
+                    key = engine.encoding_key(job)
+                    if key not in passes:
+                        tick = time.perf_counter()
+                        engine.encode(job)
+                        passes[key] = time.perf_counter() - tick
+                    pass_s = passes[key]
                 tick = time.perf_counter()
-                kept = select_query(self.engine.model_at(self.layers[name]), state, torch.tensor(sample.query_ids), budget,
-                              strategy, context_ids=torch.tensor(sample.context_ids),
-                              units=units() if name in UNIT_ROWS else None).kept.tolist()
+                kept = engine.answer(job)[0].kept.tolist()
                 seconds = pass_s + time.perf_counter() - tick
-            elif name == "streaming_llm":
-                kept = allocate(name, None, len(sample.context_ids), budget, sink)
-                seconds = time.perf_counter() - start
+                dca, layer = (job.dca, job.layer) if name in ATTENTION else (None, None)
             elif name == "rag":
                 kept = rag_select(tok, sample.context_ids, sample.query, budget, RAG_CHUNK)
                 seconds = time.perf_counter() - start
@@ -318,9 +286,9 @@ class Evaluator:
                 text = tok.decode(kept_ids)
             record = Record(sample.task, sample.length, sample.index, sample.seed, name, budget,
                             len(sample.context_ids), len(kept_ids), retention(text, sample.answers),
-                            round(seconds, 4), answers=sample.answers, layer=self.layers.get(name, self.engine.layer), dca=dca,
+                            round(seconds, 4), answers=sample.answers, layer=layer if layer is not None else engine.layer, dca=dca,
                             dtype=self.dtype if name in ATTENTION or name in LINGUA_METHODS else None,
-                            whole_units=whole_share(units(), kept, sink) if kept else None)
+                            whole_units=whole_share(units, kept, sink) if kept else None)
             if self.generates(name, sample.task, sample.length) and record.retention == 0.0 and TASKS[sample.task].kind in GUESSLESS:
                 # no gold text survived: a random 7-digit number, UUID or 5-letter name cannot be
                 # produced from the prompt, so the RULER score is 0 without spending a generation
@@ -335,12 +303,6 @@ class Evaluator:
                 record.e2e = score(prediction, sample.answers, sample.metric)
             records.append(record)
         return records
-
-    def strategy(self, name: str, length: int | None = None) -> Strategy:
-        """The strategy an attention row runs, with the profile's options (as the engine's requests get
-        them) and, given the context's length, as it runs there (a cascade covering it is plain ILRe)."""
-        strategy = self.engine.with_profile(attention_strategy(name))
-        return strategy if length is None else strategy.for_context(length, self.plan.budget)
 
     def generates(self, name: str, task: str, length: int) -> bool:
         """Whether the plan scores this strategy end to end on this task and length."""

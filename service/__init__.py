@@ -1,11 +1,14 @@
-"""The service around the engine, in layers (each imports only from the ones after it, and from
-`ilre.engine`):
+"""The service around the engine, in floors (each imports only from the floors below it, and from
+`ilre.engine`; tests/test_layers.py checks it):
 
-    server.py   composition of a front end: queue + gRPC + HTTP (+ sidecar), graceful shutdown
-    client.py   the Python gRPC client (thin: no torch)
-    transport/  where requests enter: front end, gRPC, HTTP JSON, the engine sidecar
-    queue/      in-process batcher, Redis Stream queue and its workers, the batch runner they share
-    config.py   ServiceConfig from flags and ILRE_* variables;  metrics.py  Prometheus
-    errors.py   service failures and their gRPC/HTTP statuses;  keys.py, quotas.py  API keys (and the
-                document scope each reads) and limits
+    server.py    the top floor: a process composed of the engine, a queue, the transports (+ the sidecar),
+                 graceful shutdown
+    transport/   where requests enter: the front end, gRPC, HTTP JSON and the gateway routes
+    sidecar/     the engine sidecar (SGLang's, vLLM's and llama.cpp's own APIs), beside the transports
+    queue/       the in-process batcher, the Redis Stream queue and its workers, the batch runner they share
+    documents/   the document cache's Redis tier and the document secret
+    the ground floor: config.py (ServiceConfig from flags and ILRE_* variables), errors.py (failures and
+                 their gRPC/HTTP statuses), keys.py, quotas.py (API keys, the document scope each reads,
+                 limits), metrics.py, tracing.py, request_log.py, redis_url.py, redis_connection.py
+    client.py    the Python gRPC client (thin: no torch), apart from the floors
 """

@@ -17,7 +17,7 @@ import re
 import uuid
 from typing import Any
 
-from ..engine.messages import Outcome, results_of
+from ..engine.messages import CompressResults
 from .errors import Code, ServiceError
 
 REQUESTS = logging.getLogger("ilre.requests")
@@ -63,7 +63,7 @@ def request_id(given: str | None) -> str:
     return given
 
 
-def log_request(rid: str, key: str, method: str, seconds: float, outcome: Outcome | None = None,
+def log_request(rid: str, key: str, method: str, seconds: float, outcome: CompressResults | None = None,
                 error: ServiceError | None = None) -> None:
     """The request's one line: what it was, who sent it, how it ended, its sizes and timings."""
     if not REQUESTS.isEnabledFor(logging.INFO):
@@ -73,7 +73,7 @@ def log_request(rid: str, key: str, method: str, seconds: float, outcome: Outcom
     if error is not None:
         fields["error"] = error.message
     if outcome is not None:
-        results = results_of(outcome)
+        results = outcome.results
         fields.update(original_tokens=results[0].original_tokens, compressed_tokens=results[0].compressed_tokens,
                       queries=len(results), strategy=results[0].strategy, layer=results[0].layer,
                       timings_ms={k: round(v, 2) for k, v in results[0].timings_ms.items()})

@@ -31,9 +31,9 @@ from .redis_url import parse_redis_url
 from .transport.frontend import Frontend
 from .transport.grpc_server import build_grpc_server, track_health
 from .transport.http_app import build_app
-from .transport.sidecar.app import Sidecar, build_sidecar_app
-from .transport.sidecar.options import CompressionOptions
-from .transport.sidecar.prompt import PromptSplitter
+from .sidecar.app import Sidecar, build_sidecar_app
+from .sidecar.options import CompressionOptions
+from .sidecar.prompt import PromptSplitter
 
 log = logging.getLogger(__name__)
 

@@ -28,7 +28,8 @@ ALLOWED = {
 # (a module or folder inside the package, what it must not import): the floors inside the top-level folders
 SUBPACKAGE_RULES = [
     ("service.queue", ("service.transport", "service.server")),  # the queues know no transport, nor what composes them
-    ("service.transport", ("service.queue", "service.server")),  # the transports reach the queue through the Frontend
+    ("service.transport", ("service.queue", "service.server", "service.sidecar")),  # the queue only through the Frontend
+    ("service.sidecar", ("service.queue", "service.server")),  # the sidecar: a product on the transports' floor
     ("service.documents", ("service.queue", "service.transport", "service.server")),  # the document tier serves the queue
     *((f"service.{name}", ("service.queue", "service.transport", "service.server"))  # the service's own ground floor
       for name in ("config", "errors", "keys", "metrics", "quotas", "redis_url", "redis_connection", "request_log",

@@ -13,13 +13,13 @@ import logging
 from typing import Callable
 
 from ...engine.engine import Engine
-from ...engine.messages import CompressRequest, InputError, Outcome, results_of
+from ...engine.messages import CompressRequest, CompressResults, InputError
 from ..errors import Code, ServiceError
 from ..metrics import Metrics
 
 log = logging.getLogger(__name__)
 
-Deliver = Callable[[int, "Outcome | ServiceError"], None]
+Deliver = Callable[[int, "CompressResults | ServiceError"], None]
 
 
 def run_batch(engine: Engine, requests: list[CompressRequest], queued_ms: list[float], metrics: Metrics,
@@ -32,11 +32,11 @@ def run_batch(engine: Engine, requests: list[CompressRequest], queued_ms: list[f
     INVALID_ARGUMENT / NOT_FOUND naming the field; an engine failure: INTERNAL)."""
     delivered: set[int] = set()
 
-    def ready(i: int, outcome: Outcome | InputError) -> None:
+    def ready(i: int, outcome: CompressResults | InputError) -> None:
         if isinstance(outcome, InputError):
-            answer: Outcome | ServiceError = ServiceError.from_input(outcome)
+            answer: CompressResults | ServiceError = ServiceError.from_input(outcome)
         else:
-            for one in results_of(outcome):
+            for one in outcome.results:
                 one.timings_ms["queue"] = round(max(0.0, queued_ms[i]), 3)
                 metrics.observe_result(one.timings_ms, one.original_tokens, one.compressed_tokens)
             answer = outcome

@@ -19,7 +19,7 @@ from typing import Callable
 from ...engine.document_names import DocumentNames
 from ...engine.engine import Engine
 from ...engine.info import ModelInfo
-from ...engine.messages import CompressRequest, Outcome, results_of
+from ...engine.messages import CompressRequest, CompressResults
 from .. import tracing
 from ..errors import Code, ServiceError
 from ..keys import ANONYMOUS, KeyPolicy
@@ -106,7 +106,7 @@ class LocalQueue:
         return f"model: failed to load ({self.load_error})" if self.load_error else "model: still loading"
 
     async def submit(self, request: CompressRequest, timeout_s: float, caller: KeyPolicy = ANONYMOUS,
-                     rid: str = "") -> Outcome:
+                     rid: str = "") -> CompressResults:
         """Queue one request and await its result within `timeout_s`; the caller's key limits apply."""
         if self._closing:
             raise ServiceError(Code.UNAVAILABLE, "service: shutting down")
@@ -121,11 +121,11 @@ class LocalQueue:
             outcome = await self._queue_and_wait(request, timeout_s, depth, caller.document_scope)
         finally:
             self.quotas.release(caller)
-        for one in results_of(outcome):  # the engine ran here: its stages are spans of this request's trace
+        for one in outcome.results:  # the engine ran here: its stages are spans of this request's trace
             tracing.stage_spans(one.timings_ms, attributes={"ilre.request_id": rid})
         return outcome
 
-    async def _queue_and_wait(self, request: CompressRequest, timeout_s: float, depth: int, scope: str) -> Outcome:
+    async def _queue_and_wait(self, request: CompressRequest, timeout_s: float, depth: int, scope: str) -> CompressResults:
         job = _Queued(request, asyncio.get_running_loop().create_future(), time.monotonic() + timeout_s, scope)
         self._jobs.append(job)
         self.metrics.queue_depth.set(depth + 1)
@@ -188,7 +188,7 @@ class LocalQueue:
         await asyncio.to_thread(self._executor.shutdown, wait=True, cancel_futures=True)
 
 
-def _deliver(future: asyncio.Future, outcome: Outcome | BaseException) -> None:
+def _deliver(future: asyncio.Future, outcome: CompressResults | BaseException) -> None:
     if future.done():
         return
     if isinstance(outcome, BaseException):

@@ -34,7 +34,7 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError, ResponseError
 
 from ...engine.info import ModelInfo
-from ...engine.messages import CompressRequest, Outcome, outcome_from_dict, results_of
+from ...engine.messages import CompressRequest, CompressResults
 from .. import tracing
 from ..errors import Code, ServiceError
 from ..keys import ANONYMOUS, KeyPolicy
@@ -143,17 +143,17 @@ def encode_request(request: CompressRequest) -> str:
     return json.dumps({k: v for k, v in dataclasses.asdict(request).items() if v is not None})
 
 
-def encode_outcome(outcome: Outcome | ServiceError) -> str:
+def encode_outcome(outcome: CompressResults | ServiceError) -> str:
     if isinstance(outcome, ServiceError):
         return json.dumps({"error": outcome.to_dict()})
     return json.dumps({"ok": outcome.to_dict()})
 
 
-def decode_outcome(raw: str) -> Outcome:
+def decode_outcome(raw: str) -> CompressResults:
     """The result(s) in an envelope, or raise the ServiceError it carries."""
     envelope = json.loads(raw)
     if "ok" in envelope:
-        return outcome_from_dict(envelope["ok"])
+        return CompressResults.from_dict(envelope["ok"])
     raise ServiceError.from_dict(envelope.get("error", {}))
 
 
@@ -217,7 +217,7 @@ class RedisQueue:
         return ModelInfo.from_dict(json.loads(raw[0]))
 
     async def submit(self, request: CompressRequest, timeout_s: float, caller: KeyPolicy = ANONYMOUS,
-                     request_id: str = "") -> Outcome:
+                     request_id: str = "") -> CompressResults:
         """Enqueue (RESOURCE_EXHAUSTED when full or past the caller key's limits, UNAVAILABLE when
         Redis is down), await the result. The entry carries the request id and the trace context."""
         rid = uuid.uuid4().hex
@@ -248,7 +248,7 @@ class RedisQueue:
             if not isinstance(exc, ServiceError) or exc.code in (Code.DEADLINE_EXCEEDED, Code.UNAVAILABLE):
                 self._spawn(self._cancel(rid, deadline))  # caller gone or gave up: workers drop it
             raise
-        for one in results_of(outcome):  # a worker counted it in its own registry; this is the front end's
+        for one in outcome.results:  # a worker counted it in its own registry; this is the front end's
             self.metrics.observe_result(one.timings_ms, one.original_tokens, one.compressed_tokens)
         return outcome
 

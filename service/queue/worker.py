@@ -33,7 +33,7 @@ from redis.exceptions import RedisError, ResponseError
 
 from ...engine.document_names import DocumentNames
 from ...engine.engine import Engine
-from ...engine.messages import CompressRequest, InputError, Outcome, results_of
+from ...engine.messages import CompressRequest, CompressResults, InputError
 from .. import tracing
 from ..config import ServiceConfig
 from ..documents.redis_tier import RedisDocuments
@@ -196,12 +196,12 @@ class Worker:
                     live.append(i)
             writes: list[concurrent.futures.Future] = []
 
-            async def write(i: int, outcome: Outcome | ServiceError) -> None:
+            async def write(i: int, outcome: CompressResults | ServiceError) -> None:
                 entry_id, fields = entries[i]
                 await self._finish(entry_id, fields, outcome)
                 self._inflight.discard(entry_id)
 
-            def ready(k: int, outcome: Outcome | ServiceError) -> None:  # on the engine thread
+            def ready(k: int, outcome: CompressResults | ServiceError) -> None:  # on the engine thread
                 writes.append(asyncio.run_coroutine_threadsafe(write(live[k], outcome), loop))
 
             if live:
@@ -211,13 +211,13 @@ class Worker:
         finally:  # entries left unfinished (Redis went away) are reclaimed once idle
             self._inflight = set()
 
-    def _compress(self, entries: list[Entry], ready: Callable[[int, Outcome | ServiceError], None]) -> None:
+    def _compress(self, entries: list[Entry], ready: Callable[[int, CompressResults | ServiceError], None]) -> None:
         """On the engine thread: queued requests (entry id, fields) as one batch (queue/batch.py);
         `ready(k, outcome)` hands each result or error back as soon as it is known, after its log
         line and (with tracing on) its spans under the caller's trace."""
         now_ms = time.time() * 1000.0
 
-        def hand_back(k: int, outcome: Outcome | ServiceError) -> None:
+        def hand_back(k: int, outcome: CompressResults | ServiceError) -> None:
             fields = entries[k][1]
             if isinstance(outcome, ServiceError):
                 self.metrics.errors.labels(outcome.code.value).inc()
@@ -234,7 +234,7 @@ class Worker:
         run_batch(self.engine, requests, [now_ms - _enqueued_ms(entries[k]) for k in slots], self.metrics,
                   lambda j, outcome: hand_back(slots[j], outcome), [_scope(entries[k][1]) for k in slots])
 
-    def _record(self, fields: dict[str, str], outcome: Outcome | ServiceError, seconds: float) -> None:
+    def _record(self, fields: dict[str, str], outcome: CompressResults | ServiceError, seconds: float) -> None:
         """The worker's log line for one request and, with tracing on, its spans (a child of the
         front end's `ilre.queue` span, through the entry's traceparent)."""
         rid, key = fields.get("request_id", ""), fields.get("key", "")
@@ -248,11 +248,11 @@ class Worker:
         span = tracing.tracer().start_span("ilre.worker", context=parent, kind=SpanKind.CONSUMER, attributes=attributes,
                                            start_time=end - int(seconds * 1e9))
         with trace.use_span(span, end_on_exit=True):
-            for result in ([] if failure else results_of(outcome)):
+            for result in ([] if failure else outcome.results):
                 tracing.stage_spans(result.timings_ms, end, attributes)
             span.set_attribute("ilre.code", failure.code.value if failure else "OK")
 
-    async def _finish(self, entry_id: str, fields: dict[str, str], outcome: Outcome | ServiceError | None) -> None:
+    async def _finish(self, entry_id: str, fields: dict[str, str], outcome: CompressResults | ServiceError | None) -> None:
         """Write the outcome (if any), acknowledge, and free the caller key's slot, atomically;
         retried while Redis is down, until the caller's deadline (after it, a later reclaim drops the entry)."""
         rid, deadline = fields.get("rid", ""), _float(fields.get("deadline"))

@@ -16,7 +16,7 @@ from typing import Any, Mapping, Protocol
 from opentelemetry.trace import SpanKind
 
 from ...engine.info import ModelInfo
-from ...engine.messages import CompressRequest, InputError, Outcome, results_of
+from ...engine.messages import CompressRequest, CompressResults, InputError
 from .. import tracing
 from ..config import ServiceConfig
 from ..errors import Code, ServiceError
@@ -35,7 +35,7 @@ class Queue(Protocol):
 
     async def start(self) -> None: ...
     async def submit(self, request: CompressRequest, timeout_s: float, caller: KeyPolicy = ANONYMOUS,
-                     rid: str = "") -> Outcome: ...
+                     rid: str = "") -> CompressResults: ...
     async def ready(self) -> bool: ...
     async def depth(self) -> int: ...
     async def model_info(self) -> ModelInfo: ...
@@ -59,7 +59,7 @@ class Frontend:
 
     async def compress(self, data: dict[str, Any] | CompressRequest, timeout_s: float | None,
                        method: str, many: bool | None = None, caller: KeyPolicy = ANONYMOUS,
-                       rid: str | None = None, trace_parent: Mapping[str, str] | None = None) -> Outcome:
+                       rid: str | None = None, trace_parent: Mapping[str, str] | None = None) -> CompressResults:
         """Validate `data` (contract fields) and run it through the queue within `timeout_s`
         (None = the configured default); ServiceError on every failure, metrics, a log line and a
         trace on every path. many: True / False when the method takes only requests with / without
@@ -84,13 +84,13 @@ class Frontend:
             finally:
                 span.set_attribute("ilre.code", failure.code.value if failure else "OK")
                 if outcome is not None:
-                    first = results_of(outcome)[0]
+                    first = outcome.results[0]
                     span.set_attributes({"ilre.original_tokens": first.original_tokens,
                                          "ilre.compressed_tokens": first.compressed_tokens})
                 log_request(rid, caller.name, method, time.perf_counter() - start, outcome, failure)
 
     async def _run(self, data: dict[str, Any] | CompressRequest, timeout_s: float | None, method: str,
-                   many: bool | None, caller: KeyPolicy, rid: str) -> Outcome:
+                   many: bool | None, caller: KeyPolicy, rid: str) -> CompressResults:
         start = time.perf_counter()
         timeout = timeout_s if timeout_s is not None else self.config.request_timeout_s
         try:

@@ -167,8 +167,7 @@ class Gateway:
     async def _call(self, fields: dict[str, Any], call: Call, method: str = GATEWAY) -> CompressResult:
         outcome = await self.frontend.compress(fields, call.timeout, method, many=False, caller=call.caller,
                                                rid=call.rid, trace_parent=call.trace)
-        assert isinstance(outcome, CompressResult)
-        return outcome
+        return outcome.results[0]
 
     async def _count(self, text: str, call: Call) -> int:
         """The model's tokens in `text` (a pass-through request: tokenized, nothing computed)."""

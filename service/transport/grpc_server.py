@@ -44,7 +44,7 @@ class CompressorServicer(pb_grpc.CompressorServicer):
         self.frontend = frontend
 
     async def Compress(self, request: pb.CompressRequest, context: grpc.aio.ServicerContext) -> pb.CompressResponse:
-        return result_to_proto(await self._run(request_to_dict(request), context, "grpc.Compress", False))
+        return result_to_proto((await self._run(request_to_dict(request), context, "grpc.Compress", False)).results[0])
 
     async def CompressQueries(self, request: pb.CompressRequest,
                               context: grpc.aio.ServicerContext) -> pb.CompressQueriesResponse:
@@ -65,7 +65,7 @@ class CompressorServicer(pb_grpc.CompressorServicer):
             self.frontend.metrics.requests.labels("grpc.CompressStream").inc()
             self.frontend.record_error(Code.INVALID_ARGUMENT)
             await _abort(context, ServiceError.from_input(exc))
-        return result_to_proto(await self._run(data, context, "grpc.CompressStream", False))
+        return result_to_proto((await self._run(data, context, "grpc.CompressStream", False)).results[0])
 
     async def GetModelInfo(self, request: pb.GetModelInfoRequest, context: grpc.aio.ServicerContext) -> pb.ModelInfo:
         self.frontend.metrics.requests.labels("grpc.GetModelInfo").inc()

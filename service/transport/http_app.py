@@ -85,7 +85,7 @@ def build_app(frontend: Frontend) -> Starlette:
         if isinstance(result, Response):
             return result
         if explain:
-            return HTMLResponse(result.explanation, headers={"x-request-id": rid})
+            return HTMLResponse(result.results[0].explanation, headers={"x-request-id": rid})
         return JSONResponse(result.to_dict(), headers={"x-request-id": rid})
 
     async def retrieve(request: Request) -> Response:

@@ -13,40 +13,33 @@ import pytest
 from ilre.evaluation.generation import new_token_budget
 from ilre.evaluation.plan_notes import caps_notes, plan_caps, widest_caps
 from ilre.evaluation.results import write_report
-from ilre.evaluation.run_eval import ATTENTION, EvalPlan, Evaluator, Record, allocate, done_cells, encode_pass, run_timing
+from ilre.evaluation.run_eval import ATTENTION, EvalPlan, Evaluator, Record, done_cells, run_timing
 
 
-def test_shared_pass_gives_the_engines_selection(engine):
-    """One encoded context serves every strategy of the shared pass as `Engine.compress` runs it,
-    and run_sample records what they keep."""
-    import torch
-
-    from ilre.compressor.pipeline import select_query
-    from ilre.compressor.strategies import make_strategy
+def test_each_engine_row_is_the_engines_answer_to_its_request(engine):
+    """run_sample sends each row to the engine as a request (one encoding shared by the rows that read it)
+    and records what `Engine.compress` keeps for that request."""
     from ilre.engine.messages import CompressRequest
     from ilre.evaluation.metrics import retention
     from ilre.evaluation.ruler import generate_sample
 
     sample = generate_sample(engine.tokenizer, "niah_single_2", 2048, seed=1)
-    state, _ = encode_pass(engine, sample, engine.layer, False, ("raw_keys", "values"))
     evaluator = Evaluator.__new__(Evaluator)  # the engine only: no generator, no LLMLingua
     evaluator.plan, evaluator.engine, evaluator.tokenizer = EvalPlan(budget=512, e2e=False), engine, engine.tokenizer
     evaluator.native = engine.spec.native_context
     evaluator.layers = {name: engine.layer for name in ATTENTION}
     evaluator.dtype = engine.placement.dtype_name
-    names = ["ilre", "snapkv", "lagkv", "reattention", "streaming_llm"]
+    names = ["cascade", "cascade_units", "ilre", "ilre_nodca", "snapkv", "lagkv", "reattention", "streaming_llm"]
     records = {r.strategy: r for r in evaluator.run_sample(sample, names)}
     for name in names:
+        strategy, options = ATTENTION.get(name, (name, {}))
         result = engine.compress(CompressRequest(context_ids=sample.context_ids, query_ids=sample.query_ids,
-                                                 budget=512, strategy=name, dca="off", granularity="token"))
-        if name == "streaming_llm":
-            ours = allocate(name, None, len(sample.context_ids), 512, engine.config.prefill.sink)
-        else:
-            ours = select_query(engine.model_at(engine.layer), state, torch.tensor(sample.query_ids), 512,
-                          make_strategy(name)).kept.tolist()
-        assert ours == result.kept_indices, name
-        text = engine.tokenizer.decode([sample.context_ids[i] for i in ours])
-        assert records[name].kept_tokens == 512 and records[name].retention == retention(text, sample.answers), name
+                                                 budget=512, strategy=strategy, strategy_options=dict(options),
+                                                 dca="off" if name == "ilre_nodca" else "auto",
+                                                 granularity="unit" if name == "cascade_units" else "token"))
+        assert records[name].kept_tokens == result.compressed_tokens, name
+        assert records[name].retention == retention(result.compressed_context, sample.answers), name
+        assert records[name].compress_s > 0 and records[name].layer == result.layer, name
 
 
 def test_a_generation_cap_never_cuts_the_gold_answer(engine):

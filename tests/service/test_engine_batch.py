@@ -45,7 +45,7 @@ def test_compress_many_equals_compress_one_by_one(batched, engine):
         alone = batched.compress(request)
         assert comparable(outcome) == comparable(alone)
         assert comparable(outcome) == comparable(engine.compress(request))  # and batching off (the CPU default)
-    assert outcomes[4].passthrough and outcomes[6].layer == 6
+    assert outcomes[4].results[0].passthrough and outcomes[6].results[0].layer == 6
 
 
 def test_batching_is_off_by_default_on_the_cpu(engine, batched):

@@ -14,7 +14,7 @@ from ilre.engine.messages import CompressRequest
 from ilre.service.config import SidecarConfig
 from ilre.service.request_log import TEXT_FORMAT, JsonFormatter
 from ilre.service.server import ServiceThread
-from ilre.service.transport.sidecar.upstream import IDLE_CONNECTION_S
+from ilre.service.sidecar.upstream import IDLE_CONNECTION_S
 
 from .conftest import LINES_QUERY, assert_whole_lines, free_port, lines_context, service_config, wait_for
 from .engines import LlamaServer, RecordingRelay, wait_idle

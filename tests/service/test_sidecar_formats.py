@@ -11,10 +11,10 @@ import json
 import pytest
 
 from ilre.engine.messages import InputError
-from ilre.service.transport.sidecar.formats import (LlamaCppCompletion, OpenAIChat, OpenAICompletions, SGLangGenerate,
+from ilre.service.sidecar.formats import (LlamaCppCompletion, OpenAIChat, OpenAICompletions, SGLangGenerate,
                                                     chat_chunk_from_completion, chat_from_completion, chat_id, map_sse)
-from ilre.service.transport.sidecar.options import CompressionOptions
-from ilre.service.transport.sidecar.prompt import PromptSplitter, rebuild_messages
+from ilre.service.sidecar.options import CompressionOptions
+from ilre.service.sidecar.prompt import PromptSplitter, rebuild_messages
 
 # SGLang GenerateReqInput: exactly one of these carries the prompt
 SGLANG_PROMPT_FIELDS = {"text", "input_ids", "input_embeds"}

@@ -36,7 +36,7 @@ def test_cached_multi_query_and_uncached_results_are_equal(engine):
     ids = torch.tensor(engine.tokenizer(CONTEXT, add_special_tokens=False).input_ids)
     query = torch.tensor(engine.tokenizer(QUERY, add_special_tokens=False).input_ids)
     bounds = unit_bounds(context_bytes(token_bytes(engine.tokenizer), ids), 48)
-    job = engine._prepare(CompressRequest(context=CONTEXT, query=QUERY, budget=200, granularity="unit"), "")
+    job = engine.prepare(CompressRequest(context=CONTEXT, query=QUERY, budget=200, granularity="unit"), "")
     assert torch.equal(job.units, bounds)
     direct = select_context(job.model, ids, query, 200, job.strategy, job.prefill, units=bounds)
     assert direct.kept.tolist() == first.kept_indices

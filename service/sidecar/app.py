@@ -27,16 +27,16 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 
-from ....engine.messages import CompressRequest, InputError
-from ... import tracing
-from ...config import SidecarConfig
-from ...errors import HTTP_STATUS, Code, ServiceError
-from ...keys import ANONYMOUS, UNAUTHENTICATED_MESSAGE, KeyPolicy
-from ...quotas import retry_after_header
-from ...request_log import request_id
-from ..frontend import Frontend
-from ..http_app import build_app
-from ..http_common import decode_json, parse_timeout, read_body, unless_disconnected
+from ...engine.messages import CompressRequest, InputError
+from .. import tracing
+from ..config import SidecarConfig
+from ..errors import HTTP_STATUS, Code, ServiceError
+from ..keys import ANONYMOUS, UNAUTHENTICATED_MESSAGE, KeyPolicy
+from ..quotas import retry_after_header
+from ..request_log import request_id
+from ..transport.frontend import Frontend
+from ..transport.http_app import build_app
+from ..transport.http_common import decode_json, parse_timeout, read_body, unless_disconnected
 from .formats import FORMATS, Prompt, RouteFormat, chat_chunk_from_completion, chat_from_completion, map_sse
 from .options import BODY_FIELD, CompressionOptions
 from .prompt import ChatTemplateError, PromptSplitter, Split, rebuild_messages
@@ -186,8 +186,8 @@ class Sidecar:
         if len(split.context) <= request.budget_for(len(split.context), await self._default_budget()):
             return Forwarded(fmt.path, untouched, "passthrough", split.total, split.total,
                              _ms(start), reason="fits the budget")
-        result = await self.frontend.compress(request, max(deadline - time.monotonic(), 0.0), f"sidecar.{fmt.name}",
-                                              caller=caller, rid=rid)
+        result = (await self.frontend.compress(request, max(deadline - time.monotonic(), 0.0), f"sidecar.{fmt.name}",
+                                               caller=caller, rid=rid)).results[0]
         ids = split.prefix + result.token_ids
         if mode == "ids":
             path, out = fmt.with_ids(body, ids)

@@ -14,8 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ....engine.defaults import MAX_QUERY_TOKENS, QUERY_TOKENS
-from ....engine.messages import GRANULARITIES, InputError
+from ...engine.defaults import MAX_QUERY_TOKENS, QUERY_TOKENS
+from ...engine.messages import GRANULARITIES, InputError
 
 BODY_FIELD = "compression"
 HEADER_PREFIX = "x-ilre-"

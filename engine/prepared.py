@@ -1,0 +1,72 @@
+"""The Prepared stage of a request: checked and tokenized, its document named, how to select decided.
+
+`checked_ids` turns a text or a list of IDs into a checked (T,) tensor, naming the field and the limit
+when it cannot.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from ..compressor.pipeline import SelectionJob
+from ..compressor.prefill import PrefillConfig
+from ..compressor.strategies import Strategy
+from ..models.llama import TruncatedLM
+from ..models.tokenize import TooManyTokens, tokenize_text
+from .messages import CompressRequest, InputError
+
+
+@dataclass(frozen=True)
+class Prepared:
+    """A checked, tokenized request on its way through the engine: its context (L,) and
+    queries [(Lq,)] as int64 IDs, the document they belong to (its id, and the slot the cache holds
+    it in), and how to select."""
+
+    request: CompressRequest
+    document_id: str
+    slot: str
+    context_ids: torch.Tensor
+    queries: list[torch.Tensor]
+    budget: int
+    strategy: Strategy
+    layer: int
+    prefill: PrefillConfig
+    model: TruncatedLM | None
+    dca: bool
+    started: float
+    tokenize_ms: float
+    granularity: str = "token"
+    units: torch.Tensor | None = None  # (U+1,) unit bounds when granularity is "unit"
+
+    def selection(self, index: int) -> SelectionJob:
+        """Query `index` as a SelectionJob of the pipeline."""
+        return SelectionJob(self.context_ids, self.queries[index], self.budget, self.strategy, self.units)
+
+
+def checked_ids(tokenizer, vocab_size: int, name: str, text: str | None, ids: list[int] | None, limit: int,
+                limit_name: str, ids_field: str | None = None) -> torch.Tensor:
+    """(T,) int64 token ids of a text or checked ids; InputError when empty, too long, off-vocabulary
+    (naming `ids_field`, default "<name>_ids", for an id outside 0..vocab_size-1)."""
+    ids_field = ids_field or f"{name}_ids"
+    if ids is None:
+        try:
+            tensor = tokenize_text(tokenizer, text, limit)
+        except TooManyTokens as exc:
+            raise InputError(name, f"{exc.count} tokens exceed the limit of {limit} ({limit_name})") from None
+    elif len(ids) > limit:
+        raise InputError(name, f"{len(ids)} tokens exceed the limit of {limit} ({limit_name})")
+    else:
+        try:
+            tensor = torch.tensor(ids, dtype=torch.int64)
+        except (OverflowError, RuntimeError, ValueError):  # beyond int64: the error path may loop
+            bad = next(i for i in ids if not -(1 << 63) <= i < (1 << 63))
+            raise InputError(ids_field, f"token id {bad} outside the vocabulary 0..{vocab_size - 1}") from None
+    if not tensor.numel():
+        raise InputError(name, "has no tokens")
+    outside = (tensor < 0) | (tensor >= vocab_size)
+    if bool(outside.any()):
+        bad = int(tensor[outside][0])
+        raise InputError(ids_field, f"token id {bad} outside the vocabulary 0..{vocab_size - 1}")
+    return tensor

@@ -1,0 +1,34 @@
+"""The other-corpus check sends the engine requests: its records are the engine's answers, and a rerun
+measures only what is missing."""
+
+from __future__ import annotations
+
+import json
+
+import torch
+
+from ilre.compressor.calibration import needle_kept
+from ilre.compressor.strategies import make_strategy
+from ilre.engine.messages import CompressRequest
+from ilre.evaluation.other_corpus import run_other_corpus, section
+from ilre.evaluation.passkey import make_passkey_sample
+
+
+def test_records_are_the_engines_answers_and_a_rerun_adds_nothing(engine, tmp_path):
+    output = tmp_path / "other.jsonl"
+    run_other_corpus([2048], 2, 3, output, budget=256, progress=lambda _: None)
+    records = [json.loads(line) for line in output.read_text().splitlines()]
+    coarse, l_r = engine.with_profile(make_strategy("cascade")).coarse_layer, engine.layer
+    assert sorted({r["strategy"] for r in records}) == sorted(["cascade", f"ilre@{coarse}", f"ilre@{l_r}"])
+    assert len(records) == 6
+    for record in records:
+        sample = make_passkey_sample(engine.tokenizer, 2048, record["depth"] / 2, 8, seed=11, source="pydoc",
+                                     distractors=3)
+        name = record["strategy"]
+        fields = {"strategy": "cascade"} if name == "cascade" else {"strategy": "ilre", "layer": int(name.split("@")[1])}
+        result = engine.compress(CompressRequest(context_ids=sample.context_ids, query_ids=sample.query_ids, budget=256,
+                                                 **fields))
+        assert record["kept"] == needle_kept(torch.tensor(result.kept_indices), sample.needle), record
+    run_other_corpus([2048], 2, 3, output, budget=256, progress=lambda _: None)
+    assert len(output.read_text().splitlines()) == 6  # nothing measured twice
+    assert any("plain ILRe at layer" in line for line in section(output))
