@@ -128,7 +128,7 @@ def measure_batch(dtype: str, device: str, n_requests: int = 32, tokens: int = 3
     start = time.perf_counter()
     together = engine.compress_many(requests)
     batched = time.perf_counter() - start
-    equal = sum(a.kept_indices == b.kept_indices for a, b in zip(one_by_one, together))
+    equal = sum(a.kept_indices == b.results[0].kept_indices for a, b in zip(one_by_one, together))
     return {"kind": "batch", "dtype": dtype, "requests": n_requests, "tokens": sum(len(r.context_ids) for r in requests),
             "sequential_s": sequential, "batched_s": batched, "speedup": sequential / batched, "equal": equal}
 
