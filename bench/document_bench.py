@@ -69,7 +69,7 @@ def median_of(call, repeats: int = 3) -> tuple[float, object]:
 def service_rows(lengths: list[int], n_questions: int) -> list[str]:
     from ilre.engine.engine import Engine, EngineConfig
     from ilre.service.client import Client
-    from ilre.service.config import ServiceConfig
+    from ilre.service.common.config import ServiceConfig
     from ilre.service.server import ServiceThread
 
     engine = Engine(EngineConfig(deepen=True))

@@ -38,7 +38,7 @@ def main() -> None:
     import httpx
 
     from ilre.engine.engine import Engine, EngineConfig
-    from ilre.service.config import ServiceConfig
+    from ilre.service.common.config import ServiceConfig
     from ilre.service.server import ServiceThread
 
     engine = Engine(EngineConfig(deepen=True))  # as `ilre serve` runs it

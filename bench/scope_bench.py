@@ -30,8 +30,8 @@ from ilre.engine.engine import Engine  # noqa: E402
 from ilre.engine.messages import CompressRequest, NotFoundError  # noqa: E402
 from ilre.evaluation.haystack import shakespeare_text  # noqa: E402
 from ilre.evaluation.intervals import rank_sum_test  # noqa: E402
-from ilre.service.config import ServiceConfig  # noqa: E402
-from ilre.service.keys import ApiKeys  # noqa: E402
+from ilre.service.common.config import ServiceConfig  # noqa: E402
+from ilre.service.common.keys import ApiKeys  # noqa: E402
 from ilre.service.documents.redis_tier import RedisDocuments  # noqa: E402
 from ilre.service.server import ServiceThread  # noqa: E402
 from tests.service.conftest import RedisServer  # noqa: E402

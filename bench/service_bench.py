@@ -29,7 +29,7 @@ from ilre.engine.engine import Engine
 from ilre.engine.messages import CompressRequest
 from ilre.evaluation.passkey import make_passkey_sample
 from ilre.service.client import AsyncClient
-from ilre.service.config import ServiceConfig
+from ilre.service.common.config import ServiceConfig
 from ilre.service.server import ServiceThread
 
 DISTINCT = 16

@@ -26,7 +26,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ilre.engine.engine import Engine, EngineConfig  # noqa: E402
-from ilre.service.config import ServiceConfig, SidecarConfig  # noqa: E402
+from ilre.service.common.config import ServiceConfig, SidecarConfig  # noqa: E402
 from ilre.service.server import ServiceThread  # noqa: E402
 from tests.service.engines import EngineServer, LlamaServer, SGLangServer, VllmServer  # noqa: E402
 from tests.service.haystacks import QUESTION, haystack  # noqa: E402

@@ -125,7 +125,7 @@ def _compress_remote(args: argparse.Namespace, request):
 
 def _service_config(args: argparse.Namespace, **settings: Any):
     """ServiceConfig from the environment, the flags winning; CliError naming a bad setting."""
-    from ..service.config import ServiceConfig
+    from ..service.common.config import ServiceConfig
 
     if getattr(args, "threads", None):
         import torch
@@ -165,8 +165,8 @@ def _check_placement(args: argparse.Namespace) -> None:
 def _observed(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
     """A server command with the process's log format and tracing set up first (and flushed after)."""
     def runner(args: argparse.Namespace) -> int:
-        from ..service.request_log import configure_logging
-        from ..service.tracing import setup_tracing, shutdown_tracing
+        from ..service.common.request_log import configure_logging
+        from ..service.common.tracing import setup_tracing, shutdown_tracing
 
         try:
             configure_logging(args.log_format, args.log_level)
@@ -211,7 +211,7 @@ def _closing_engines(args: argparse.Namespace) -> Iterator[Callable[[], Any]]:
 
 def run_sidecar(args: argparse.Namespace) -> int:
     from ..models.loader import load_tokenizer, resolve_checkpoint
-    from ..service.config import SidecarConfig
+    from ..service.common.config import SidecarConfig
     from ..service.server import run_serve as serve
 
     _check_placement(args)

@@ -211,7 +211,7 @@ def _queue_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _service_options(parser: argparse.ArgumentParser) -> None:
-    """Service settings; each also reads ILRE_<NAME> (see service/config.py), the flag wins."""
+    """Service settings; each also reads ILRE_<NAME> (see service/common/config.py), the flag wins."""
     parser.add_argument("--host", help="listen address (default 127.0.0.1; 0.0.0.0 in containers)")
     parser.add_argument("--grpc-port", type=int, help="gRPC port (default 50051; 0 = any free port)")
     parser.add_argument("--http-port", type=int, help="HTTP port: health, metrics, JSON (default 8080)")
@@ -232,8 +232,8 @@ def _service_options(parser: argparse.ArgumentParser) -> None:
 
 
 def _sidecar_options(parser: argparse.ArgumentParser) -> None:
-    """Sidecar settings; each also reads ILRE_<NAME> (see SidecarConfig in service/config.py)."""
-    from ..service.config import ENGINE_APIS, FORWARD_MODES
+    """Sidecar settings; each also reads ILRE_<NAME> (see SidecarConfig in service/common/config.py)."""
+    from ..service.common.config import ENGINE_APIS, FORWARD_MODES
 
     parser.add_argument("--engine-url", help="the engine's base URL (env ILRE_ENGINE_URL; default http://127.0.0.1:30000)")
     parser.add_argument("--engine-api", choices=ENGINE_APIS, help="the engine's API (env ILRE_ENGINE_API; default sglang; "

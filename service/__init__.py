@@ -7,8 +7,8 @@
     sidecar/     the engine sidecar (SGLang's, vLLM's and llama.cpp's own APIs), beside the transports
     queue/       the in-process batcher, the Redis Stream queue and its workers, the batch runner they share
     documents/   the document cache's Redis tier and the document secret
-    the ground floor: config.py (ServiceConfig from flags and ILRE_* variables), errors.py (failures and
-                 their gRPC/HTTP statuses), keys.py, quotas.py (API keys, the document scope each reads,
-                 limits), metrics.py, tracing.py, request_log.py, redis_url.py, redis_connection.py
+    common/      the ground floor: config.py (ServiceConfig from flags and ILRE_* variables), errors.py
+                 (failures and their gRPC/HTTP statuses), keys.py, quotas.py (API keys, the document scope
+                 each reads, limits), metrics.py, tracing.py, request_log.py, redis_url.py, redis_connection.py
     client.py    the Python gRPC client (thin: no torch), apart from the floors
 """

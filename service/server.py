@@ -22,12 +22,12 @@ from typing import Any, Callable
 import uvicorn
 
 from ..engine.engine import Engine
-from .config import ServiceConfig, SidecarConfig
-from .errors import ConfigError
-from .metrics import Metrics
+from .common.config import ServiceConfig, SidecarConfig
+from .common.errors import ConfigError
+from .common.metrics import Metrics
 from .queue.local import LocalQueue
 from .queue.redis_stream import RedisQueue
-from .redis_url import parse_redis_url
+from .common.redis_url import parse_redis_url
 from .transport.frontend import Frontend
 from .transport.grpc_server import build_grpc_server, track_health
 from .transport.http_app import build_app

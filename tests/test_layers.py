@@ -31,9 +31,8 @@ SUBPACKAGE_RULES = [
     ("service.transport", ("service.queue", "service.server", "service.sidecar")),  # the queue only through the Frontend
     ("service.sidecar", ("service.queue", "service.server")),  # the sidecar: a product on the transports' floor
     ("service.documents", ("service.queue", "service.transport", "service.server")),  # the document tier serves the queue
-    *((f"service.{name}", ("service.queue", "service.transport", "service.server"))  # the service's own ground floor
-      for name in ("config", "errors", "keys", "metrics", "quotas", "redis_url", "redis_connection", "request_log",
-                   "tracing")),
+    ("service.common", ("service.queue", "service.transport", "service.sidecar", "service.documents", "service.server",
+                        "service.client")),  # the ground floor reads no floor above it
     ("service.client", ("service.queue", "service.server")),  # the thin client: only the wire's conversion
     ("compressor.strategies", ("compressor.pipeline", "compressor.batched_prefill", "compressor.calibration")),
     ("compressor.prefill", ("compressor.strategies", "compressor.pipeline")),  # the prefill knows no strategy

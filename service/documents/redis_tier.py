@@ -24,7 +24,7 @@ from redis.exceptions import RedisError
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from ..redis_connection import sync_client
+from ..common.redis_connection import sync_client
 
 log = logging.getLogger(__name__)
 

@@ -14,8 +14,8 @@ from typing import Callable
 
 from ...engine.engine import Engine
 from ...engine.messages import CompressRequest, CompressResults, InputError
-from ..errors import Code, ServiceError
-from ..metrics import Metrics
+from ..common.errors import Code, ServiceError
+from ..common.metrics import Metrics
 
 log = logging.getLogger(__name__)
 

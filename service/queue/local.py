@@ -20,11 +20,11 @@ from ...engine.document_names import DocumentNames
 from ...engine.engine import Engine
 from ...engine.info import ModelInfo
 from ...engine.messages import CompressRequest, CompressResults
-from .. import tracing
-from ..errors import Code, ServiceError
-from ..keys import ANONYMOUS, KeyPolicy
-from ..metrics import Metrics
-from ..quotas import KeyQuotas
+from ..common import tracing
+from ..common.errors import Code, ServiceError
+from ..common.keys import ANONYMOUS, KeyPolicy
+from ..common.metrics import Metrics
+from ..common.quotas import KeyQuotas
 from .batch import run_batch
 
 log = logging.getLogger(__name__)

@@ -35,19 +35,19 @@ from redis.exceptions import RedisError, ResponseError
 
 from ...engine.info import ModelInfo
 from ...engine.messages import CompressRequest, CompressResults
-from .. import tracing
-from ..errors import Code, ServiceError
-from ..keys import ANONYMOUS, KeyPolicy
-from ..metrics import Metrics
-from ..quotas import rate_refusal, share_refusal
-from ..redis_connection import async_client
+from ..common import tracing
+from ..common.errors import Code, ServiceError
+from ..common.keys import ANONYMOUS, KeyPolicy
+from ..common.metrics import Metrics
+from ..common.quotas import rate_refusal, share_refusal
+from ..common.redis_connection import async_client
 
 log = logging.getLogger(__name__)
 
 BLOCK_CHUNK_S = 2.0  # a waiting front end re-issues BLPOP at least this often
 RESULT_GRACE_S = 30  # result and cancel keys outlive the deadline by this much
 
-# Atomic admission and enqueue, the rules of service/quotas.py shared by every front end:
+# Atomic admission and enqueue, the rules of service/common/quotas.py shared by every front end:
 # KEYS: stream, the caller key's unfinished set (rid -> deadline), its GCRA state;
 # ARGV: max_queue, rid, payload, deadline, key name, share limit (0 = none), rate (0 = none), burst, now, grace,
 #       request id, traceparent ('' = none), document scope

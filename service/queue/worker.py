@@ -34,14 +34,14 @@ from redis.exceptions import RedisError, ResponseError
 from ...engine.document_names import DocumentNames
 from ...engine.engine import Engine
 from ...engine.messages import CompressRequest, CompressResults, InputError
-from .. import tracing
-from ..config import ServiceConfig
+from ..common import tracing
+from ..common.config import ServiceConfig
 from ..documents.redis_tier import RedisDocuments
 from ..documents.secret import sync_names
-from ..errors import Code, ServiceError
-from ..metrics import Metrics
-from ..redis_url import parse_redis_url
-from ..request_log import log_request
+from ..common.errors import Code, ServiceError
+from ..common.metrics import Metrics
+from ..common.redis_url import parse_redis_url
+from ..common.request_log import log_request
 from .batch import run_batch
 from .redis_stream import RESULT_GRACE_S, RedisKeys, connect, encode_outcome, ensure_group
 

@@ -28,12 +28,12 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 
 from ...engine.messages import CompressRequest, InputError
-from .. import tracing
-from ..config import SidecarConfig
-from ..errors import HTTP_STATUS, Code, ServiceError
-from ..keys import ANONYMOUS, UNAUTHENTICATED_MESSAGE, KeyPolicy
-from ..quotas import retry_after_header
-from ..request_log import request_id
+from ..common import tracing
+from ..common.config import SidecarConfig
+from ..common.errors import HTTP_STATUS, Code, ServiceError
+from ..common.keys import ANONYMOUS, UNAUTHENTICATED_MESSAGE, KeyPolicy
+from ..common.quotas import retry_after_header
+from ..common.request_log import request_id
 from ..transport.frontend import Frontend
 from ..transport.http_app import build_app
 from ..transport.http_common import decode_json, parse_timeout, read_body, unless_disconnected

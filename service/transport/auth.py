@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import grpc
 
-from ..keys import UNAUTHENTICATED_MESSAGE, ApiKeys
+from ..common.keys import UNAUTHENTICATED_MESSAGE, ApiKeys
 
 # Probes and schema discovery answer without a key; the Compressor service needs one.
 OPEN_METHODS = ("/grpc.health.v1.Health/", "/grpc.reflection.v1alpha.ServerReflection/",

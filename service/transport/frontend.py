@@ -17,12 +17,12 @@ from opentelemetry.trace import SpanKind
 
 from ...engine.info import ModelInfo
 from ...engine.messages import CompressRequest, CompressResults, InputError
-from .. import tracing
-from ..config import ServiceConfig
-from ..errors import Code, ServiceError
-from ..keys import ANONYMOUS, KeyPolicy
-from ..metrics import Metrics
-from ..request_log import log_request, request_id
+from ..common import tracing
+from ..common.config import ServiceConfig
+from ..common.errors import Code, ServiceError
+from ..common.keys import ANONYMOUS, KeyPolicy
+from ..common.metrics import Metrics
+from ..common.request_log import log_request, request_id
 
 log = logging.getLogger(__name__)
 

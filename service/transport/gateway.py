@@ -37,8 +37,8 @@ from typing import Any, Mapping
 from ...engine.defaults import QUERY_TOKENS
 from ...engine.document_ids import HASH_CHARS, is_hex, retrieve_hash
 from ...engine.messages import GRANULARITIES, CompressResult, InputError
-from ..errors import Code, ServiceError
-from ..keys import ANONYMOUS, KeyPolicy
+from ..common.errors import Code, ServiceError
+from ..common.keys import ANONYMOUS, KeyPolicy
 from .frontend import Frontend
 
 NOT_FOUND = "hash: no such document in the cache (expired, evicted, or made with another API key)"

@@ -12,10 +12,10 @@ from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
 from ...engine.messages import InputError
-from ..config import ServiceConfig
-from ..errors import Code, ConfigError, ServiceError
-from ..keys import ANONYMOUS
-from ..request_log import request_id
+from ..common.config import ServiceConfig
+from ..common.errors import Code, ConfigError, ServiceError
+from ..common.keys import ANONYMOUS
+from ..common.request_log import request_id
 from .auth import AuthInterceptor
 from .convert import StreamAssembler, pb, pb_grpc, request_to_dict, result_to_proto, results_to_proto
 from .frontend import Frontend

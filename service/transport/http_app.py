@@ -23,10 +23,10 @@ from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ...engine.defaults import DEFAULT_BUDGET
-from ..errors import HTTP_STATUS, Code, ServiceError
-from ..keys import UNAUTHENTICATED_MESSAGE
-from ..quotas import retry_after_header
-from ..request_log import request_id
+from ..common.errors import HTTP_STATUS, Code, ServiceError
+from ..common.keys import UNAUTHENTICATED_MESSAGE
+from ..common.quotas import retry_after_header
+from ..common.request_log import request_id
 from .frontend import Frontend
 from .gateway import Call, Gateway, is_gateway_request
 from .http_common import decode_json, parse_timeout, read_body, unless_disconnected

@@ -11,7 +11,7 @@ from typing import Any
 
 from starlette.requests import Request
 
-from ..errors import Code, ServiceError
+from ..common.errors import Code, ServiceError
 
 MAX_JSON_DEPTH = 64          # arrays/objects nested deeper than this are refused
 MAX_INT_DIGITS = 4300        # digits of an integer literal (Python's own conversion limit)

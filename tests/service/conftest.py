@@ -21,7 +21,7 @@ import pytest
 import redis
 
 from ilre.service.client import Client
-from ilre.service.config import ServiceConfig
+from ilre.service.common.config import ServiceConfig
 from ilre.service.server import ServiceThread
 
 FILLER = ("The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again. "
@@ -223,7 +223,7 @@ class WorkerThread:
 @pytest.fixture
 def otlp(monkeypatch):
     """Tracing on in this process (OTLP/HTTP), exporting to a real receiver on loopback; off after."""
-    from ilre.service import tracing
+    from ilre.service.common import tracing
 
     from .otlp_receiver import OtlpReceiver
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ilre.service.config import ConfigError, ServiceConfig
-from ilre.service.keys import ApiKeys
+from ilre.service.common.config import ConfigError, ServiceConfig
+from ilre.service.common.keys import ApiKeys
 
 
 def test_defaults_environment_and_overrides():

@@ -22,8 +22,8 @@ from ilre.engine.engine import NOT_FOUND_MESSAGE
 from ilre.engine.messages import CompressRequest, NotFoundError
 from ilre.evaluation.intervals import rank_sum_test
 from ilre.service.client import Client, ClientError
-from ilre.service.errors import ConfigError
-from ilre.service.keys import ANONYMOUS, ApiKeys
+from ilre.service.common.errors import ConfigError
+from ilre.service.common.keys import ANONYMOUS, ApiKeys
 from ilre.service.documents.redis_tier import RedisDocuments
 
 from .conftest import ILRE, QUERY, Served, WorkerProcess, context, service_config, wait_for

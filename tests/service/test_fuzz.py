@@ -13,7 +13,7 @@ from hypothesis import strategies as st
 
 from ilre.service.client import ClientError
 
-from ilre.service.config import SidecarConfig
+from ilre.service.common.config import SidecarConfig
 from ilre.service.server import ServiceThread
 
 from .conftest import free_port, grpc_client, http_client, service_config

@@ -12,7 +12,7 @@ import grpc
 import httpx
 import pytest
 
-from ilre.service import tracing
+from ilre.service.common import tracing
 from ilre.service.server import ServiceThread
 from ilre.service.transport.convert import pb, pb_grpc
 

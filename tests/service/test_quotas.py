@@ -12,10 +12,10 @@ import httpx
 import pytest
 
 from ilre.service.client import Client, ClientError
-from ilre.service.errors import ConfigError, ServiceError
-from ilre.service.keys import ApiKeys, KeyPolicy
+from ilre.service.common.errors import ConfigError, ServiceError
+from ilre.service.common.keys import ApiKeys, KeyPolicy
 from ilre.service.queue.redis_stream import ADMIT
-from ilre.service.quotas import KeyQuotas, gcra
+from ilre.service.common.quotas import KeyQuotas, gcra
 from ilre.service.server import ServiceThread
 
 from .conftest import QUERY, WorkerProcess, context, service_config

@@ -14,9 +14,9 @@ import httpx
 import pytest
 
 from ilre.service.client import Client, ClientError
-from ilre.service.errors import ConfigError
-from ilre.service.redis_connection import sync_client
-from ilre.service.redis_url import parse_redis_url
+from ilre.service.common.errors import ConfigError
+from ilre.service.common.redis_connection import sync_client
+from ilre.service.common.redis_url import parse_redis_url
 from ilre.service.server import ServiceThread
 
 from .conftest import QUERY, WorkerProcess, comparable, context, service_config, wait_for

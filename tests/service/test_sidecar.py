@@ -11,8 +11,8 @@ import httpx
 import pytest
 
 from ilre.engine.messages import CompressRequest
-from ilre.service.config import SidecarConfig
-from ilre.service.request_log import TEXT_FORMAT, JsonFormatter
+from ilre.service.common.config import SidecarConfig
+from ilre.service.common.request_log import TEXT_FORMAT, JsonFormatter
 from ilre.service.server import ServiceThread
 from ilre.service.sidecar.upstream import IDLE_CONNECTION_S
 
@@ -421,7 +421,7 @@ def test_api_keys_guard_every_route_but_the_probes(engine, relay, caplog):
 
 
 def test_a_compressed_request_is_one_trace_with_the_engine_call(engine, relay, otlp, medium_prompt):
-    from ilre.service import tracing
+    from ilre.service.common import tracing
 
     with sidecar_service(engine, relay.url) as svc, httpx.Client(base_url=f"http://127.0.0.1:{svc.http_port}", timeout=300) as http:
         reply = http.post("/completion", json={"prompt": medium_prompt, "n_predict": 4, **GREEDY},

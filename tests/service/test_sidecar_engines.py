@@ -10,7 +10,7 @@ import json
 import httpx
 import pytest
 
-from ilre.service.config import SidecarConfig
+from ilre.service.common.config import SidecarConfig
 from ilre.service.server import ServiceThread
 
 from .conftest import service_config, wait_for

@@ -1,4 +1,4 @@
-"""Redis clients from one URL (service/redis_url.py): a single server, or the master of a
+"""Redis clients from one URL (service/common/redis_url.py): a single server, or the master of a
 Sentinel-managed group.
 
 With Sentinel, every new connection asks the sentinels where the master is, and a connection that

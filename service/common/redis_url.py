@@ -1,4 +1,4 @@
-"""Redis URLs: a single server, or the master of a Sentinel-managed group (service/redis_connection.py
+"""Redis URLs: a single server, or the master of a Sentinel-managed group (service/common/redis_connection.py
 makes the clients).
 
   redis://[[user]:password@]host:port/db, rediss://..., unix:///path?db=N   one server

@@ -11,8 +11,8 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ..engine.defaults import MAX_CONTEXT_TOKENS, MAX_QUERY_TOKENS, QUERY_TOKENS
-from ..engine.document_ids import MIN_SECRET_CHARS
+from ...engine.defaults import MAX_CONTEXT_TOKENS, MAX_QUERY_TOKENS, QUERY_TOKENS
+from ...engine.document_ids import MIN_SECRET_CHARS
 from .errors import ConfigError
 from .keys import ApiKeys
 from .redis_url import parse_redis_url
