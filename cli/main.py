@@ -85,7 +85,7 @@ def run_compress(args: argparse.Namespace) -> int:
     request = CompressRequest.from_json(data, request_defaults(args))
     outcome = _compress_remote(args, request) if args.server else _engine(args).run(request)
     if isinstance(outcome, CompressResult):  # the thin client's answer to one query
-        outcome = CompressResults(outcome.id, outcome.document_id, [outcome], single=True)
+        outcome = CompressResults.of_one(outcome)
     if args.explain:
         page, outcome.results[0].explanation = outcome.results[0].explanation, None
         try:

@@ -252,10 +252,15 @@ class CompressResults:
         return {"id": self.id, "document_id": self.document_id, "results": [r.to_dict() for r in self.results]}
 
     @classmethod
+    def of_one(cls, result: CompressResult) -> "CompressResults":
+        """The answer to a one-query request whose one result is `result`."""
+        return cls(result.id, result.document_id, [result], single=True)
+
+    @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "CompressResults":
         """The inverse of `to_dict`, for either shape."""
         if "results" not in data:
-            return cls(data.get("id"), data.get("document_id"), [CompressResult(**data)], single=True)
+            return cls.of_one(CompressResult(**data))
         return cls(data.get("id"), data["document_id"], [CompressResult(**r) for r in data["results"]])
 
 
