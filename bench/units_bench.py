@@ -33,7 +33,11 @@ def texts(tokenizer, length: int) -> dict[str, torch.Tensor]:
     records = "\n".join(json.dumps({"id": f"job-{k:06d}", "status": rng.choice(["ok", "failed", "pending"]),
                                     "owner": rng.choice(["ops", "web", "data"]), "note": "retry, then page",
                                     "latency_ms": rng.randrange(10**6)}) for k in range(4000))
-    sources = {"shakespeare": shakespeare_text()[:2_000_000], "json lines": records, "one line": "lorem ipsum dolor " * 20000}
+    table = "id,status,owner,latency_ms,bytes\n" + "".join(
+        f"job-{k:06d},{rng.choice(['ok', 'failed'])},{rng.choice(['ops', 'web'])},{rng.randrange(10**6)},{rng.randrange(10**9)}\n"
+        for k in range(4000))
+    sources = {"shakespeare": shakespeare_text()[:2_000_000], "json lines": records, "csv table": table,
+               "one line": "lorem ipsum dolor " * 20000}
     out = {}
     for name, text in sources.items():
         ids = torch.tensor(tokenizer(text, add_special_tokens=False).input_ids, dtype=torch.int64)
@@ -52,7 +56,7 @@ def segmentation_rows(tokenizer) -> list[dict]:
             times, units = [], 0
             for _ in range(3):
                 start = time.perf_counter()
-                bounds = document_units(context_bytes(table, ids))
+                bounds = document_units(context_bytes(table, ids)).bounds
                 times.append(time.perf_counter() - start)
                 units = bounds.numel() - 1
             rows.append({"text": kind, "tokens": length, "seconds": statistics.median(times), "units": units})

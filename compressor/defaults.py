@@ -9,3 +9,4 @@ SINK, WINDOW, CHUNK = 4, 512, 1024  # the streaming prefill's S, W and chunk len
 
 UNIT_TOKENS = 48  # the longest unit (compressor/units.py): longer sentences, lines and records are cut finer
 RECORD_TOKENS = 192  # the longest bracket group kept whole ({...} across lines: a pretty-printed JSON record)
+HEADER_TOKENS = 96  # the longest table header a kept row brings along (compressor/table_headers.py)

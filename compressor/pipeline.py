@@ -21,6 +21,7 @@ from .prefill import ContextState, PrefillConfig, RetrievalState, encode_context
 from .strategies import ScoreInputs, Strategy
 from .strategies.base import QueryPass
 from .unit_selection import select_units
+from .units import Units
 
 
 @dataclass
@@ -40,13 +41,13 @@ class Selection:
 @dataclass(frozen=True)
 class SelectionJob:
     """One request of `select_contexts`: context_ids (L,), query_ids (Lq,) int64, its budget and strategy;
-    units: (U+1,) unit bounds (compressor/units.py) to keep whole units, None = single tokens."""
+    units: the context's units (compressor/units.py) to keep whole units, None = single tokens."""
 
     context_ids: torch.Tensor
     query_ids: torch.Tensor
     budget: int
     strategy: Strategy
-    units: torch.Tensor | None = None
+    units: Units | None = None
 
 
 def select_context(
@@ -57,7 +58,7 @@ def select_context(
     strategy: Strategy,
     config: PrefillConfig,
     encoded: Callable[[], ContextState] | None = None,
-    units: torch.Tensor | None = None,
+    units: Units | None = None,
 ) -> Selection:
     """Choose at most `budget` context tokens for the query: encode_context, then `select_query`.
 
@@ -65,7 +66,7 @@ def select_context(
     and count against the budget; the strategy allocates the other budget - S among the rest.
     `model` may be None for strategies that do not need attention. `encoded` supplies the
     context's ContextState instead of encoding it (a document cache); it runs only when needed.
-    `units`: (U+1,) unit bounds (compressor/units.py): whole units are kept (compressor/unit_selection.py).
+    `units`: the context's units (compressor/units.py): whole units are kept (compressor/unit_selection.py).
     """
     length = context_ids.numel()
     if length <= budget:
@@ -87,12 +88,12 @@ def select_context(
 
 def select_query(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor, budget: int, strategy: Strategy,
            timings: dict[str, float] | None = None, context_ids: torch.Tensor | None = None,
-           units: torch.Tensor | None = None) -> Selection:
+           units: Units | None = None) -> Selection:
     """The query-dependent part: the query chunk against an encoded context, scoring, allocation.
     Any number of queries may be selected from one ContextState, one after another; `timings`
     (ms so far, e.g. the context's "prefill") are carried into the Selection; their "prefill" grows by the
     query pass and what the strategy runs to get its attention (a cascade's candidates, which need the
-    context's ids (L,)). `units`: (U+1,) unit bounds to keep whole units (None: single tokens)."""
+    context's ids (L,)). `units`: the context's units to keep whole (None: single tokens)."""
     timings = dict(timings or {})
     if state.length <= budget:
         return Selection(torch.arange(state.length), timings, passthrough=True)
@@ -170,10 +171,10 @@ def joins_a_batch(length: int, budget: int, strategy: Strategy, config: PrefillC
 def _score_and_allocate(model: TruncatedLM | None, state: RetrievalState | None, length: int, budget: int, strategy: Strategy,
             sink: int, timings: dict[str, float], memo: dict[str, torch.Tensor] | None = None,
             attention: torch.Tensor | None = None, coarse: torch.Tensor | None = None,
-            units: torch.Tensor | None = None) -> Selection:
+            units: Units | None = None) -> Selection:
     """Score (`attention`: the query's A^C (L,) from `Strategy.query_attention`, None for a query-agnostic
-    strategy; `coarse`: a cascade's A^C at its coarse layer) and allocate: the sink + budget - S tokens, or with `units` (U+1,)
-    bounds, as many tokens in whole units around the strategy's own choice. `memo`: where a
+    strategy; `coarse`: a cascade's A^C at its coarse layer) and allocate: the sink + budget - S tokens, or with `units`,
+    as many tokens in whole units around the strategy's own choice. `memo`: where a
     query-agnostic strategy's scores for this context are kept between queries."""
     clock = time.perf_counter()
     with torch.inference_mode():
@@ -187,7 +188,7 @@ def _score_and_allocate(model: TruncatedLM | None, state: RetrievalState | None,
         clock = time.perf_counter()
         kept = strategy.select(scores, budget, sink)
         if units is not None:
-            kept = select_units(scores, units, kept, sink)
+            kept = select_units(scores, units.bounds, kept, sink, units.heads)
         kept = kept.cpu()
         timings["allocate"] = _lap(clock)
     return Selection(kept, timings, scores=scores)

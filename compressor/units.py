@@ -27,14 +27,35 @@ find sentence ends and abbreviations, one match per sentence); no Python loop ru
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 
 import numpy as np
 import torch
 
-from ..models.token_bytes import ContextBytes
-from .defaults import RECORD_TOKENS, UNIT_TOKENS
+from ..models.token_bytes import ContextBytes, token_holding
+from .defaults import HEADER_TOKENS, RECORD_TOKENS, UNIT_TOKENS
+from .table_headers import find_tables, table_heads, whole_rows
 
-UNITS_VERSION = f"units-v2-max{UNIT_TOKENS}-record{RECORD_TOKENS}"  # names document_units' rule in the document cache
+# names document_units' rule in the document cache
+UNITS_VERSION = f"units-v3-max{UNIT_TOKENS}-record{RECORD_TOKENS}-header{HEADER_TOKENS}"
+
+
+@dataclass(frozen=True)
+class Units:
+    """A context's units. bounds: (U+1,) int64 unit starts, 0 first and L last (unit u is the tokens
+    bounds[u]:bounds[u+1]); heads: (U, 2) int64 the token span of each unit's table header, (-1, -1) for
+    none (compressor/table_headers.py), or None when not looked for."""
+
+    bounds: torch.Tensor
+    heads: torch.Tensor | None = None
+
+    def to_tensors(self) -> dict[str, torch.Tensor]:
+        """The tensors a document store keeps ("bounds", and "heads" when known)."""
+        return {"bounds": self.bounds} if self.heads is None else {"bounds": self.bounds, "heads": self.heads}
+
+    @classmethod
+    def from_tensors(cls, tensors: dict[str, torch.Tensor]) -> "Units":
+        return cls(tensors["bounds"], tensors.get("heads"))
 
 _CLOSERS = rb"(?:[\"')\]]|\xe2\x80\x9d|\xe2\x80\x99|\xc2\xbb)"  # " ' ) ] and the typographic ” ’ »
 # Latin-script ends need a space and then no lowercase letter; a line break after them cuts anyway
@@ -103,11 +124,6 @@ def _token_of(starts: np.ndarray, positions: np.ndarray) -> np.ndarray:
     return np.searchsorted(starts, positions, "left")
 
 
-def _token_holding(starts: np.ndarray, positions: np.ndarray) -> np.ndarray:
-    """The token that holds each byte position."""
-    return np.searchsorted(starts, positions, "right") - 1
-
-
 def _windows(bounds: np.ndarray, caps: np.ndarray) -> np.ndarray:
     """Cuts that split every unit longer than its cap (caps: (U,)) into equal windows of at most the cap."""
     sizes = np.diff(bounds)
@@ -134,7 +150,7 @@ def unit_bounds(text: ContextBytes, max_tokens: int, record_tokens: int | None =
     raw = data.tobytes()
     newlines = np.flatnonzero(data == 10)
     opens, closes = bracket_groups(data, newlines)
-    group_tokens = _token_holding(starts, closes) - _token_holding(starts, opens) + 1
+    group_tokens = token_holding(starts, closes) - token_holding(starts, opens) + 1
     record_tokens = max(record_tokens or max_tokens, max_tokens)
     small = group_tokens <= record_tokens
     small_opens, small_closes = opens[small], closes[small]
@@ -160,14 +176,18 @@ def unit_bounds(text: ContextBytes, max_tokens: int, record_tokens: int | None =
     clauses = clauses[inner][sizes[unit[inner]] > max_tokens]
     bounds = _merge_blank(np.unique(np.concatenate((bounds, clauses))), starts, data, hard)
     caps = np.full(bounds.size - 1, max_tokens, dtype=np.int64)
-    records = _token_holding(starts, opens[small & (group_tokens > max_tokens)])
+    records = token_holding(starts, opens[small & (group_tokens > max_tokens)])
     caps[np.searchsorted(bounds, records, "right") - 1] = record_tokens
     return torch.from_numpy(np.unique(np.concatenate((bounds, _windows(bounds, caps)))))
 
 
-def document_units(text: ContextBytes) -> torch.Tensor:
-    """A document's units as the service cuts them: (U+1,) bounds with the default caps (UNITS_VERSION)."""
-    return unit_bounds(text, UNIT_TOKENS, RECORD_TOKENS)
+def document_units(text: ContextBytes) -> Units:
+    """A document's units as the service cuts them (UNITS_VERSION): the bounds with the default caps, a
+    table's rows whole up to the record cap, and the table headers of at most HEADER_TOKENS tokens
+    (compressor/table_headers.py)."""
+    tables = find_tables(text.data)
+    bounds = whole_rows(text, unit_bounds(text, UNIT_TOKENS, RECORD_TOKENS), tables, RECORD_TOKENS)
+    return Units(bounds, table_heads(text, bounds, tables, HEADER_TOKENS))
 
 
 def _merge_blank(bounds: np.ndarray, starts: np.ndarray, data: np.ndarray, hard: np.ndarray) -> np.ndarray:

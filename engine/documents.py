@@ -29,6 +29,7 @@ from typing import Any, Callable, Protocol
 import torch
 
 from ..compressor.prefill import ContextState, PrefillConfig
+from ..compressor.units import Units
 
 log = logging.getLogger(__name__)
 
@@ -66,11 +67,11 @@ class _Document:
     ids: torch.Tensor
     states: dict[str, ContextState] = field(default_factory=dict)
     uses: int = 1  # requests that named it (its context again, or its id)
-    units: dict[str, torch.Tensor] = field(default_factory=dict)  # unit bounds per segmentation setting
+    units: dict[str, Units] = field(default_factory=dict)  # units per segmentation setting
 
     @property
     def nbytes(self) -> int:
-        held = [self.ids, *self.units.values()]
+        held = [self.ids, *(t for units in self.units.values() for t in units.to_tensors().values())]
         return sum(t.numel() * t.element_size() for t in held) + sum(s.nbytes for s in self.states.values())
 
 
@@ -119,12 +120,11 @@ class DocumentCache:
         shared store (`restore` places its tensors), else `encode()`d and stored in both."""
         return self._tiered(slot, key, "state", lambda entry: entry.states, encode, restore, ContextState.to_tensors)
 
-    def units(self, slot: str, key: str, compute: Callable[[], torch.Tensor]) -> torch.Tensor:
-        """The document's unit bounds (U+1,) for segmentation setting `key`: from this process, else the
-        shared store (under the state key `key`, as the tensor "bounds"), else `compute()`d and stored in
+    def units(self, slot: str, key: str, compute: Callable[[], Units]) -> Units:
+        """The document's Units for segmentation setting `key`: from this process, else the shared store
+        (under the state key `key`, as the tensors "bounds" and "heads"), else `compute()`d and stored in
         both. Kept with the document's IDs (a few bytes per unit), evicted with the document."""
-        return self._tiered(slot, key, "units", lambda entry: entry.units, compute,
-                            lambda tensors: tensors["bounds"], lambda bounds: {"bounds": bounds})
+        return self._tiered(slot, key, "units", lambda entry: entry.units, compute, Units.from_tensors, Units.to_tensors)
 
     def held_state(self, slot: str, key: str,
                    restore: Callable[[dict[str, torch.Tensor]], ContextState]) -> ContextState | None:

@@ -17,7 +17,7 @@ from ..compressor.defaults import DEFAULT_STRATEGY
 from ..compressor.pipeline import Selection, joins_a_batch, select_context, select_contexts
 from ..compressor.prefill import ContextState, PrefillConfig, encode_context, encode_in_steps
 from ..compressor.strategies import STRATEGIES, Strategy
-from ..compressor.units import UNITS_VERSION, document_units
+from ..compressor.units import UNITS_VERSION, Units, document_units
 from ..models.device import resolve_placement
 from ..models.llama import TruncatedLM
 from ..models.loader import load_spec, load_tokenizer, load_truncated, resolve_checkpoint
@@ -156,8 +156,8 @@ class Engine:
         if not 1 <= layer <= self.spec.num_layers:
             raise InputError(name, f"must be in 1..{self.spec.num_layers} (got {layer})")
 
-    def units(self, slot: str, context_ids: torch.Tensor) -> torch.Tensor:
-        """The context's unit bounds (U+1,) (compressor/units.py), computed once per document and kept
+    def units(self, slot: str, context_ids: torch.Tensor) -> Units:
+        """The context's Units (compressor/units.py), computed once per document and kept
         with it in the document cache (under its `slot`)."""
         return self.documents.units(slot, UNITS_VERSION,
                                     lambda: document_units(context_bytes(token_bytes(self.tokenizer), context_ids)))

@@ -13,6 +13,7 @@ import torch
 from ..compressor.pipeline import SelectionJob
 from ..compressor.prefill import PrefillConfig
 from ..compressor.strategies import Strategy
+from ..compressor.units import Units
 from ..models.llama import TruncatedLM
 from ..models.tokenize import TooManyTokens, tokenize_text
 from .messages import CompressRequest, InputError
@@ -38,7 +39,7 @@ class Prepared:
     started: float
     tokenize_ms: float
     granularity: str = "token"
-    units: torch.Tensor | None = None  # (U+1,) unit bounds when granularity is "unit"
+    units: Units | None = None  # the context's units when granularity is "unit"
 
     def selection(self, index: int) -> SelectionJob:
         """Query `index` as a SelectionJob of the pipeline."""

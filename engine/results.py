@@ -40,7 +40,7 @@ def _result(tokenizer, model_name: str, sink: int, job: Prepared, index: int, se
         granularity=job.granularity,
     )
     if job.units is not None and not selection.passthrough:
-        result.kept_spans = kept_spans(job.units, selection.kept, context_bytes(token_bytes(tokenizer), context_ids))
+        result.kept_spans = kept_spans(job.units.bounds, selection.kept, context_bytes(token_bytes(tokenizer), context_ids))
     if request.explain:
         result.explanation = _explanation(tokenizer, sink, job, selection, result)
     return result
@@ -55,7 +55,7 @@ def _explanation(tokenizer, sink: int, job: Prepared, selection: Selection, resu
                              budget=budget, sink=sink, budget_split=job.strategy.budget_split(allocated),
                              query=result.query, timings_ms=result.timings_ms, passthrough=result.passthrough,
                              granularity=job.granularity)
-    units = job.units.tolist() if job.units is not None else None
+    units = job.units.bounds.tolist() if job.units is not None else None
     return render_explanation(tokens, selection.scores, result.kept_indices, facts, units)
 
 

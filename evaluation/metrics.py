@@ -65,6 +65,24 @@ def separated(kept: list[int], context_ids: list[int], separator: list[int]) -> 
     return out
 
 
+def headed_share(heads: torch.Tensor | None, bounds: torch.Tensor, kept: list[int], sink: int) -> float | None:
+    """Of the table rows (units with a header that lie outside it, heads (U, 2), bounds (U+1,)) kept
+    whole beyond the first `sink` tokens, the share whose whole header is kept too; None when none is."""
+    if heads is None or not kept:
+        return None
+    length = int(bounds[-1])
+    mask = torch.zeros(length + 1, dtype=torch.int64)
+    mask[torch.tensor(kept, dtype=torch.int64)] = 1
+    total = torch.cat((torch.zeros(1, dtype=torch.int64), torch.cumsum(mask, 0)))
+    starts, ends = bounds[:-1], bounds[1:]
+    rows = (heads[:, 0] >= 0) & ((starts < heads[:, 0]) | (starts >= heads[:, 1])) & (starts >= sink)
+    rows &= total[ends] - total[starts] == ends - starts
+    if not bool(rows.any()):
+        return None
+    head_begin, head_end = heads[rows, 0], heads[rows, 1]
+    return round(float((total[head_end] - total[head_begin] == head_end - head_begin).float().mean()), 4)
+
+
 def whole_share(bounds: torch.Tensor, kept: list[int], sink: int) -> float:
     """Of the units (bounds (U+1,), cut at the sink as unit selection cuts them) that the kept indices touch
     beyond the first `sink` tokens, the share kept whole."""

@@ -13,7 +13,7 @@
 Each sample is compressed by the engine as a service request would be (the default strategy, budget
 1024, DCA auto), with `granularity` token and unit on the same document (the second request reuses
 the cached encode). A record says whether the answer survived and whether the asked row (line) was
-kept whole. Files that are missing are skipped and said so.
+kept whole (and, in the table, whether its header row was kept). Files that are missing are skipped and said so.
 
     python -m ilre.evaluation.real_files [--lengths 16K,32K] [--samples 10]
 """
@@ -93,7 +93,7 @@ def make_sample(tokenizer, corpus: str, lines: list[str], length: int, index: in
         return None
     row, (question, answer) = rng.choice(asked)
     context = header + "\n".join(window) + "\n"
-    return {"context": context, "query": question, "answer": answer, "line": window[row]}
+    return {"context": context, "query": question, "answer": answer, "line": window[row], "header": header}
 
 
 def run_real_files(lengths: list[int], samples: int, output: Path = OUTPUT, budget: int = 1024, progress=print) -> Path:
@@ -124,7 +124,9 @@ def run_real_files(lengths: list[int], samples: int, output: Path = OUTPUT, budg
                     text = result.compressed_context
                     records.append({"corpus": corpus, "length": length, "index": index, "granularity": granularity,
                                     "tokens": result.original_tokens, "kept": sample["answer"] in text,
-                                    "line_whole": sample["line"] in text, "seconds": round(time.perf_counter() - tick, 3)})
+                                    "line_whole": sample["line"] in text,
+                                    "header_kept": sample["header"] in text if sample.get("header") else None,
+                                    "seconds": round(time.perf_counter() - tick, 3)})
                 engine.documents.clear()
                 with output.open("a") as f:
                     f.writelines(json.dumps(r) + "\n" for r in records)
@@ -146,8 +148,8 @@ def section(path: Path = OUTPUT) -> list[str]:
     out = ["## Whole units on real files (a PyPI package table, Debian's package log, LiteLLM's price table)", "",
            "`python -m ilre.evaluation.real_files` (evaluation/real_files.py): windows of real files, one question about "
            "one row or line, the default strategy at budget 1024 with `granularity` token and unit on the same document. "
-           "Cells: answer kept % [95% Wilson] / asked line kept whole %; difference: unit minus token in points with its "
-           "95% paired-bootstrap interval.", "",
+           "Cells: answer kept % [95% Wilson] / asked line kept whole % (/ the table's header row kept %, where the "
+           "file has one); difference: unit minus token in points with its 95% paired-bootstrap interval.", "",
            "| corpus | length | tokens | units | difference | pairs |", "| --- | --- | ---: | ---: | ---: | ---: |"]
     for corpus in sorted({r["corpus"] for r in records}):
         for length in sorted({r["length"] for r in records if r["corpus"] == corpus}):
@@ -161,7 +163,9 @@ def section(path: Path = OUTPUT) -> list[str]:
                 kept = sum(by[g][k]["kept"] for k in keys) / len(keys)
                 low, high = wilson(kept, len(keys))
                 whole = sum(by[g][k]["line_whole"] for k in keys) / len(keys)
-                cells.append(f"{100 * kept:.0f} [{100 * low:.0f}–{100 * high:.0f}] / {100 * whole:.0f}")
+                headers = [by[g][k].get("header_kept") for k in keys]
+                header = (f" / {100 * sum(headers) / len(keys):.0f}" if all(h is not None for h in headers) else "")
+                cells.append(f"{100 * kept:.0f} [{100 * low:.0f}–{100 * high:.0f}] / {100 * whole:.0f}{header}")
             diff, low, high = paired_difference([(float(by["unit"][k]["kept"]), float(by["token"][k]["kept"])) for k in keys])
             out.append(f"| {corpus} | {length_label(length)} | {cells[0]} | {cells[1]} | "
                        f"{100 * diff:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}] | {len(keys)} |")

@@ -32,7 +32,7 @@ def main() -> None:
     import torch
 
     from ..compressor.defaults import UNIT_TOKENS
-    from ..compressor.units import unit_bounds
+    from ..compressor.units import Units, unit_bounds
     from ..engine.engine import Engine, EngineConfig
     from ..engine.messages import CompressRequest
     from ..models.token_bytes import context_bytes, token_bytes
@@ -70,7 +70,7 @@ def main() -> None:
                 layout = context_bytes(table, ids)
                 for cap in caps:
                     bounds = unit_bounds(layout, UNIT_TOKENS, cap)
-                    engine.units = lambda slot, context_ids, b=bounds: b  # this cap's units for the next request
+                    engine.units = lambda slot, context_ids, b=bounds: Units(b)  # this cap's units for the next request
                     again = engine.compress(CompressRequest(document_id=first.document_id, query=query,
                                                             granularity="unit"))
                     row[f"unit{cap}"] = retention(again.compressed_context, answers)

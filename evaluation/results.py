@@ -17,7 +17,7 @@ from .headline import DEFAULT, best_ours, comparison, gap, headline, retention_b
 from .intervals import wilson
 from .other_corpus import section as other_corpus_section
 from .real_files import section as real_files_section
-from .units_report import units_section
+from .units_report import headers_section, units_section
 from .ruler import TASKS, length_label
 from .run_eval import ATTENTION, STRATEGIES, TARGET_TASKS, load_records, run_timing
 
@@ -258,6 +258,7 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
     lines += headline(records, LABELS, STRATEGIES)
     lines += variant_section(records, LABELS, {"no shared words": NO_SHARED_WORDS})
     lines += units_section(records, LABELS)
+    lines += headers_section(every_budget, LABELS)
     lines += real_files_section(results_dir / "real_files.jsonl")
     lines += other_corpus_section(results_dir / "other_corpus.jsonl")
     hand = results_dir / "notes.md"

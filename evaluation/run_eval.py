@@ -55,7 +55,7 @@ from ..engine.messages import CompressRequest
 from .baselines import rag_select
 from .generation import Generator, new_token_budget
 from .lingua import METHODS as LINGUA_METHODS
-from .metrics import retention, score, separated, whole_share
+from .metrics import headed_share, retention, score, separated, whole_share
 from .plan_notes import caps_notes, plan_caps, widest_caps
 from .ruler import TASKS, RulerSample, generate_sample, length_label
 from .structured import BUILDERS as STRUCTURED
@@ -171,6 +171,7 @@ class Record:
     generate_s: float | None = None
     note: str | None = None
     whole_units: float | None = None  # of the units the kept tokens touch (sink aside), the share kept whole
+    headed_rows: float | None = None  # of the table rows kept whole, the share kept with their header
     new_tokens: int | None = None  # the generation budget used
     dtype: str | None = None  # the compressor's dtype (None: float32, records from before dtypes)
 
@@ -288,7 +289,8 @@ class Evaluator:
                             len(sample.context_ids), len(kept_ids), retention(text, sample.answers),
                             round(seconds, 4), answers=sample.answers, layer=layer if layer is not None else engine.layer, dca=dca,
                             dtype=self.dtype if name in ATTENTION or name in LINGUA_METHODS else None,
-                            whole_units=whole_share(units, kept, sink) if kept else None)
+                            whole_units=whole_share(units.bounds, kept, sink) if kept else None,
+                            headed_rows=headed_share(units.heads, units.bounds, kept, sink))
             if self.generates(name, sample.task, sample.length) and record.retention == 0.0 and TASKS[sample.task].kind in GUESSLESS:
                 # no gold text survived: a random 7-digit number, UUID or 5-letter name cannot be
                 # produced from the prompt, so the RULER score is 0 without spending a generation

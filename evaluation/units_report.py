@@ -2,7 +2,8 @@
 
 Three views, each paired on the samples both sides ran: end to end (the reader's score) per length;
 retention per length over every task, and per task and length (where units trail tokens is marked);
-and per task the share of the units a selection touches that it keeps whole.
+per task the share of the units a selection touches that it keeps whole; and on the tasks with tables, the
+share of the kept rows whose table header is kept with them.
 """
 
 from __future__ import annotations
@@ -86,3 +87,27 @@ def _shares(shares: list[dict], labels: dict[str, str]) -> list[str]:
             cells.append(f"{100 * mean(values):.0f}" if values else "–")
         out.append(f"| {task} | " + " | ".join(cells) + " |")
     return [*out, ""]
+
+
+def headers_section(records: list[dict], labels: dict[str, str]) -> list[str]:
+    """Markdown lines: per table task, budget and length, of the table rows a selection keeps whole, the share
+    kept with their header, % (tokens / units, samples that kept a whole row); none without such records."""
+    ours, peer = RETENTION_PAIRS[0]
+    headed = [r for r in records if r.get("headed_rows") is not None and r["strategy"] in (ours, peer)]
+    if not headed:
+        return []
+    lengths = sorted({r["length"] for r in headed})
+    rows = []
+    for task in [t for t in TASKS if any(r["task"] == t for r in headed)]:
+        for budget in sorted({r["budget"] for r in headed if r["task"] == task}):
+            cells = []
+            for n in lengths:
+                values = {name: [r["headed_rows"] for r in headed
+                                 if (r["task"], r["length"], r["strategy"], r["budget"]) == (task, n, name, budget)]
+                          for name in (peer, ours)}
+                cells.append(" / ".join(f"{100 * mean(v):.0f} ({len(v)})" if v else "–" for v in values.values()))
+            rows.append(f"| {task} | {budget} | " + " | ".join(cells) + " |")
+    return [f"Table rows kept whole, the share kept with their table's header, % ({labels[peer]} / {labels[ours]}; "
+            "samples that kept a whole row):", "",
+            "| task | budget | " + " | ".join(length_label(n) for n in lengths) + " |",
+            "| --- | ---: |" + " ---: |" * len(lengths), *rows, ""]

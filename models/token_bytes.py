@@ -105,3 +105,9 @@ def context_bytes(table: TokenBytes, ids: torch.Tensor) -> ContextBytes:
     # byte j of the context is byte (j - starts[i]) of token i's entry: one gather over all bytes
     source = np.repeat(first - starts[:-1], lengths) + np.arange(starts[-1], dtype=np.int64)
     return ContextBytes(table.data[source], starts, np.where(inside, table.special[safe], False))
+
+
+def token_holding(starts: np.ndarray, positions: np.ndarray) -> np.ndarray:
+    """starts (L+1,) a ContextBytes' token starts; positions (P,) byte positions -> (P,) the token that
+    holds each (the last token for a position at the end of the text)."""
+    return np.clip(np.searchsorted(starts, positions, "right") - 1, 0, max(starts.size - 2, 0))

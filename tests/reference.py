@@ -468,11 +468,16 @@ def literal_actqkv(scores: list[float], budget: int, sink: int, local: int, chun
 # --------------------------------------------------------------------------------------------
 
 
-def literal_select_units(scores: list[float], bounds: list[int], tokens: list[int], sink: int) -> list[int]:
+def literal_select_units(scores: list[float], bounds: list[int], tokens: list[int], sink: int,
+                         heads: list[tuple[int, int]] | None = None) -> list[int]:
     """The rule of unit_selection.py as a loop: units (cut at the sink) touched by `tokens` first, then by
     the share of their tokens in `tokens` plus their peak (best score scaled to [0, 1] against the lowest
     best or 0 and the highest, at least half a neighbour's), float32 as there, then by position; whole units
-    while they fit len(tokens) - sink; the next one trimmed to a window around its first best token."""
+    while they fit len(tokens) - sink; the next one trimmed to a window around its first best token.
+    heads: per unit of `bounds`, the token span of its table header or (-1, -1): a unit whose header is not
+    yet kept costs its header's tokens after the sink too and brings them (a unit inside its header costs
+    just the header); the unit that does not fit with its header but would without it is kept whole with
+    its header's first tokens."""
     f32 = torch.float32
     length, budget = len(scores), len(tokens)
     sink = min(sink, budget, length)
@@ -492,13 +497,28 @@ def literal_select_units(scores: list[float], bounds: list[int], tokens: list[in
         keyed.append((-float(key), u))
     keyed.sort()
     kept, room = list(range(sink)), budget - sink
+    paid = set()
     for _, u in keyed:
         a, z = units[u]
-        if z - a <= room:
-            kept += range(a, z)
-            room -= z - a
+        head = (-1, -1)
+        if heads is not None:
+            original = max(i for i, b in enumerate(bounds[:-1]) if b <= a)
+            head = tuple(heads[original])
+            if head[1] <= sink:
+                head = (-1, -1)  # a header inside the sink is kept already
+        new_tokens = set(range(a, z)) - set(kept)
+        if head[0] >= 0 and head not in paid:
+            new_tokens |= set(range(max(head[0], sink), head[1]))
+        if len(new_tokens) <= room:
+            kept += sorted(new_tokens)
+            room -= len(new_tokens)
+            if head[0] >= 0:
+                paid.add(head)
             continue
-        if room > 0:
+        if room > 0 and head[0] >= 0 and head not in paid and z - a < room:  # whole, with its header's start
+            kept += range(a, z)
+            kept += [t for t in range(max(head[0], sink), head[1]) if t not in kept][: room - (z - a)]
+        elif room > 0:
             peak_at = a + max(range(z - a), key=lambda i: (scores[a + i], -i))
             first = min(max(peak_at - room // 2, a), z - room)
             kept += range(first, first + room)

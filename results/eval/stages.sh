@@ -91,3 +91,10 @@ $ILRE --tasks $T4,$NEW --lengths 64K,128K --samples 5 --strategies cascade,casca
 .venv/bin/python -m ilre.evaluation.real_files --lengths 16K,32K --samples 10
 #     the record cap checked on the real price table's records
 .venv/bin/python -m ilre.evaluation.record_caps --tasks litellm_prices --lengths 16K,32K --samples 10 --caps 192,384,512 --output results/eval/record_caps_real.jsonl
+# 21. table headers (compressor/table_headers.py): a kept table row brings its header, and a table row up to
+#     the record cap is one unit. Only the two table tasks have tables (their units change; every other
+#     task's are as before), so their cascade and cascade_units records were removed and measured again.
+$ILRE --tasks records_csv,markdown_table --lengths 4K,16K,32K --samples 10 --strategies cascade,cascade_units --no-e2e
+$ILRE --tasks records_csv,markdown_table --lengths 64K,128K --samples 5 --strategies cascade,cascade_units --no-e2e
+#     and at half the budget (512), where a row's header is less often kept by the token selection alone
+$ILRE --tasks records_csv,markdown_table --lengths 16K,32K --samples 10 --strategies cascade,cascade_units --no-e2e --budget 512

@@ -40,6 +40,52 @@ def test_equals_the_literal_loop(seed):
     assert len(partial) <= 1  # every kept unit whole but the one trimmed
 
 
+def random_heads(rng: random.Random, bounds: list[int]) -> list[tuple[int, int]]:
+    """Up to three tables over disjoint random runs of units (as tables are runs of lines): each a header
+    of one or two units, then rows."""
+    heads = [(-1, -1)] * (len(bounds) - 1)
+    first = rng.randrange(len(heads))
+    while first < len(heads) and sum(h != (-1, -1) for h in set(heads)) < 3:
+        head_units = rng.choice([1, 2])
+        last = min(first + head_units + rng.randrange(0, 12), len(heads))
+        span = (bounds[first], bounds[min(first + head_units, len(heads))])
+        for u in range(first, last):
+            heads[u] = span
+        first = last + rng.randrange(0, 6)
+    return heads
+
+
+@pytest.mark.parametrize("seed", range(60))
+def test_with_table_headers_equals_the_literal_loop(seed):
+    rng = random.Random(1000 + seed)
+    length = rng.randrange(20, 400)
+    sink = rng.choice([0, 1, 4])
+    budget = rng.randrange(sink + 1, length)
+    scores, bounds, tokens = random_case(rng, length, rng.choice([1, 3, 8, 40]), budget, sink)
+    heads = random_heads(rng, bounds)
+    got = select_units(torch.tensor(scores), torch.tensor(bounds), torch.tensor(tokens), sink,
+                       torch.tensor(heads, dtype=torch.int64)).tolist()
+    assert got == literal_select_units(scores, bounds, tokens, sink, heads)
+    assert len(got) == budget and got == sorted(set(got))  # the budget exactly, sorted unique indices
+
+
+def test_a_kept_row_brings_its_header_and_pays_for_it():
+    scores = torch.zeros(100)
+    scores[75] = 9.0  # the asked row [70, 80) of a table whose header is [20, 30)
+    bounds = torch.arange(0, 101, 10)
+    heads = torch.full((10, 2), -1)
+    heads[2:9] = torch.tensor([20, 30])  # the header unit and the six rows under it
+    tokens = torch.tensor([0, 1, 2, 3, *range(72, 78), *range(40, 50), *range(90, 94)])  # a budget of 24
+    got = select_units(scores, bounds, tokens, 4, heads).tolist()
+    assert got == [0, 1, 2, 3, *range(20, 30), *range(70, 80)]  # the row first, with its header: 4 + 10 + 10
+    # with 4 tokens less, the row fits and its header does not: the row whole, the header's first 6 tokens
+    assert select_units(scores, bounds, tokens[:-4], 4, heads).tolist() == [0, 1, 2, 3, *range(20, 26), *range(70, 80)]
+    assert select_units(scores, bounds, tokens, 4).tolist() == [0, 1, 2, 3, *range(40, 50), *range(70, 80)]
+    # a header inside the sink costs nothing more
+    heads[2:9] = torch.tensor([0, 4])
+    assert select_units(scores, bounds, tokens, 4, heads).tolist() == [0, 1, 2, 3, *range(40, 50), *range(70, 80)]
+
+
 def test_one_token_units_give_the_strategys_own_selection():
     scores = torch.rand(3000, generator=torch.Generator().manual_seed(3))
     for name in ("ilre", "snapkv", "streaming_llm"):

@@ -88,3 +88,17 @@ def test_whole_share_counts_the_touched_units_kept_whole_beyond_the_sink():
     assert whole_share(bounds, [0, 1, 2, 3, *range(4, 10), 15], 4) == 0.5  # [4, 10) whole, [10, 20) touched once
     assert whole_share(bounds, [0, 1, 2, 3], 4) == 1.0  # the sink alone touches nothing
     assert whole_share(bounds, list(range(30)), 4) == 1.0
+
+
+def test_headed_share_counts_the_whole_rows_kept_with_their_header():
+    import torch
+
+    from ilre.evaluation.metrics import headed_share
+
+    bounds = torch.tensor([0, 4, 10, 20, 30, 40])  # units; [10, 20) a header over the rows [20, 30), [30, 40)
+    heads = torch.tensor([[-1, -1], [-1, -1], [10, 20], [10, 20], [10, 20]])
+    assert headed_share(heads, bounds, [*range(4), *range(20, 30)], 4) == 0.0  # a whole row, no header
+    assert headed_share(heads, bounds, [*range(4), *range(10, 30), *range(30, 35)], 4) == 1.0  # the cut row not counted
+    assert headed_share(heads, bounds, [*range(4), *range(12, 40)], 4) == 0.0  # a header cut short is not kept
+    assert headed_share(heads, bounds, [*range(4), *range(4, 10)], 4) is None  # no row kept
+    assert headed_share(None, bounds, list(range(40)), 4) is None  # no tables looked for

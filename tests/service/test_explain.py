@@ -132,7 +132,7 @@ def test_explain_page_shows_units_and_which_were_kept_whole(browser, tmp_path, e
     page.write_text(result.explanation)
     drawn = browser.open(page)
     assert drawn["underlined"] == result.kept_indices
-    bounds = engine.units(engine.names.slot("", result.document_id), engine._ids("context", CONTEXT, None, 1 << 20, "max_context_tokens")).tolist()
+    bounds = engine.units(engine.names.slot("", result.document_id), engine._ids("context", CONTEXT, None, 1 << 20, "max_context_tokens")).bounds.tolist()
     assert [u["first"] for u in drawn["units"]] == bounds[:-1]  # a bar at the start of every unit
     kept = set(result.kept_indices)
     whole = [a for a, z in zip(bounds, bounds[1:]) if set(range(a, z)) <= kept]

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ilre.compressor.pipeline import select_context
-from ilre.compressor.units import unit_bounds
+from ilre.compressor.units import document_units
 from ilre.engine.messages import CompressRequest, InputError
 from ilre.models.token_bytes import context_bytes, token_bytes
 
@@ -35,10 +35,10 @@ def test_cached_multi_query_and_uncached_results_are_equal(engine):
     # the engine's path is the pipeline's: the same request through select_context with the same units
     ids = torch.tensor(engine.tokenizer(CONTEXT, add_special_tokens=False).input_ids)
     query = torch.tensor(engine.tokenizer(QUERY, add_special_tokens=False).input_ids)
-    bounds = unit_bounds(context_bytes(token_bytes(engine.tokenizer), ids), 48)
+    units = document_units(context_bytes(token_bytes(engine.tokenizer), ids))
     job = engine.prepare(CompressRequest(context=CONTEXT, query=QUERY, budget=200, granularity="unit"), "")
-    assert torch.equal(job.units, bounds)
-    direct = select_context(job.model, ids, query, 200, job.strategy, job.prefill, units=bounds)
+    assert torch.equal(job.units.bounds, units.bounds) and torch.equal(job.units.heads, units.heads)
+    direct = select_context(job.model, ids, query, 200, job.strategy, job.prefill, units=units)
     assert direct.kept.tolist() == first.kept_indices
 
 
@@ -53,6 +53,25 @@ def test_the_budget_is_met_with_whole_records(engine):
     tokens = engine.compress(CompressRequest(context=CONTEXT, query=QUERY, budget=200, granularity="token",
                                              strategy="ilre", layer="fast"))
     assert tokens.granularity == "token" and "kept_spans" not in tokens.to_dict()
+
+
+def test_a_kept_row_brings_its_table_header(engine):
+    """An 8K-token CSV export (the suite's records_csv): the asked row is kept whole with the header row,
+    over 2K tokens before it; token selection keeps the row's numbers without their column names."""
+    from ilre.evaluation.ruler import generate_sample
+
+    sample = generate_sample(engine.tokenizer, "records_csv", 8192, 0, 1)
+    lines = sample.context.splitlines(keepends=True)
+    header = next(line for line in lines if line.startswith("project,"))
+    row = next(line for line in lines if sample.answers[0] in line)
+    assert sample.context.index(row) - sample.context.index(header) > 5000  # over 2K tokens apart
+    units = engine.compress(CompressRequest(context=sample.context, query=sample.query, budget=512, granularity="unit"))
+    spans = [sample.context[a:b] for a, b in units.kept_spans]
+    assert units.compressed_tokens == 512 and header in spans and row in spans
+    rows = [s for s in spans if s.count(",") == header.count(",") and s != header]
+    assert len([s for s in rows if s.endswith("\n")]) >= len(rows) - 1  # rows whole but the trimmed one
+    tokens = engine.compress(CompressRequest(context=sample.context, query=sample.query, budget=512, granularity="token"))
+    assert row in tokens.compressed_context and header not in tokens.compressed_context
 
 
 def test_a_granularity_not_offered_is_refused_naming_the_field():
