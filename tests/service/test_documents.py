@@ -349,3 +349,27 @@ def test_a_burst_of_one_off_documents_keeps_a_document_asked_again(engine):
     assert 3 * min(sizes) > 2.5 * sizes[0]  # three one-offs between two asks overflow it: LRU would lose the hot one
     assert cache.stats.misses["state", "local"] == 11 and cache.stats.hits["state", "local"] == 4  # hot encoded once
     assert cache.stats.evictions >= 8 and cache.stats.bytes <= cache.max_bytes
+
+
+def test_a_documents_units_and_table_headers_come_back_from_the_shared_tier(engine, redis_server):
+    """A CSV document cut into units (rows and their header) by one process is read back by another from
+    Redis: the same bounds and headers, not computed again, and the same selection."""
+    store = RedisDocuments(redis_server.url, prefix="docs-units", max_bytes=1 << 30, ttl_s=60)
+    table = "name,team,calls\n" + "".join(f"row-{k},{['ml', 'web'][k % 2]},{1000 + 37 * k}\n" for k in range(300))
+    query = "Question: What is the calls of the row whose name is row-123? Answer:"
+    kept = engine.documents
+    try:
+        engine.documents = DocumentCache(1 << 30, store)
+        first = engine.compress(CompressRequest(context=table, query=query, budget=64, granularity="unit"))
+        slot = engine.names.slot("", first.document_id)
+        (key, computed), = engine.documents._docs[slot].units.items()
+        assert int((computed.heads[:, 0] >= 0).sum()) == 301  # the header and every row
+        engine.documents = DocumentCache(1 << 30, store)  # another process: only Redis holds the document
+        again = engine.compress(CompressRequest(document_id=first.document_id, query=query, budget=64, granularity="unit"))
+        restored = engine.documents._docs[slot].units[key]
+        assert engine.documents.stats.hits["units", "shared"] == 1
+        assert torch.equal(restored.bounds, computed.bounds) and torch.equal(restored.heads, computed.heads)
+        assert again.kept_indices == first.kept_indices and again.kept_spans == first.kept_spans
+    finally:
+        engine.documents = kept
+        store.close()
