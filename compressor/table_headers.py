@@ -3,8 +3,8 @@
 A table is a run of consecutive lines of one shape, at least HEADER_ROWS rows under its header:
 - Markdown: lines that start with `|` and hold the same number of `|`, the second one a separator
   (`|---|:--:|`); the header is the first line and the separator;
-- CSV / TSV: lines with the same number (>= 2) of commas, or of tabs, that do not start with a bracket,
-  a quote or whitespace (JSON lines and indented code are not tables), whose first line has no field
+- CSV / TSV: lines with the same number (>= 2) of commas, or of tabs, outside quoted fields ("Smith,
+  John"), that do not start with a bracket or whitespace (JSON lines and indented code are not tables), whose first line has no field
   that is a figure while at least half the rows below it have one (column names over figures: a table
   of words alone has no header to tell from its rows).
 
@@ -33,7 +33,7 @@ _FIGURE[[ord(c) for c in "+-.:/% \r"]] = True
 _SEPARATOR = np.zeros(256, dtype=bool)  # what a Markdown table's separator line is made of
 _SEPARATOR[[ord(c) for c in "|-: \t\r"]] = True
 _NOT_A_ROW_START = np.zeros(256, dtype=bool)  # a CSV/TSV row never starts with these
-_NOT_A_ROW_START[[ord(c) for c in "{[(\"' \t#"]] = True
+_NOT_A_ROW_START[[ord(c) for c in "{[(' \t#"]] = True
 
 
 def _per_line(mask: np.ndarray, starts: np.ndarray, ends: np.ndarray) -> np.ndarray:
@@ -58,14 +58,18 @@ class Tables:
 
 def find_tables(data: np.ndarray) -> Tables:
     """The tables (the shapes above) among the lines of `data` (N,) uint8."""
+    if data.size == 0:
+        none = np.zeros(0, dtype=np.int64)
+        return Tables(np.zeros(1, dtype=np.int64), np.zeros(1, dtype=np.int64), none, none, none)
     newlines = np.flatnonzero(data == 10)
     line_starts = np.concatenate(([0], newlines + 1))
     line_ends = np.concatenate((newlines, [data.size]))  # exclusive, without the line break
     sizes = line_ends - line_starts
-    first = np.where(sizes > 0, data[np.minimum(line_starts, max(data.size - 1, 0))] if data.size else 0, 0)
+    first = np.where(sizes > 0, data[np.minimum(line_starts, data.size - 1)], 0)
     pipes = _per_line(data == 124, line_starts, line_ends)
-    commas = _per_line(data == 44, line_starts, line_ends)
-    tabs = _per_line(data == 9, line_starts, line_ends)
+    unquoted = _unquoted(data, line_starts)
+    commas = _per_line((data == 44) & unquoted, line_starts, line_ends)
+    tabs = _per_line((data == 9) & unquoted, line_starts, line_ends)
     markdown = (first == 124) & (pipes >= 3)
     separator = markdown & (_per_line(_SEPARATOR[data], line_starts, line_ends) == sizes)
     plain = ~markdown & ~_NOT_A_ROW_START[first] & (sizes > 0)
@@ -81,7 +85,8 @@ def find_tables(data: np.ndarray) -> Tables:
     head = np.where(is_markdown, 2, 1)
     second = np.minimum(run_first + 1, shape.size - 1)
     # a CSV/TSV header names its columns: no field of it is a figure, while most rows hold one
-    figures = np.where(shape >> 40 == 3, _figure_fields(data, 9, line_starts), _figure_fields(data, 44, line_starts))
+    figures = np.where(shape >> 40 == 3, _figure_fields(data, (data == 9) & unquoted, line_starts),
+                       _figure_fields(data, (data == 44) & unquoted, line_starts))
     with_figures = np.concatenate(([0], np.cumsum(figures > 0)))
     rows_first = np.minimum(run_first + head, shape.size)
     rows_with = with_figures[run_first + run_length] - with_figures[rows_first]
@@ -138,11 +143,19 @@ def table_heads(text: ContextBytes, bounds: torch.Tensor, tables: Tables, max_to
     return torch.from_numpy(heads)
 
 
-def _figure_fields(data: np.ndarray, delimiter: int, line_starts: np.ndarray) -> np.ndarray:
-    """Per line, how many of its fields (between `delimiter` bytes) are figures: at least one digit and
-    nothing but digits, signs, points, colons, slashes, percent signs and spaces (1203, 0.0.1, 2026-01,
-    01:25:34)."""
-    cuts = np.flatnonzero((data == delimiter) | (data == 10))
+def _unquoted(data: np.ndarray, line_starts: np.ndarray) -> np.ndarray:
+    """(N,) whether each byte is outside a CSV quoted field: an even count of double quotes before it on its
+    line (a doubled quote inside a field counts twice, so it keeps the parity)."""
+    before = np.concatenate(([0], np.cumsum(data == 34)))[:-1]
+    line = np.concatenate(([0], np.cumsum(data[:-1] == 10)))
+    return (before - before[np.minimum(line_starts, data.size - 1)][line]) % 2 == 0
+
+
+def _figure_fields(data: np.ndarray, delimiters: np.ndarray, line_starts: np.ndarray) -> np.ndarray:
+    """Per line, how many of its fields (between the (N,) `delimiters` bytes) are figures: at least one
+    digit and nothing but digits, signs, points, colons, slashes, percent signs and spaces (1203, 0.0.1,
+    2026-01, 01:25:34)."""
+    cuts = np.flatnonzero(delimiters | (data == 10))
     begin = np.concatenate(([0], cuts + 1))
     end = np.concatenate((cuts, [data.size]))
     other = np.concatenate(([0], np.cumsum(~_FIGURE[data])))

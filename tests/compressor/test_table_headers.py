@@ -108,3 +108,21 @@ def test_a_row_never_joins_a_chat_marker(tokenizer):
     bounds = units.bounds.tolist()
     for marker in torch.nonzero(torch.from_numpy(layout.special)).squeeze(1).tolist():
         assert marker in bounds and marker + 1 in bounds  # each marker a unit of its own
+
+
+def test_quoted_fields_keep_their_commas(tokenizer):
+    text = ('name,city,amount\n"Smith, John",Oslo,1203\n"Doe, Jane","Lima, Peru",2291\nplain,Rome,3310\n'
+            '"Said ""hi"", left",Bern,44\n')
+    header = "name,city,amount\n"
+    assert headed(tokenizer, text) == [(header, header), ('"Smith, John",Oslo,1203\n', header),
+                                       ('"Doe, Jane","Lima, Peru",2291\n', header), ("plain,Rome,3310\n", header),
+                                       ('"Said ""hi"", left",Bern,44\n', header)]
+
+
+@pytest.mark.parametrize("text", ["", "a", "\n", ",,\n,,\n,,\n,,\n", '"\n"\n"\n"', "|\n|---|\n|\n|\n|"])
+def test_texts_too_small_or_odd_have_no_table_and_do_not_fail(text):
+    import numpy as np
+
+    from ilre.compressor.table_headers import find_tables
+
+    assert find_tables(np.frombuffer(text.encode(), dtype=np.uint8)).first.size == 0
