@@ -4,14 +4,14 @@ A table is a run of consecutive lines of one shape, at least HEADER_ROWS rows un
 - Markdown: lines that start with `|` and hold the same number of `|`, the second one a separator
   (`|---|:--:|`); the header is the first line and the separator;
 - CSV / TSV: lines with the same number (>= 2) of commas, or of tabs, outside quoted fields ("Smith,
-  John"), that do not start with a bracket or whitespace (JSON lines and indented code are not tables), whose first line has no field
-  that is a figure while at least half the rows below it have one (column names over figures: a table
-  of words alone has no header to tell from its rows).
+  John"), that do not start with a bracket or whitespace (JSON lines and indented code are not
+  tables), whose first line has no field that is a figure while at least half the rows below it have
+  one (column names over figures: a table of words alone has no header to tell from its rows).
 
 `find_tables` finds them; `whole_rows` makes each row of at most the record cap one unit (a row is a
-record); `table_heads` gives each unit of a context (compressor/units.py) the token span of its table's header,
-so that unit selection can keep a row with its header when the header costs at most `max_tokens`: a row
-of numbers says nothing without its column names. The header's own units get their header too (keeping
+record); `table_heads` gives each unit of a context (compressor/units.py) the token span of its table's
+header, so that unit selection can keep a row with its header when the header costs at most
+`max_tokens`: a row of numbers says nothing without its column names. The header's own units get their header too (keeping
 one keeps the whole header). Every step is an array operation over the lines; no Python loop runs per
 line or per token.
 """
@@ -102,7 +102,7 @@ def whole_rows(text: ContextBytes, bounds: torch.Tensor, tables: Tables, max_tok
     if tables.first.size == 0:
         return bounds
     count = tables.last - tables.first + 1
-    lines = np.repeat(tables.first, count) + np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+    lines = _ranges(tables.first, count)
     begin = token_holding(text.starts, tables.line_starts[lines])
     end = token_holding(text.starts, tables.line_ends[lines])  # the token holding the line break
     short = end - begin + 1 <= max_tokens
@@ -137,10 +137,15 @@ def table_heads(text: ContextBytes, bounds: torch.Tensor, tables: Tables, max_to
     count = table_end - head_begin
     if count.size == 0:
         return torch.from_numpy(heads)
-    unit = np.repeat(head_begin, count) + np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
+    unit = _ranges(head_begin, count)
     heads[unit, 0] = np.repeat(span_begin, count)
     heads[unit, 1] = np.repeat(span_end, count)
     return torch.from_numpy(heads)
+
+
+def _ranges(first: np.ndarray, count: np.ndarray) -> np.ndarray:
+    """The integers first[i], first[i] + 1, ... (count[i] of them) for every i, concatenated."""
+    return np.repeat(first, count) + np.arange(count.sum()) - np.repeat(np.cumsum(count) - count, count)
 
 
 def _unquoted(data: np.ndarray, line_starts: np.ndarray) -> np.ndarray:

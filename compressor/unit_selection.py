@@ -15,8 +15,9 @@ for ILRe and the cascade, top-k, partitions or chunks for the others):
    of that table is kept, and the header's tokens count against the budget there; a header unit kept
    for itself brings the rest of the header. The first unit that does not fit is trimmed to the tokens
    left: the contiguous window of that many tokens around its best token (a row that would fit without
-   its header is kept whole with its header's first tokens). So every kept unit is whole but at most one, and exactly `len(tokens)` context tokens are kept (the budget, or the one the
-   strategy chose), as with token selection.
+   its header is kept whole with its header's first tokens). So every kept unit is whole but at most
+   one, and exactly `len(tokens)` context tokens are kept (the budget, or the one the strategy chose),
+   as with token selection.
 
 Measured on the cascade's scores (16K, 12 tasks, real files; results/eval/notes.md): the best score
 alone lost needles cut in two at the cap, the share alone lost a long table row whose version the
@@ -45,7 +46,7 @@ def select_units(scores: torch.Tensor, bounds: torch.Tensor, tokens: torch.Tenso
                  heads: torch.Tensor | None = None) -> torch.Tensor:
     """scores: (L,) a strategy's token scores; bounds: (U+1,) unit starts, 0 first and L last;
     tokens: (K,) the strategy's own kept indices (sink included); sink: the S leading tokens always kept;
-    heads: (U, 2) each unit's table header as a token span of whole units, (-1, -1) for none.
+    heads: (U, 2) each unit's table header as a token span of whole units, (-1, -1) for none (None: no table).
     -> (K,) int64 kept indices, ascending: the sink, then whole units (and their headers) by the rule above."""
     length = scores.numel()
     device = scores.device
@@ -109,9 +110,9 @@ def _with_headers(order: torch.Tensor, bounds: torch.Tensor, original: torch.Ten
     inside = grouped & (starts >= span[:, 0]) & (starts < span[:, 1])
     cost = torch.where(inside, torch.zeros_like(starts), sizes[order])
     positions = torch.arange(order.numel(), device=order.device)
-    key = torch.where(grouped, span[:, 0], torch.full_like(starts, -1))
-    first = torch.full((int(bounds[-1]) + 1,), order.numel(), dtype=torch.int64, device=order.device)
-    first.scatter_reduce_(0, key.clamp(min=0), torch.where(grouped, positions, order.numel()), "amin")
-    pays = grouped & (first[key.clamp(min=0)] == positions)
+    table = torch.unique(torch.where(grouped, span[:, 0], -1), return_inverse=True)[1]  # one id per header
+    first = torch.full((order.numel(),), order.numel(), dtype=torch.int64, device=order.device)
+    first.scatter_reduce_(0, table, torch.where(grouped, positions, order.numel()), "amin")
+    pays = grouped & (first[table] == positions)
     cost = cost + torch.where(pays, span[:, 1] - span[:, 0], torch.zeros_like(cost))
     return cost, torch.where(pays.unsqueeze(1), span, torch.full_like(span, -1))

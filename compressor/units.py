@@ -44,7 +44,7 @@ UNITS_VERSION = f"units-v3-max{UNIT_TOKENS}-record{RECORD_TOKENS}-header{HEADER_
 class Units:
     """A context's units. bounds: (U+1,) int64 unit starts, 0 first and L last (unit u is the tokens
     bounds[u]:bounds[u+1]); heads: (U, 2) int64 the token span of each unit's table header, (-1, -1) for
-    none (compressor/table_headers.py), or None when not looked for."""
+    none (compressor/table_headers.py), or None when the context has no table (or tables were not looked for)."""
 
     bounds: torch.Tensor
     heads: torch.Tensor | None = None
@@ -187,7 +187,7 @@ def document_units(text: ContextBytes) -> Units:
     (compressor/table_headers.py)."""
     tables = find_tables(text.data)
     bounds = whole_rows(text, unit_bounds(text, UNIT_TOKENS, RECORD_TOKENS), tables, RECORD_TOKENS)
-    return Units(bounds, table_heads(text, bounds, tables, HEADER_TOKENS))
+    return Units(bounds, table_heads(text, bounds, tables, HEADER_TOKENS) if tables.first.size else None)
 
 
 def _merge_blank(bounds: np.ndarray, starts: np.ndarray, data: np.ndarray, hard: np.ndarray) -> np.ndarray:

@@ -28,6 +28,8 @@ def headed(tokenizer, text: str) -> list[tuple[str, str]]:
     def spelled(a: int, b: int) -> str:
         return layout.data[layout.starts[a]: layout.starts[b]].tobytes().decode(errors="replace")
 
+    if units.heads is None:  # no table
+        return []
     bounds = units.bounds.tolist()
     return [(spelled(a, b), spelled(*head)) for a, b, head in zip(bounds, bounds[1:], units.heads.tolist())
             if head[0] >= 0]
