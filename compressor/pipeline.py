@@ -59,6 +59,7 @@ def select_context(
     config: PrefillConfig,
     encoded: Callable[[], ContextState] | None = None,
     units: Units | None = None,
+    deepened: Callable[[], ContextState] | None = None,
 ) -> Selection:
     """Choose at most `budget` context tokens for the query: encode_context, then `select_query`.
 
@@ -67,6 +68,8 @@ def select_context(
     `model` may be None for strategies that do not need attention. `encoded` supplies the
     context's ContextState instead of encoding it (a document cache); it runs only when needed.
     `units`: the context's units (compressor/units.py): whole units are kept (compressor/unit_selection.py).
+    `deepened`: the context encoded as the strategy's `deepened()` form reads it, for a strategy that
+    falls back to that form (the cascade); it runs only when needed.
     """
     length = context_ids.numel()
     if length <= budget:
@@ -83,17 +86,19 @@ def select_context(
     with torch.inference_mode():
         state = encoded() if encoded is not None else encode_context(model, context_ids, config, layers,
                                                                      parts=strategy.context_parts)
-    return select_query(model, state, query_ids, budget, strategy, {"prefill": _lap(clock)}, context_ids, units)
+    return select_query(model, state, query_ids, budget, strategy, {"prefill": _lap(clock)}, context_ids, units,
+                        deepened)
 
 
 def select_query(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor, budget: int, strategy: Strategy,
            timings: dict[str, float] | None = None, context_ids: torch.Tensor | None = None,
-           units: Units | None = None) -> Selection:
+           units: Units | None = None, deepened: Callable[[], ContextState] | None = None) -> Selection:
     """The query-dependent part: the query chunk against an encoded context, scoring, allocation.
     Any number of queries may be selected from one ContextState, one after another; `timings`
     (ms so far, e.g. the context's "prefill") are carried into the Selection; their "prefill" grows by the
     query pass and what the strategy runs to get its attention (a cascade's candidates, which need the
-    context's ids (L,)). `units`: the context's units to keep whole (None: single tokens)."""
+    context's ids (L,)). `units`: the context's units to keep whole (None: single tokens); `deepened`: as
+    in `select_context`."""
     timings = dict(timings or {})
     if state.length <= budget:
         return Selection(torch.arange(state.length), timings, passthrough=True)
@@ -110,7 +115,7 @@ def select_query(model: TruncatedLM, state: ContextState, query_ids: torch.Tenso
     with torch.inference_mode():
         retrieval = prefill_query(model, state, query_ids, strategy.query_parts)
         attention, coarse = strategy.query_attention(QueryPass(model, retrieval, context_ids, query_ids, budget,
-                                                               state.config))
+                                                               state.config, deepened))
     timings["prefill"] = round(timings.get("prefill", 0.0) + _lap(clock), 3)
     return _score_and_allocate(model, retrieval, state.length, budget, strategy, state.config.sink, timings,
                    attention=attention, coarse=coarse, units=units)

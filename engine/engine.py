@@ -240,21 +240,51 @@ class Engine:
 
     def answer(self, job: Prepared) -> list[Selection]:
         """The Selection stage: one selection per query, all against one encoded context from the document cache. A document
-        deepened in the background is served by the strategy's deepened form; a document that was not
-        is offered for deepening once its queries are answered."""
-        deep = job.strategy.deepened() if self.deepening.enabled else None
+        encoded to full depth (in the background, or by an earlier query whose candidates missed) is served
+        by the strategy's deepened form; with deepening on, a document that was not is offered for it once
+        its queries are answered."""
+        deep = job.strategy.deepened()
         if deep is not None:
             held = self.documents.held_state(job.slot, self._state_key(job, deep), self._restore(job))
             if held is not None:
                 return self._select_queries(job, deep, lambda: held)
         selections = self._select_queries(job, job.strategy, self._encoded(job))
-        if deep is not None:
+        if deep is not None and self.deepening.enabled and not self.documents.holds(job.slot, self._state_key(job, deep)):
             self._offer(job, deep)
         return selections
 
     def _select_queries(self, job: Prepared, strategy: Strategy, encoded: Callable[[], ContextState]) -> list[Selection]:
-        return [select_context(job.model, job.context_ids, query_ids, job.budget, strategy, job.prefill, encoded=encoded,
-                               units=job.units) for query_ids in job.queries]
+        selections = []
+        for query_ids in job.queries:
+            deepened, spent = self._deepened(job, strategy)
+            selection = select_context(job.model, job.context_ids, query_ids, job.budget, strategy, job.prefill,
+                                       encoded=encoded, units=job.units, deepened=deepened)
+            if spent:
+                selection.timings_ms["deepen"] = spent[0]
+            selections.append(selection)
+        return selections
+
+    def _deepened(self, job: Prepared, strategy: Strategy) -> tuple[Callable[[], ContextState] | None, list[float]]:
+        """For a strategy that may fall back to its deepened form (the cascade, when its candidates miss):
+        that form's encoding, from the document cache or encoded now and kept there in place of the
+        strategy's own (the work a background deepening would do later), and a list that gets the
+        milliseconds it took once it is asked for."""
+        deep, spent = strategy.deepened(), []
+        if deep is None:
+            return None, spent
+        slot, key, first = job.slot, self._state_key(job, deep), self._state_key(job, strategy)
+
+        def state() -> ContextState:
+            clock = time.perf_counter()
+            held = self.documents.held_state(slot, key, self._restore(job))
+            if held is None:
+                held = encode_context(job.model, job.context_ids, job.prefill, deep.encoded_layers(job.layer),
+                                      parts=deep.context_parts)
+                self.documents.store_state(slot, key, held, replaces=first)
+            spent.append(round((time.perf_counter() - clock) * 1000.0, 3))
+            return held
+
+        return state, spent
 
     def encode(self, job: Prepared) -> ContextState:
         """The job's encoded context as its strategy reads it: the document cache's, or encoded now and kept

@@ -82,6 +82,9 @@ def grid_hits(truncated, tokenizer, plan: CalibrationPlan, config: PrefillConfig
     return hits
 
 
+DEEPEN_BELOW = 0.6  # the cascade reads the whole context to l_R below this peak strength (results page, stage 22)
+
+
 def cascade_details(coarse: int, l_r: int, plan: CalibrationPlan, candidates: torch.Tensor,
                     kept_at_l_r: torch.Tensor) -> dict:
     """The cascade's calibrated options and what chose them. candidates: (..., factors) needle among the
@@ -93,11 +96,12 @@ def cascade_details(coarse: int, l_r: int, plan: CalibrationPlan, candidates: to
     factor = pick_candidate_factor(costs)
     held = candidates[kept_at_l_r.bool()]  # (samples l_R keeps, factors)
     return {
-        "strategies": {"cascade": {"coarse_layer": coarse, "candidates": factor, "coarse_weight": 0.5}},
+        "strategies": {"cascade": {"coarse_layer": coarse, "candidates": factor, "coarse_weight": 0.5,
+                                   "deepen_below": DEEPEN_BELOW}},
         "cascade": {
             "method": f"coarse layer = fast; candidates = the largest factor (of {list(CANDIDATE_FACTORS)}) whose prefill "
                       f"at {longest} tokens costs at most {COST_CAP}x plain ILRe at the coarse layer (layer-tokens); "
-                      "coarse_weight 0.5 (stage 18 of the evaluation)",
+                      f"coarse_weight 0.5 (stage 18 of the evaluation); deepen_below {DEEPEN_BELOW} (stage 22)",
             "costs": {str(f): c for f, c in costs.items()},
             "candidate_recall_long": {str(f): round(float(v), 4) for f, v in zip(CANDIDATE_FACTORS, candidates.mean(
                 dim=tuple(range(candidates.dim() - 1))))},

@@ -5,14 +5,14 @@ from __future__ import annotations
 import dataclasses
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
-from typing import ClassVar
+from typing import Callable, ClassVar
 
 import torch
 
 from ...kernels.query_scores import query_key_scores
 from ...models.llama import TruncatedLM
 from ..allocation import top_k_indices
-from ..prefill import PrefillConfig, RetrievalState
+from ..prefill import ContextState, PrefillConfig, RetrievalState
 
 
 def check_int(name: str, value: object, minimum: int, optional: bool = True) -> None:
@@ -43,7 +43,9 @@ class ScoreInputs:
 class QueryPass:
     """What a strategy's `query_attention` reads once the query has run against the encoded context:
     retrieval: the context keys (kv_heads, L, d) and query states (heads, Lq, d) at the encoded layers;
-    context_ids (L,) and query_ids (Lq,) int64 (None: not at hand); the budget; the prefill settings."""
+    context_ids (L,) and query_ids (Lq,) int64 (None: not at hand); the budget; the prefill settings;
+    deepened: the whole context encoded as the strategy's `deepened()` form reads it, for a strategy that
+    falls back to that form (the document cache's; None: the strategy encodes it itself)."""
 
     model: TruncatedLM
     retrieval: RetrievalState
@@ -51,6 +53,7 @@ class QueryPass:
     query_ids: torch.Tensor
     budget: int
     config: PrefillConfig
+    deepened: Callable[[], ContextState] | None = None
 
 
 class Strategy(ABC):

@@ -4,7 +4,10 @@ The whole strategy is here: what it encodes (the coarse layer's keys only), how 
 (`pick_candidates`), how it ranks them (the candidates run again to l_R: compressor/candidate_prefill.py)
 and scores and allocates (l_R's attention blended with the coarse layer's, Algorithm 1); where its
 candidates would cover the context it runs as ILRe at l_R with the coarse layer blended in, as it does
-on a document encoded in full (`deepened`).
+on a document encoded in full (`deepened`). When l_R finds nothing it attends to strongly among the
+candidates (`deepen_below`: the coarse layer, which matches surface forms, missed what the query
+asks, e.g. a question that paraphrases the document), the whole context runs to l_R instead: the
+deepened form, on an encoding the caller may supply and keep (QueryPass.deepened).
 """
 
 from __future__ import annotations
@@ -18,10 +21,19 @@ import torch
 from ...kernels.query_scores import blend_layers, query_key_scores
 from ..allocation import PoolingAllocator
 from ..candidate_prefill import candidate_prefill
-from ..prefill import PrefillConfig
+from ..prefill import ContextState, PrefillConfig, encode_context, prefill_query
 from .base import QueryPass, ScoreInputs, Strategy, check_int
 
 DEFAULT_CANDIDATES = 4.0  # candidates per budget token when neither the request nor the profile says
+PEAK_TOKENS = 5  # how many of l_R's strongest candidates `peak_strength` averages
+
+
+def peak_strength(scores: torch.Tensor, top: int = PEAK_TOKENS) -> float:
+    """scores: (C,) l_R's A^C over the candidates outside the sink -> the mean of the `top` largest
+    (all of them when fewer; 0.0 when none): how strongly l_R attends to what it finds there."""
+    if scores.numel() == 0:
+        return 0.0
+    return float(scores.topk(min(top, scores.numel())).values.mean())
 
 
 def recent_share(count: int, config: PrefillConfig) -> int:
@@ -54,6 +66,9 @@ class Cascade(Strategy):
     candidates: how many candidates per budget token (>= 1; None: the profile's, else 4);
     coarse_weight: in [0, 1], the coarse layer's attention joins l_R's at this weight (each scaled to
     sum 1 outside the sink, element-wise max, as ILRe's also_layers; 0 = l_R alone);
+    deepen_below: in [0, 1]; when `peak_strength` of l_R's attention over the candidates (outside the
+    sink) is below it, the whole context runs to l_R and the query is scored as `deepened()` scores it
+    (None: the profile's, else 0 = never);
     max_kernels / avg_kernels: Algorithm 1's kernels, at both stages; whole: set by `for_context`
     when the candidates would cover the context, which then runs as ILRe at l_R with the coarse
     layer in also_layers. How the candidates run: compressor/candidate_prefill.py."""
@@ -62,6 +77,7 @@ class Cascade(Strategy):
     coarse_layer: int | None = None
     candidates: float | None = None
     coarse_weight: float = 0.5
+    deepen_below: float | None = None
     max_kernels: tuple[int, ...] = (2, 4, 8)
     avg_kernels: tuple[int, ...] = tuple(range(1, 17))
     whole: bool = field(default=False, repr=False)
@@ -69,14 +85,15 @@ class Cascade(Strategy):
 
     def __post_init__(self) -> None:
         check_int("coarse_layer", self.coarse_layer, 1)
-        for name, value, low in (("candidates", self.candidates, 1), ("coarse_weight", self.coarse_weight, 0)):
-            if value is None and name == "candidates":
+        for name, value, low in (("candidates", self.candidates, 1), ("coarse_weight", self.coarse_weight, 0),
+                                 ("deepen_below", self.deepen_below, 0)):
+            if value is None and name != "coarse_weight":
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low:
                 what = "the candidate set as a multiple of the budget" if name == "candidates" else "at most 1"
                 raise ValueError(f"{name}: must be a number >= {low}, {what} (got {value!r})")
-        if self.coarse_weight > 1:
-            raise ValueError(f"coarse_weight: must be a number in [0, 1] (got {self.coarse_weight!r})")
+            if name != "candidates" and value > 1:
+                raise ValueError(f"{name}: must be a number in [0, 1] (got {value!r})")
         object.__setattr__(self, "allocator", PoolingAllocator(self.max_kernels, self.avg_kernels))
 
     @property
@@ -106,9 +123,25 @@ class Cascade(Strategy):
         count = self.candidate_count(query.budget)
         candidates = pick_candidates(scores, count, config.sink, recent_share(count, config), self.allocator)
         keys, queries = candidate_prefill(query.model, query.context_ids, candidates, query.query_ids, config)
+        over = query_key_scores(queries, keys)  # (C,)
+        if self.deepen_below and peak_strength(over[candidates >= config.sink]) < self.deepen_below:
+            return self._whole_context(query, coarse)
         attention = torch.zeros(scores.numel(), device=scores.device)
-        attention[candidates] = query_key_scores(queries, keys)
+        attention[candidates] = over
         return attention, scores
+
+    def _whole_context(self, query: QueryPass, coarse: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """A^C (L,) at l_R and at the coarse layer, both over every token: the query against the whole
+        context encoded as `deepened()` reads it (the caller's, else encoded here)."""
+        deep, model = self.deepened(), query.model
+        if query.deepened is not None:
+            state = query.deepened()
+        else:
+            state = encode_context(model, query.context_ids, query.config, deep.encoded_layers(model.n_layers),
+                                   parts=deep.context_parts)
+        retrieval = prefill_query(model, state, query.query_ids, deep.query_parts)
+        return (query_key_scores(retrieval.queries[model.n_layers], retrieval.keys[model.n_layers]),
+                query_key_scores(retrieval.queries[coarse], retrieval.keys[coarse]))
 
     @property
     def extra_layers(self) -> tuple[int, ...]:

@@ -22,6 +22,7 @@ from .conftest import comparable
 from .test_documents import QUESTIONS, long_text
 
 BUDGET = 200  # 800 candidates: well inside the ~3.5K-token document, so the first query runs the candidate pass
+CANDIDATES = {"deepen_below": 0.0}  # and its answer comes from the candidates, however weakly l_R attends to them
 
 
 @contextlib.contextmanager
@@ -84,16 +85,20 @@ def test_stepwise_encoding_interleaved_equals_encode_context():
 
 
 def test_a_document_asked_again_is_answered_from_its_full_depth_encoding(engine):
-    cascade = uncached(engine, CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET))
+    cascade = uncached(engine, CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET,
+                                              strategy_options=CANDIDATES))
     references = [full_depth_reference(engine, query) for query in QUESTIONS]
     assert cascade["kept_indices"] != references[1]["kept_indices"]  # the two paths differ on this document
     with deepening_on(engine):
-        first = engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET))
+        first = engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET,
+                                              strategy_options=CANDIDATES))
         assert comparable(first) == cascade  # the first query: the cascade, unchanged
         assert engine.deepening.wait_idle(120) and engine.deepening.stats.finished == 1
-        again = [engine.compress(CompressRequest(document_id=first.document_id, query=query, budget=BUDGET))
+        again = [engine.compress(CompressRequest(document_id=first.document_id, query=query, budget=BUDGET,
+                                              strategy_options=CANDIDATES))
                  for query in QUESTIONS]
-        by_text = engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[0], budget=BUDGET))
+        by_text = engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[0], budget=BUDGET,
+                                              strategy_options=CANDIDATES))
         assert engine.deepening.wait_idle(10) and engine.deepening.stats.finished == 1  # not offered again
         (entry,) = engine.documents._docs.values()
         held = list(entry.states)
@@ -105,14 +110,17 @@ def test_a_document_asked_again_is_answered_from_its_full_depth_encoding(engine)
 
 def test_requests_come_first_and_deepening_resumes_where_it_stopped(engine):
     short = long_text()[:6000]
-    alone = uncached(engine, CompressRequest(context=short, query=QUESTIONS[2], budget=BUDGET))
+    alone = uncached(engine, CompressRequest(context=short, query=QUESTIONS[2], budget=BUDGET,
+                                              strategy_options=CANDIDATES))
     with deepening_on(engine):
-        first = engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET))
+        first = engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET,
+                                              strategy_options=CANDIDATES))
         stats = engine.deepening.stats
         deadline = time.monotonic() + 60
         while stats.steps < 5 and time.monotonic() < deadline:
             time.sleep(0.01)
-        other = engine.compress(CompressRequest(context=short, query=QUESTIONS[2], budget=BUDGET))
+        other = engine.compress(CompressRequest(context=short, query=QUESTIONS[2], budget=BUDGET,
+                                              strategy_options=CANDIDATES))
         assert stats.steps >= 5 and stats.finished == 0  # the request ran in the middle of the deepening
         assert engine.deepening.wait_idle(120) and stats.finished == 2  # then both documents, each once
     assert comparable(other) == alone
@@ -125,15 +133,42 @@ def test_a_deepened_document_serves_another_worker_through_redis(engine, redis_s
     shared = RedisDocuments(redis_server.url, prefix="docs-deep", max_bytes=1 << 30, ttl_s=60)
     try:
         with deepening_on(engine, shared):
-            first = engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET))
+            first = engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET,
+                                              strategy_options=CANDIDATES))
             assert engine.deepening.wait_idle(120) and engine.deepening.stats.finished == 1
         with deepening_on(engine, shared):  # another worker: its own empty process tier, the same Redis
-            again = engine.compress(CompressRequest(document_id=first.document_id, query=QUESTIONS[0], budget=BUDGET))
+            again = engine.compress(CompressRequest(document_id=first.document_id, query=QUESTIONS[0], budget=BUDGET,
+                                              strategy_options=CANDIDATES))
             assert engine.deepening.wait_idle(10) and engine.deepening.stats.steps == 0  # nothing left to deepen
             assert engine.documents.stats.hits["state", "shared"] == 1
     finally:
         shared.close()
     assert without_strategy(again) == reference
+
+
+def test_a_query_the_candidates_miss_deepens_the_document_at_once(engine):
+    """A first query whose candidates l_R attends to weakly (here: any, `deepen_below` 1) is answered from
+    the full-depth encoding, which the document then keeps: nothing is left to deepen in the background,
+    and a later query reads it (no second encoding). Below the threshold nothing changes."""
+    always = {"deepen_below": 1.0}
+    reference = full_depth_reference(engine, QUESTIONS[1])
+    candidates_only = uncached(engine, CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET,
+                                                       strategy_options=CANDIDATES))
+    assert {k: v for k, v in candidates_only.items() if k != "strategy"} != reference
+    with deepening_on(engine):
+        first = engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET,
+                                                strategy_options=always))
+        assert engine.deepening.wait_idle(120) and engine.deepening.stats.steps == 0  # nothing left to deepen
+        again = engine.compress(CompressRequest(document_id=first.document_id, query=QUESTIONS[0], budget=BUDGET,
+                                                strategy_options=always))
+        (entry,) = engine.documents._docs.values()
+        held = list(entry.states)
+    assert without_strategy(first) == reference and first.strategy == "cascade"
+    assert first.timings_ms["deepen"] > 100 * again.timings_ms.get("deepen", 0.0)  # encoded once, then read
+    assert without_strategy(again) == full_depth_reference(engine, QUESTIONS[0])
+    assert len(held) == 1 and held[0].startswith(f"l{engine.layer}-")  # the coarse layer's encoding was dropped
+    assert "deepen" not in engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET,
+                                                           strategy_options=CANDIDATES)).timings_ms
 
 
 # --- the background thread's rules, on plain generators ----------------------------------------

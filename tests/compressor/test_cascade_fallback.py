@@ -1,0 +1,107 @@
+"""The cascade's fallback: when l_R attends to nothing strongly among the candidates (`deepen_below`), the
+whole context runs to l_R and the query is scored as the deepened form scores it. Checked against the
+statistic written out, the deepened form computed on its own, and the caller's encoding being used."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ilre.compressor.candidate_prefill import candidate_prefill
+from ilre.compressor.pipeline import select_context, select_query
+from ilre.compressor.prefill import PrefillConfig, encode_context, prefill_query
+from ilre.compressor.strategies import make_strategy
+from ilre.compressor.strategies.cascade import peak_strength, pick_candidates, recent_share
+from ilre.kernels.query_scores import query_key_scores
+from tests.tiny_models import N_LAYERS, random_ids
+
+from .test_cascade import CONFIGS, LENGTH, N_QUERY, cascade, model
+
+BUDGET, COARSE, FACTOR = 16, 2, 2.0
+
+
+def literal_peak(context: torch.Tensor, query: torch.Tensor, config: PrefillConfig) -> float:
+    """The statistic step by step: the coarse layer's A^C picks the candidates, they run to l_R, and the mean
+    of the five largest of l_R's A^C over the candidates outside the sink, summed in a Python loop."""
+    strategy = cascade(coarse_layer=COARSE, candidates=FACTOR)
+    with torch.inference_mode():
+        state = encode_context(model(), context, config, (COARSE,))
+        retrieval = prefill_query(model(), state, query)
+        coarse = query_key_scores(retrieval.queries[COARSE], retrieval.keys[COARSE])
+        count = strategy.candidate_count(BUDGET)
+        candidates = pick_candidates(coarse, count, config.sink, recent_share(count, config), strategy.allocator)
+        keys, queries = candidate_prefill(model(), context, candidates, query, config)
+        over = query_key_scores(queries, keys).tolist()
+    outside = sorted((v for c, v in zip(candidates.tolist(), over) if c >= config.sink), reverse=True)
+    total = 0.0
+    for value in outside[:5]:
+        total += value
+    return total / 5
+
+
+def kept(strategy, context, query, config) -> list[int]:
+    return select_context(model(), context, query, BUDGET, strategy, config).kept.tolist()
+
+
+def test_peak_strength_is_the_mean_of_the_five_largest():
+    assert peak_strength(torch.tensor([0.1, 0.9, 0.2, 0.8, 0.3, 0.7, 0.05])) == pytest.approx((0.9 + 0.8 + 0.7 + 0.3 + 0.2) / 5)
+    assert peak_strength(torch.tensor([0.4, 0.2])) == pytest.approx(0.3)  # fewer than five: all of them
+    assert peak_strength(torch.tensor([])) == 0.0
+
+
+@pytest.mark.parametrize("config", CONFIGS[:3])
+def test_the_fallback_is_taken_exactly_below_the_threshold(config):
+    context, query = random_ids(LENGTH, seed=21), random_ids(N_QUERY, seed=22)
+    peak = literal_peak(context, query, config)
+    assert 0.0 < peak < 1.0
+    candidates_only = kept(cascade(coarse_layer=COARSE, candidates=FACTOR), context, query, config)
+    deepened = kept(cascade(coarse_layer=COARSE, candidates=FACTOR).deepened(), context, query, config)
+    assert candidates_only != deepened  # the two paths choose differently here, so the test tells them apart
+    above = cascade(coarse_layer=COARSE, candidates=FACTOR, deepen_below=peak * 0.999)
+    below = cascade(coarse_layer=COARSE, candidates=FACTOR, deepen_below=min(1.0, peak * 1.001))
+    assert kept(above, context, query, config) == candidates_only
+    assert kept(below, context, query, config) == deepened
+    never = cascade(coarse_layer=COARSE, candidates=FACTOR, deepen_below=0.0)
+    assert kept(never, context, query, config) == candidates_only
+
+
+def test_the_fallback_equals_plain_ilre_at_l_r_with_the_coarse_layer_blended():
+    config = CONFIGS[1]
+    context, query = random_ids(LENGTH, seed=23), random_ids(N_QUERY, seed=24)
+    blended = make_strategy("ilre", {"max_kernels": [2, 4], "avg_kernels": [1, 3], "also_layers": [COARSE],
+                                     "also_weight": 0.5})
+    always = cascade(coarse_layer=COARSE, candidates=FACTOR, deepen_below=1.0)
+    assert kept(always, context, query, config) == kept(blended, context, query, config)
+
+
+def test_the_callers_encoding_is_read_once_and_only_on_the_fallback():
+    config = CONFIGS[0]
+    context, queries = random_ids(LENGTH, seed=25), [random_ids(N_QUERY, seed=s) for s in (26, 27)]
+    strategy = cascade(coarse_layer=COARSE, candidates=FACTOR, deepen_below=1.0)
+    deep = strategy.deepened()
+    calls = []
+
+    def deepened():
+        calls.append(1)
+        return encode_context(model(), context, config, deep.encoded_layers(N_LAYERS))
+
+    with torch.inference_mode():
+        state = encode_context(model(), context, config, strategy.encoded_layers(N_LAYERS))
+    for query in queries:
+        got = select_query(model(), state, query, BUDGET, strategy, context_ids=context, deepened=deepened)
+        assert got.kept.tolist() == kept(deep, context, query, config)
+    assert len(calls) == 2  # once per query that fell back
+    never = cascade(coarse_layer=COARSE, candidates=FACTOR, deepen_below=0.0)
+    select_query(model(), state, queries[0], BUDGET, never, context_ids=context, deepened=deepened)
+    assert len(calls) == 2
+
+
+@pytest.mark.parametrize("value", [-0.1, 1.5, "high", True, float("nan")])
+def test_a_bad_threshold_names_the_field(value):
+    with pytest.raises(ValueError, match=r"^deepen_below: "):
+        make_strategy("cascade", {"deepen_below": value})
+
+
+def test_the_profile_fills_the_threshold_only_when_the_request_leaves_it_unset():
+    assert cascade().with_defaults({"deepen_below": 0.6}) == cascade(deepen_below=0.6)
+    assert cascade(deepen_below=0.0).with_defaults({"deepen_below": 0.6}) == cascade(deepen_below=0.0)
