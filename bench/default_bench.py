@@ -10,8 +10,11 @@ report the median seconds and the median peak, with the peaks' range. RSS also c
 allocator keeps after a free, so one more run, profiled, gives what the request's tensors themselves
 peak at (the sum of live tensor bytes over time, torch's profiler): deterministic, and the number the
 memory target is judged on. Then the default alone from 8K
-to 1M tokens (one run each): is its time linear in the length (R^2 of a least-squares line)?
-Usage: bench/default_bench.py [--lengths 32768,131072] [--repeats 3] [--linear 8192,...,1048576] [--output results/bench/default.jsonl]
+to 1M tokens (one run each): is its time linear in the length (R^2 of a least-squares line)? And the
+default when its candidates miss (`deepen_below` 1: the whole context read to l_R after the candidate
+pass, as a query whose candidates l_R attends to weakly is answered), beside the default and l_R.
+Usage: bench/default_bench.py [--lengths 32768,131072] [--repeats 3] [--linear 8192,...,1048576] [--missed 32768]
+                              [--output results/bench/default.jsonl]
 """
 
 from __future__ import annotations
@@ -33,7 +36,7 @@ def _status_mib(field: str) -> float:
         return int(next(l for l in status if l.startswith(field + ":")).split()[1]) / 1024.0
 
 
-def measure(strategy: str, layer: str | None, length: int, repeats: int = 1) -> dict:
+def measure(strategy: str, layer: str | None, length: int, repeats: int = 1, deepen_below: float | None = None) -> dict:
     """The passkey haystack compressed `repeats` times after a warm-up, in this process: median seconds,
     median peak memory beyond the engine (and the peaks' range), needle kept in every run."""
     import statistics
@@ -48,7 +51,9 @@ def measure(strategy: str, layer: str | None, length: int, repeats: int = 1) -> 
     sample = make_passkey_sample(engine.tokenizer, length, 0.5, seed=7)
 
     def request(ids: list[int]) -> CompressRequest:
-        return CompressRequest(context_ids=ids, query_ids=sample.query_ids, budget=1024, strategy=strategy, layer=layer)
+        options = {} if deepen_below is None else {"deepen_below": deepen_below}
+        return CompressRequest(context_ids=ids, query_ids=sample.query_ids, budget=1024, strategy=strategy, layer=layer,
+                               strategy_options=options)
 
     engine.compress(request(sample.context_ids))  # loads the layers it runs; the allocator reaches its steady state
     seconds, peaks, kept_all, loaded = [], [], True, 0.0
@@ -68,7 +73,7 @@ def measure(strategy: str, layer: str | None, length: int, repeats: int = 1) -> 
             "tokens": length, "repeats": repeats, "seconds": round(median, 3), "tokens_per_s": round(length / median),
             "beyond_engine_mib": round(statistics.median(peaks), 1), "beyond_engine_range_mib": [round(min(peaks), 1), round(max(peaks), 1)],
             "tensor_peak_mib": None if tensors is None else round(tensors, 1), "engine_mib": round(loaded), "needle_kept": kept_all, "placement": engine.placement.describe(),
-            "threads": torch.get_num_threads()}
+            "threads": torch.get_num_threads(), "missed": deepen_below == 1.0}
 
 
 def tensor_peak_mib(run: Callable[[], object]) -> float:
@@ -86,8 +91,9 @@ def tensor_peak_mib(run: Callable[[], object]) -> float:
     return peak / 2 ** 20
 
 
-def child(strategy: str, layer: str | None, length: int, repeats: int = 1) -> dict:
-    cmd = [sys.executable, __file__, "--child", f"{strategy}:{layer or ''}:{length}:{repeats}"]
+def child(strategy: str, layer: str | None, length: int, repeats: int = 1, deepen_below: float | None = None) -> dict:
+    spec = f"{strategy}:{layer or ''}:{length}:{repeats}:{'' if deepen_below is None else deepen_below}"
+    cmd = [sys.executable, __file__, "--child", spec]
     out = subprocess.run(cmd, capture_output=True, text=True)
     if out.returncode != 0:
         return {"strategy": strategy, "layer": layer, "tokens": length, "error": out.stderr.strip().splitlines()[-1:]}
@@ -120,7 +126,7 @@ def _memory(row: dict) -> float:
     return row["tensor_peak_mib"] if row.get("tensor_peak_mib") is not None else row["beyond_engine_mib"]
 
 
-def report(rows: list[dict], linear: list[dict]) -> list[str]:
+def report(rows: list[dict], linear: list[dict], missed: list[dict] = ()) -> list[str]:
     ok = [r for r in rows if "error" not in r]
     lines = [f"budget 1024, S=4 W=512 chunk=1024, {ok[0]['placement'] if ok else '?'}, {ok[0]['threads'] if ok else '?'} threads; "
              "Shakespeare with a passkey at 50% depth; RSS = peak RSS beyond the loaded engine, "
@@ -155,6 +161,12 @@ def report(rows: list[dict], linear: list[dict]) -> list[str]:
         lines.append("default alone: " + ", ".join(f"{r['tokens']} {r['seconds']:.1f} s ({'kept' if r['needle_kept'] else 'lost'})"
                                                    for r in done)
                      + f"; seconds linear in length: R^2 = {r2:.5f} (target >= 0.99: {'met' if r2 >= 0.99 else 'NOT met'})")
+    for r in (r for r in missed if "error" not in r):
+        n = r["tokens"]
+        against = [f"{r['seconds'] / d[n]['seconds']:.2f}x {what}" for d, what in ((default, "the default"),
+                   (base, "plain ILRe at layer 8"), (deep, "plain ILRe at l_R")) if n in d]
+        lines.append(f"{n} tokens, the default when its candidates miss (the whole context then read to l_R): "
+                     f"{r['seconds']:.1f} s, " + ", ".join(against))
     return lines
 
 
@@ -163,12 +175,13 @@ def main() -> None:
     parser.add_argument("--lengths", default="32768,131072")
     parser.add_argument("--repeats", type=int, default=3, help="measured runs per comparison row (median reported)")
     parser.add_argument("--linear", default="8192,32768,131072,524288,1048576", help="lengths of the default alone ('' = none)")
+    parser.add_argument("--missed", default="32768", help="lengths of the default with its fallback taken ('' = none)")
     parser.add_argument("--output", default="results/bench/default.jsonl")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child:
-        strategy, layer, length, repeats = args.child.split(":")
-        print(json.dumps(measure(strategy, layer or None, int(length), int(repeats))))
+        strategy, layer, length, repeats, deepen = args.child.split(":")
+        print(json.dumps(measure(strategy, layer or None, int(length), int(repeats), float(deepen) if deepen else None)))
         return
     rows, linear = [], []
     for length in [int(x) for x in args.lengths.split(",") if x]:
@@ -179,10 +192,11 @@ def main() -> None:
     for length in [int(x) for x in args.linear.split(",") if x]:
         linear.append(measured.get(length) or child("cascade", None, length))
         print(f"  measured the default at {length} tokens", file=sys.stderr, flush=True)
+    missed = [child("cascade", None, int(length), 1, deepen_below=1.0) for length in args.missed.split(",") if length]
     output = Path(args.output)
     output.parent.mkdir(parents=True, exist_ok=True)
-    output.write_text("".join(json.dumps(r) + "\n" for r in rows + [r for r in linear if r not in rows]))
-    print("\n".join(report(rows, linear)))
+    output.write_text("".join(json.dumps(r) + "\n" for r in rows + [r for r in linear if r not in rows] + missed))
+    print("\n".join(report(rows, linear, missed)))
 
 
 if __name__ == "__main__":

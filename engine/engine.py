@@ -239,17 +239,18 @@ class Engine:
         self.deepening.close()
 
     def answer(self, job: Prepared) -> list[Selection]:
-        """The Selection stage: one selection per query, all against one encoded context from the document cache. A document
-        encoded to full depth (in the background, or by an earlier query whose candidates missed) is served
-        by the strategy's deepened form; with deepening on, a document that was not is offered for it once
-        its queries are answered."""
-        deep = job.strategy.deepened()
+        """The Selection stage: one selection per query, all against one encoded context from the document cache. With
+        deepening on, a document encoded to full depth (in the background, or by an earlier query whose
+        candidates missed) is served by the strategy's deepened form, and one that was not is offered for
+        it once its queries are answered. With it off, every query runs the strategy itself (a cascade's
+        fallback then reads the full-depth encoding an earlier query left)."""
+        deep = job.strategy.deepened() if self.deepening.enabled else None
         if deep is not None:
             held = self.documents.held_state(job.slot, self._state_key(job, deep), self._restore(job))
             if held is not None:
                 return self._select_queries(job, deep, lambda: held)
         selections = self._select_queries(job, job.strategy, self._encoded(job))
-        if deep is not None and self.deepening.enabled and not self.documents.holds(job.slot, self._state_key(job, deep)):
+        if deep is not None and not self.documents.holds(job.slot, self._state_key(job, deep)):
             self._offer(job, deep)
         return selections
 
@@ -266,13 +267,15 @@ class Engine:
 
     def _deepened(self, job: Prepared, strategy: Strategy) -> tuple[Callable[[], ContextState] | None, list[float]]:
         """For a strategy that may fall back to its deepened form (the cascade, when its candidates miss):
-        that form's encoding, from the document cache or encoded now and kept there in place of the
-        strategy's own (the work a background deepening would do later), and a list that gets the
-        milliseconds it took once it is asked for."""
+        that form's encoding, from the document cache or encoded now and kept there, in place of the
+        strategy's own when deepening is on (the document's later queries then read it; with deepening off
+        they run the strategy, which needs its own encoding too), and a list that gets the milliseconds it
+        took once it is asked for."""
         deep, spent = strategy.deepened(), []
         if deep is None:
             return None, spent
-        slot, key, first = job.slot, self._state_key(job, deep), self._state_key(job, strategy)
+        slot, key = job.slot, self._state_key(job, deep)
+        first = self._state_key(job, strategy) if self.deepening.enabled else None
 
         def state() -> ContextState:
             clock = time.perf_counter()

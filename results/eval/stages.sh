@@ -98,3 +98,10 @@ $ILRE --tasks records_csv,markdown_table --lengths 4K,16K,32K --samples 10 --str
 $ILRE --tasks records_csv,markdown_table --lengths 64K,128K --samples 5 --strategies cascade,cascade_units --no-e2e
 #     and at half the budget (512), where a row's header is less often kept by the token selection alone
 $ILRE --tasks records_csv,markdown_table --lengths 16K,32K --samples 10 --strategies cascade,cascade_units --no-e2e --budget 512
+# 22. the cascade's fallback (`deepen_below`, the profile's 0.6): when l_R's peak strength over the candidates
+#     is below it, the whole context runs to l_R. Where it is not taken nothing changes; 4K contexts are ILRe at
+#     l_R already. So the default's records were removed and measured again where a sample of three per cell
+#     (16K and 32K) saw it taken: the paraphrased needles, and the tasks below.
+$ILRE --tasks niah_paraphrase --lengths 16K,32K --samples 10 --strategies cascade,cascade_units --no-e2e
+$ILRE --tasks fwe,niah_multivalue,cwe,niah_multikey_2,logs,code_python,records_jsonl,records_json,records_csv --lengths 16K --samples 10 --strategies cascade,cascade_units --no-e2e
+$ILRE --tasks fwe,niah_multivalue,cwe,niah_multikey_2,logs,code_python,records_jsonl,records_json,records_csv --lengths 32K --samples 10 --strategies cascade,cascade_units --no-e2e

@@ -171,6 +171,28 @@ def test_a_query_the_candidates_miss_deepens_the_document_at_once(engine):
                                                            strategy_options=CANDIDATES)).timings_ms
 
 
+def test_with_deepening_off_a_fallen_back_document_keeps_both_encodings(engine):
+    """Deepening off (the library's and the CLI's default): every query runs the cascade, so the document
+    keeps layer 8's encoding beside the full-depth one its first fallback left, and neither is encoded twice."""
+    always = {"deepen_below": 1.0}
+    kept = engine.documents
+    engine.documents = DocumentCache(1 << 30)
+    try:
+        first = engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET,
+                                                strategy_options=always))
+        again = engine.compress(CompressRequest(document_id=first.document_id, query=QUESTIONS[0], budget=BUDGET,
+                                                strategy_options=always))
+        (entry,) = engine.documents._docs.values()
+        held, stats = sorted(entry.states), engine.documents.stats
+    finally:
+        engine.documents = kept
+    assert without_strategy(first) == full_depth_reference(engine, QUESTIONS[1])
+    assert without_strategy(again) == full_depth_reference(engine, QUESTIONS[0])
+    assert len(held) == 2  # layer 8's encoding and the full-depth one, each encoded once:
+    assert stats.misses["state", "local"] == 2 and stats.hits["state", "local"] == 2  # looked up by both queries
+    assert first.timings_ms["deepen"] > 100 * again.timings_ms["deepen"]
+
+
 # --- the background thread's rules, on plain generators ----------------------------------------
 
 def counting(log: list, name: str, steps: int):
