@@ -84,6 +84,8 @@ def test_a_retrieve_once_the_tool_result_is_deepened_ranks_every_token(http, eng
         body = http.post("/v1/compress", json={"messages": chat, "budget": 600}).json()
         assert engine.deepening.wait_idle(120)
         found = http.get(f"/v1/retrieve/{body['ccr_hashes'][0]}", params={"query": QUESTION, "budget": "300"}).json()
-        metrics = http.get("/metrics").text
+        finished = engine.deepening.stats.finished
+        states = [list(entry.states) for entry in engine.documents._docs.values() if entry.states]
     assert found["original_content"] == reference["compressed_context"] and answer in found["original_content"]
-    assert 'ilre_deepened_documents_total{outcome="finished"} 1.0' in metrics
+    # deepened once: in the background, or at once by the first request if its candidates missed
+    assert finished <= 1 and len(states) == 1 and len(states[0]) == 1 and states[0][0].startswith(f"l{engine.layer}-")
