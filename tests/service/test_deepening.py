@@ -19,10 +19,9 @@ from ilre.service.documents.redis_tier import RedisDocuments
 from tests.tiny_models import N_LAYERS, random_ids, tiny_checkpoint
 
 from .conftest import comparable
-from .test_documents import QUESTIONS, long_text
+from .test_documents import CANDIDATES, QUESTIONS, long_text
 
 BUDGET = 200  # 800 candidates: well inside the ~3.5K-token document, so the first query runs the candidate pass
-CANDIDATES = {"deepen_below": 0.0}  # and its answer comes from the candidates, however weakly l_R attends to them
 
 
 @contextlib.contextmanager

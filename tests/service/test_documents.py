@@ -23,6 +23,7 @@ from tests.tiny_models import N_LAYERS, random_ids, tiny_checkpoint
 from .conftest import comparable
 
 CONFIG = PrefillConfig(sink=2, window=5, chunk=7)
+CANDIDATES = {"deepen_below": 0.0}  # the cascade on its candidates alone: these tests are about the cache
 QUESTIONS = [" Question: who holds the key to the vault? Answer:", " Question: what is the vault code? Answer:",
              " Question: when does the ship leave? Answer:"]
 
@@ -175,7 +176,9 @@ def fresh(engine) -> DocumentCache:
 
 @pytest.mark.parametrize("strategy", ["cascade", "ilre", "snapkv", "streaming_llm"])
 def test_cached_results_equal_uncached(engine, strategy):
-    request = CompressRequest(context=long_text(), query=QUESTIONS[1], budget=200, strategy=strategy, dca="on")
+    options = CANDIDATES if strategy == "cascade" else {}
+    request = CompressRequest(context=long_text(), query=QUESTIONS[1], budget=200, strategy=strategy, dca="on",
+                              strategy_options=options)
     kept = engine.documents
     try:
         engine.documents = DocumentCache(0)
@@ -184,7 +187,8 @@ def test_cached_results_equal_uncached(engine, strategy):
         stored = engine.compress(request)
         first, second = comparable(stored), comparable(engine.compress(request))
         by_id = comparable(engine.compress(CompressRequest(document_id=stored.document_id, query=QUESTIONS[1],
-                                                           budget=200, strategy=strategy, dca="on")))
+                                                           budget=200, strategy=strategy, dca="on",
+                                                           strategy_options=options)))
     finally:
         engine.documents = kept
     assert first == second == by_id == baseline
@@ -246,9 +250,11 @@ def test_state_restored_from_the_shared_tier_gives_the_same_result(engine, redis
     kept = engine.documents
     try:
         engine.documents = DocumentCache(1 << 30, store)
-        first = engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], budget=200))
+        first = engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], budget=200,
+                                                strategy_options=CANDIDATES))
         engine.documents = DocumentCache(1 << 30, store)  # another process: nothing local
-        again = engine.compress(CompressRequest(document_id=first.document_id, query=QUESTIONS[1], budget=200))
+        again = engine.compress(CompressRequest(document_id=first.document_id, query=QUESTIONS[1], budget=200,
+                                                strategy_options=CANDIDATES))
         stats = engine.documents.stats
     finally:
         engine.documents = kept
@@ -264,7 +270,8 @@ def test_batch_lines_repeating_a_context_reuse_its_prefill(engine, tmp_path):
 
     from ilre.cli.batch import run_batch_file
 
-    lines = [{"id": i, "context": long_text(), "query": q, "budget": 150} for i, q in enumerate(QUESTIONS)]
+    lines = [{"id": i, "context": long_text(), "query": q, "budget": 150, "strategy_options": CANDIDATES}
+             for i, q in enumerate(QUESTIONS)]
     lines.append({"id": "again", "document_id": "0" * 32, "query": QUESTIONS[0]})
     source, target = tmp_path / "in.jsonl", tmp_path / "out.jsonl"
     source.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
@@ -307,7 +314,8 @@ def test_a_cached_document_costs_what_a_later_query_reads(engine, redis_server, 
     try:
         cache = engine.documents = DocumentCache(1 << 30, store)
         result = engine.compress(CompressRequest(context=shakespeare_text()[:chars], query=QUESTIONS[0], budget=64,
-                                                 granularity="token"))  # no unit bounds beside the state
+                                                 granularity="token",  # no unit bounds beside the state
+                                                 strategy_options=CANDIDATES))
         entry = cache._docs[engine.names.slot('', result.document_id)]
         (key, state), = entry.states.items()
         stored = {(n if isinstance(n, str) else n.decode()): int(size)
@@ -328,21 +336,24 @@ def test_a_burst_of_one_off_documents_keeps_a_document_asked_again(engine):
     documents seen once; the cache holds about two and a half of those. An LRU would evict the small one; here
     it is encoded once and never unknown."""
     text = shakespeare_text()
-    hot = engine.compress(CompressRequest(context=text[:1_300], query=QUESTIONS[0], budget=64))
+    hot = engine.compress(CompressRequest(context=text[:1_300], query=QUESTIONS[0], budget=64,
+                                          strategy_options=CANDIDATES))
     kept = engine.documents
     try:
         cache = engine.documents = DocumentCache(1 << 30)
-        engine.compress(CompressRequest(context=text[:1_300], query=QUESTIONS[0], budget=64))
-        engine.compress(CompressRequest(document_id=hot.document_id, query=QUESTIONS[0], budget=64))  # asked again
+        engine.compress(CompressRequest(context=text[:1_300], query=QUESTIONS[0], budget=64, strategy_options=CANDIDATES))
+        engine.compress(CompressRequest(document_id=hot.document_id, query=QUESTIONS[0], budget=64,
+                                        strategy_options=CANDIDATES))  # asked again
         sizes = []
         for i in range(10):
             burst = engine.compress(CompressRequest(context=text[20_000 * (i + 1):20_000 * (i + 1) + 13_000],
-                                                    query=QUESTIONS[1], budget=64))
+                                                    query=QUESTIONS[1], budget=64, strategy_options=CANDIDATES))
             sizes.append(cache._docs[engine.names.slot('', burst.document_id)].nbytes)
             if i == 0:
                 cache.max_bytes = int(2.5 * sizes[0]) + cache._docs[engine.names.slot('', hot.document_id)].nbytes
             if i % 3 == 2:
-                again = engine.compress(CompressRequest(document_id=hot.document_id, query=QUESTIONS[0], budget=64))
+                again = engine.compress(CompressRequest(document_id=hot.document_id, query=QUESTIONS[0], budget=64,
+                                                        strategy_options=CANDIDATES))
                 assert again.kept_indices == hot.kept_indices
     finally:
         engine.documents = kept

@@ -12,6 +12,7 @@ from ilre.service.client import ClientError
 from ilre.service.server import ServiceThread
 
 from .conftest import QUERY, WorkerProcess, comparable, context, free_port, grpc_client, http_client, service_config, wait_for
+from .test_documents import CANDIDATES
 
 QUESTIONS = [QUERY, " Who counts the sacks of flour? The one who counts them is"]
 
@@ -88,19 +89,20 @@ def test_a_second_worker_process_serves_a_document_the_first_encoded(redis_serve
     with ServiceThread(config) as front, grpc_client(front) as grpc_api:
         first = WorkerProcess(redis_server.url, "shared-docs", "w-a", "--metrics-port", str(ports[0]))
         first.wait_registered(client)
-        result = grpc_api.compress(context(5, repeats=30), QUERY, budget=64)
+        result = grpc_api.compress(context(5, repeats=30), QUERY, budget=64, strategy_options=CANDIDATES)
         assert result.original_tokens > 2048 and result.timings_ms["prefill"] > 0
         first.stop()
         second = WorkerProcess(redis_server.url, "shared-docs", "w-b", "--metrics-port", str(ports[1]))
         try:
             second.wait_registered(client)
             wait_for(lambda: not client.exists("shared-docs:worker:w-a"), 30, "w-a to deregister")
-            again = grpc_api.compress(document_id=result.document_id, query=QUERY, budget=64)
+            again = grpc_api.compress(document_id=result.document_id, query=QUERY, budget=64, strategy_options=CANDIDATES)
             assert comparable(again) == comparable(result)
             assert _metric(ports[1], 'ilre_doc_cache_hits_total{kind="ids",tier="shared"}') == 1
             assert _metric(ports[1], 'ilre_doc_cache_hits_total{kind="state",tier="shared"}') == 1
             assert _metric(ports[1], 'ilre_doc_cache_misses_total{kind="state",tier="shared"}') == 0
-            many = grpc_api.compress_queries(document_id=result.document_id, queries=QUESTIONS, budget=64)
+            many = grpc_api.compress_queries(document_id=result.document_id, queries=QUESTIONS, budget=64,
+                                             strategy_options=CANDIDATES)
             assert many.document_id == result.document_id and comparable(many.results[0]) == comparable(result)
         finally:
             second.stop()

@@ -14,6 +14,8 @@ from ilre.compressor.units import document_units
 from ilre.engine.messages import CompressRequest, InputError
 from ilre.models.token_bytes import context_bytes, token_bytes
 
+from .test_documents import CANDIDATES
+
 RECORDS = [{"id": f"{a}-{b}", "status": s, "latency_ms": 1000 + 37 * k}
            for k, (a, b, s) in enumerate(zip(["amber", "birch", "cedar", "delta", "ember"] * 40,
                                              ["fox", "gull", "heron", "ibis", "jay", "kite", "lark", "moth"] * 25,
@@ -65,12 +67,14 @@ def test_a_kept_row_brings_its_table_header(engine):
     header = next(line for line in lines if line.startswith("project,"))
     row = next(line for line in lines if sample.answers[0] in line)
     assert sample.context.index(row) - sample.context.index(header) > 5000  # over 2K tokens apart
-    units = engine.compress(CompressRequest(context=sample.context, query=sample.query, budget=512, granularity="unit"))
+    units = engine.compress(CompressRequest(context=sample.context, query=sample.query, budget=512, granularity="unit",
+                                            strategy_options=CANDIDATES))
     spans = [sample.context[a:b] for a, b in units.kept_spans]
     assert units.compressed_tokens == 512 and header in spans and row in spans
     rows = [s for s in spans if s.count(",") == header.count(",") and s != header]
     assert len([s for s in rows if s.endswith("\n")]) >= len(rows) - 1  # rows whole but the trimmed one
-    tokens = engine.compress(CompressRequest(context=sample.context, query=sample.query, budget=512, granularity="token"))
+    tokens = engine.compress(CompressRequest(context=sample.context, query=sample.query, budget=512, granularity="token",
+                                             strategy_options=CANDIDATES))  # the candidates alone miss the header
     assert row in tokens.compressed_context and header not in tokens.compressed_context
 
 
