@@ -29,13 +29,15 @@ class Selection:
     """kept: (B,) int64 ascending indices into the context, on the CPU; timings_ms: per stage;
     passthrough: True when the context already fit the budget and nothing ran; scores: the
     strategy's (L,) scores, left where they were computed (the explanation view reads them);
-    prefill_shared: how many requests one batched prefill served with this one (1: its own)."""
+    prefill_shared: how many requests one batched prefill served with this one (1: its own);
+    measured: what the strategy measured on the way (QueryPass.measured, e.g. the cascade's `peak`)."""
 
     kept: torch.Tensor
     timings_ms: dict[str, float] = field(default_factory=dict)
     passthrough: bool = False
     scores: torch.Tensor | None = None
     prefill_shared: int = 1
+    measured: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -114,11 +116,13 @@ def select_query(model: TruncatedLM, state: ContextState, query_ids: torch.Tenso
     clock = time.perf_counter()
     with torch.inference_mode():
         retrieval = prefill_query(model, state, query_ids, strategy.query_parts)
-        attention, coarse = strategy.query_attention(QueryPass(model, retrieval, context_ids, query_ids, budget,
-                                                               state.config, deepened))
+        query = QueryPass(model, retrieval, context_ids, query_ids, budget, state.config, deepened)
+        attention, coarse = strategy.query_attention(query)
     timings["prefill"] = round(timings.get("prefill", 0.0) + _lap(clock), 3)
-    return _score_and_allocate(model, retrieval, state.length, budget, strategy, state.config.sink, timings,
-                   attention=attention, coarse=coarse, units=units)
+    selection = _score_and_allocate(model, retrieval, state.length, budget, strategy, state.config.sink, timings,
+                                    attention=attention, coarse=coarse, units=units)
+    selection.measured = query.measured
+    return selection
 
 
 def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config: PrefillConfig,

@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from statistics import mean
 
+from .fallback_report import fallback_section
 from .headline import DEFAULT, best_ours, comparison, gap, headline, retention_by_sample, variant_section, why
 from .intervals import wilson
 from .other_corpus import section as other_corpus_section
@@ -22,6 +23,7 @@ from .ruler import TASKS, length_label
 from .run_eval import ATTENTION, STRATEGIES, TARGET_TASKS, load_records, run_timing
 
 LABELS = {"full": "full context", "cascade": "ILRe cascade", "cascade_units": "ILRe cascade, whole units",
+          "cascade_candidates": "ILRe cascade without its fallback",
           "cascade_units_nl": "ILRe cascade, whole units, line breaks between them",
           "ilre": "ILRe (DCA auto)", "ilre_units": "ILRe (DCA auto), whole units", "ilre_nodca": "ILRe (no DCA)",
           "ilre_fast_too": "ILRe + layer 8", "ilre_fast_half": "ILRe + layer 8 at half weight",
@@ -258,6 +260,7 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
     lines += headline(records, LABELS, STRATEGIES)
     lines += variant_section(records, LABELS, {"no shared words": NO_SHARED_WORDS})
     lines += units_section(records, LABELS)
+    lines += fallback_section(records)
     lines += headers_section(every_budget, LABELS)
     lines += real_files_section(results_dir / "real_files.jsonl")
     lines += other_corpus_section(results_dir / "other_corpus.jsonl")

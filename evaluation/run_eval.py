@@ -6,6 +6,8 @@ context, query and budget:
   full            no compression: the whole prompt goes to the model (retention 100% by construction)
   cascade         the default: ILRe at l_R over candidates the profile's coarse layer picks
   cascade_units   the default keeping whole units (sentences, lines, records: `granularity` "unit")
+  cascade_candidates  the default without its fallback (`deepen_below` 0: l_R ranks the candidates however
+                  weakly it attends to them; evaluation/fallback_report.py replays the threshold with it)
   ilre            ILRe as the engine runs it (`--dca auto`: DCA on beyond the native window)
   ilre_units      ILRe keeping whole units
   cascade_units_nl  cascade_units with a line break between kept units that are not adjacent (in the reader's
@@ -62,11 +64,12 @@ from .structured import BUILDERS as STRUCTURED
 
 log = logging.getLogger(__name__)
 
-STRATEGIES = ("full", "cascade", "cascade_units", "cascade_units_nl", "ilre", "ilre_units", "ilre_nodca", "ilre_fast_too", "ilre_fast_half", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto",
+STRATEGIES = ("full", "cascade", "cascade_units", "cascade_candidates", "cascade_units_nl", "ilre", "ilre_units", "ilre_nodca", "ilre_fast_too", "ilre_fast_half", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto",
               "streaming_llm", "rag", "llmlingua", "longllmlingua")
 # strategies sharing the encoded context (their records depend on l_R and the dtype): name -> (strategy, options)
 # ilre_fast_too / ilre_fast_half: ILRe scoring with layer 8 (the embedded model's `fast` l_R) beside l_R at weight 1 / 0.5
-ATTENTION = {"cascade": ("cascade", {}), "cascade_units": ("cascade", {}), "cascade_units_nl": ("cascade", {}), "ilre": ("ilre", {}), "ilre_units": ("ilre", {}), "ilre_nodca": ("ilre", {}), "ilre_fast_too": ("ilre", {"also_layers": (8,), "also_weight": 1.0}),
+ATTENTION = {"cascade": ("cascade", {}), "cascade_units": ("cascade", {}), "cascade_candidates": ("cascade", {"deepen_below": 0.0}),
+             "cascade_units_nl": ("cascade", {}), "ilre": ("ilre", {}), "ilre_units": ("ilre", {}), "ilre_nodca": ("ilre", {}), "ilre_fast_too": ("ilre", {"also_layers": (8,), "also_weight": 1.0}),
              "ilre_fast_half": ("ilre", {"also_layers": (8,), "also_weight": 0.5}),
              "snapkv": ("snapkv", {}), "lagkv": ("lagkv", {}),
              "reattention": ("reattention", {}), "locret": ("locret", {}), "actqkv": ("actqkv", {}),
@@ -174,6 +177,8 @@ class Record:
     headed_rows: float | None = None  # of the table rows kept whole, the share kept with their header
     new_tokens: int | None = None  # the generation budget used
     dtype: str | None = None  # the compressor's dtype (None: float32, records from before dtypes)
+    peak: float | None = None  # the cascade's peak strength over its candidates (compressor/strategies/cascade.py)
+    fell_back: bool | None = None  # whether the cascade read the whole context instead (None: not a cascade row)
 
     def key(self) -> tuple:
         return (self.task, self.length, self.index, self.seed, self.strategy, self.budget)
@@ -243,7 +248,7 @@ class Evaluator:
         records = []
         for name in strategies:
             start = time.perf_counter()
-            dca = layer = None
+            dca = layer = peak = fell_back = None
             kept_ids: list[int] | None = None
             text: str
             if name == "full":
@@ -260,7 +265,10 @@ class Evaluator:
                         passes[key] = time.perf_counter() - tick
                     pass_s = passes[key]
                 tick = time.perf_counter()
-                kept = engine.answer(job)[0].kept.tolist()
+                selection = engine.answer(job)[0]
+                kept = selection.kept.tolist()
+                peak = selection.measured.get("peak")
+                fell_back = None if peak is None else "deepen" in selection.timings_ms
                 seconds = pass_s + time.perf_counter() - tick
                 dca, layer = (job.dca, job.layer) if name in ATTENTION else (None, None)
             elif name == "rag":
@@ -290,7 +298,7 @@ class Evaluator:
                             round(seconds, 4), answers=sample.answers, layer=layer if layer is not None else engine.layer, dca=dca,
                             dtype=self.dtype if name in ATTENTION or name in LINGUA_METHODS else None,
                             whole_units=whole_share(units.bounds, kept, sink) if kept else None,
-                            headed_rows=headed_share(units.heads, units.bounds, kept, sink))
+                            headed_rows=headed_share(units.heads, units.bounds, kept, sink), peak=peak, fell_back=fell_back)
             if self.generates(name, sample.task, sample.length) and record.retention == 0.0 and TASKS[sample.task].kind in GUESSLESS:
                 # no gold text survived: a random 7-digit number, UUID or 5-letter name cannot be
                 # produced from the prompt, so the RULER score is 0 without spending a generation

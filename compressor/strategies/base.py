@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from abc import ABC, abstractmethod
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, ClassVar
 
 import torch
@@ -45,7 +45,8 @@ class QueryPass:
     retrieval: the context keys (kv_heads, L, d) and query states (heads, Lq, d) at the encoded layers;
     context_ids (L,) and query_ids (Lq,) int64 (None: not at hand); the budget; the prefill settings;
     deepened: the whole context encoded as the strategy's `deepened()` form reads it, for a strategy that
-    falls back to that form (the document cache's; None: the strategy encodes it itself)."""
+    falls back to that form (the document cache's; None: the strategy encodes it itself); measured: what
+    the strategy measured on the way, for the caller to read (the cascade: `peak`, its peak strength)."""
 
     model: TruncatedLM
     retrieval: RetrievalState
@@ -54,6 +55,7 @@ class QueryPass:
     budget: int
     config: PrefillConfig
     deepened: Callable[[], ContextState] | None = None
+    measured: dict[str, float] = field(default_factory=dict)
 
 
 class Strategy(ABC):

@@ -124,7 +124,8 @@ class Cascade(Strategy):
         candidates = pick_candidates(scores, count, config.sink, recent_share(count, config), self.allocator)
         keys, queries = candidate_prefill(query.model, query.context_ids, candidates, query.query_ids, config)
         over = query_key_scores(queries, keys)  # (C,)
-        if self.deepen_below and peak_strength(over[candidates >= config.sink]) < self.deepen_below:
+        query.measured["peak"] = peak = peak_strength(over[candidates >= config.sink])
+        if self.deepen_below and peak < self.deepen_below:
             return self._whole_context(query, coarse)
         attention = torch.zeros(scores.numel(), device=scores.device)
         attention[candidates] = over

@@ -105,3 +105,11 @@ $ILRE --tasks records_csv,markdown_table --lengths 16K,32K --samples 10 --strate
 $ILRE --tasks niah_paraphrase --lengths 16K,32K --samples 10 --strategies cascade,cascade_units --no-e2e
 $ILRE --tasks fwe,niah_multivalue,cwe,niah_multikey_2,logs,code_python,records_jsonl,records_json,records_csv --lengths 16K --samples 10 --strategies cascade,cascade_units --no-e2e
 $ILRE --tasks fwe,niah_multivalue,cwe,niah_multikey_2,logs,code_python,records_jsonl,records_json,records_csv --lengths 32K --samples 10 --strategies cascade,cascade_units --no-e2e
+# 23. where the default falls back: every cascade record now carries the peak strength it measured and whether
+#     it fell back, and `cascade_candidates` (the default with `deepen_below` 0) the candidates alone; the
+#     page's fallback section replays the threshold with it (evaluation/fallback_report.py). The default's
+#     records at 64K and 128K (made before stage 22) were removed and measured again.
+$ILRE --tasks $T4,$NEW --lengths 64K --samples 5 --strategies cascade,cascade_units,cascade_candidates --no-e2e
+$ILRE --tasks $T4,$NEW --lengths 128K --samples 5 --strategies cascade,cascade_units,cascade_candidates --no-e2e
+$ILRE --tasks $ALL --lengths 16K,32K --samples 10 --strategies cascade_candidates --no-e2e
+$ILRE --tasks $NEW --lengths 16K,32K --samples 10 --strategies cascade_candidates --no-e2e

@@ -65,6 +65,18 @@ def test_the_fallback_is_taken_exactly_below_the_threshold(config):
     assert kept(never, context, query, config) == candidates_only
 
 
+def test_the_selection_reports_the_peak_it_measured_whether_or_not_it_fell_back():
+    config = CONFIGS[0]
+    context, query = random_ids(LENGTH, seed=21), random_ids(N_QUERY, seed=22)
+    peak = literal_peak(context, query, config)
+    for deepen_below in (0.0, 1.0):
+        strategy = cascade(coarse_layer=COARSE, candidates=FACTOR, deepen_below=deepen_below)
+        selection = select_context(model(), context, query, BUDGET, strategy, config)
+        assert selection.measured == {"peak": pytest.approx(peak, rel=1e-5)}
+    whole = select_context(model(), context, query, BUDGET, cascade(coarse_layer=COARSE, candidates=FACTOR).deepened(), config)
+    assert whole.measured == {}  # no candidates, so nothing to measure
+
+
 def test_the_fallback_equals_plain_ilre_at_l_r_with_the_coarse_layer_blended():
     config = CONFIGS[1]
     context, query = random_ids(LENGTH, seed=23), random_ids(N_QUERY, seed=24)
