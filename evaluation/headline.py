@@ -19,8 +19,9 @@ OURS = ("cascade", "cascade_units", "ilre", "ilre_units", "ilre_fast_too", "ilre
 BASELINES = ("rag", "longllmlingua", "llmlingua", "streaming_llm")
 DEFAULT = "cascade"  # the strategy a request gets when it names none
 # (an option of a strategy, the strategy without it); ILRe + layer 8 at half weight is also what the default
-# becomes on a deepened document (engine/deepening.py), so it is set against the cascade too
-VARIANTS = (("cascade", "ilre"), ("cascade_units", "cascade"), ("ilre_units", "ilre"), ("ilre_fast_too", "ilre"),
+# becomes on a deepened document (engine/deepening.py), so it is set against the cascade too; the default
+# against itself without its fallback (`deepen_below` 0) says what the fallback keeps
+VARIANTS = (("cascade", "ilre"), ("cascade", "cascade_candidates"), ("cascade_units", "cascade"), ("ilre_units", "ilre"), ("ilre_fast_too", "ilre"),
             ("ilre_fast_half", "ilre"), ("ilre_fast_half", "cascade"), ("ilre_nodca", "ilre"))
 
 

@@ -30,7 +30,8 @@ Every row that runs in the engine (the attention rows and streaming_llm) goes th
 stages, exactly as a request does: `Engine.prepare` (layer, profile options, DCA `auto`, units),
 `Engine.encode` (the document cache: rows reading the same encoding share one pass, e.g. the three
 cascade rows, or ilre and snapkv) and `Engine.answer`. A row's compress_s is its encoding's pass (the
-first row that ran it timed it) plus its own selection.
+first row that ran it timed it) plus its own selection; a cascade row that fell back is also charged the
+whole context's pass to l_R, which the first row that fell back timed (the others read what it left).
 
 Metrics: retention = share of gold answers whose text is in the detokenized kept context;
 end to end = the whole embedded model (all layers) generates greedily from
@@ -270,6 +271,9 @@ class Evaluator:
                 peak = selection.measured.get("peak")
                 fell_back = None if peak is None else "deepen" in selection.timings_ms
                 seconds = pass_s + time.perf_counter() - tick
+                if fell_back:  # the whole-context pass, like the encoding's, is charged to every row that reads it
+                    read = selection.timings_ms["deepen"] / 1000.0
+                    seconds += passes.setdefault(f"{key} deepened", read) - read
                 dca, layer = (job.dca, job.layer) if name in ATTENTION else (None, None)
             elif name == "rag":
                 kept = rag_select(tok, sample.context_ids, sample.query, budget, RAG_CHUNK)

@@ -188,3 +188,29 @@ def test_a_results_dir_of_its_own_gets_its_page_beside_it(tmp_path):
     assert json.loads(done.stdout)["report"] == str(results / "results.md")
     assert "## Headline" in (results / "results.md").read_text()
     assert not (tmp_path / "docs").exists()
+
+
+def test_every_row_that_falls_back_is_charged_the_whole_contexts_pass(engine, monkeypatch):
+    """The first cascade row that falls back encodes the whole context to l_R; the next reads what it left, and
+    is charged that pass too, as rows sharing the coarse layer's encoding each are."""
+    from ilre.evaluation.ruler import generate_sample
+
+    for name in ("cascade", "cascade_units"):
+        monkeypatch.setitem(ATTENTION, name, ("cascade", {"deepen_below": 1.0}))  # always fall back
+    sample = generate_sample(engine.tokenizer, "niah_single_2", 4096, seed=1)
+    evaluator = Evaluator.__new__(Evaluator)
+    evaluator.plan, evaluator.engine, evaluator.tokenizer = EvalPlan(budget=128, e2e=False), engine, engine.tokenizer
+    evaluator.native = engine.spec.native_context
+    evaluator.layers = {name: engine.layer for name in ATTENTION}
+    evaluator.dtype = engine.placement.dtype_name
+    tokens, units = evaluator.run_sample(sample, ["cascade", "cascade_units"])
+    assert tokens.fell_back and units.fell_back and tokens.peak == units.peak < 1.0
+    never = ("cascade", {"deepen_below": 0.0})
+    monkeypatch.setitem(ATTENTION, "cascade_candidates", never)
+    engine.documents.clear()
+    alone = evaluator.run_sample(sample, ["cascade_candidates"])[0]
+    assert alone.fell_back is False and alone.peak == tokens.peak
+    # the units row read the encoding the token row made, and is charged its time (the candidates' pass alone
+    # costs a fraction of it at l_R = 19 against the coarse layer 8)
+    assert units.compress_s > 0.7 * tokens.compress_s
+    assert units.compress_s > 1.5 * alone.compress_s
