@@ -156,13 +156,13 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
         prefill_ms = _lap(clock)
         for i, state in zip(group, states):
             job, clock = jobs[i], time.perf_counter()
+            query = QueryPass(model, state, job.context_ids, job.query_ids, job.budget, config)
             with torch.inference_mode():
-                attention, coarse = strategies[i].query_attention(QueryPass(model, state, job.context_ids, job.query_ids,
-                                                                            job.budget, config))
+                attention, coarse = strategies[i].query_attention(query)
             selection = _score_and_allocate(model, state, job.context_ids.numel(), job.budget, strategies[i], config.sink,
                                 {"prefill": round(prefill_ms + _lap(clock), 3)}, attention=attention, coarse=coarse,
                                 units=job.units)
-            selection.prefill_shared = len(group)
+            selection.prefill_shared, selection.measured = len(group), query.measured
             finished(i, selection)
     for i, job in enumerate(jobs):
         if out[i] is None:
