@@ -60,6 +60,20 @@ def share_table(records: list[dict], threshold: float = DEEPEN_BELOW) -> list[st
     return rows
 
 
+def seconds_lines(records: list[dict]) -> list[str]:
+    """Per length, the `cascade` rows' compress_s: mean and range of the samples that fell back and of those that did not."""
+    times: dict[tuple[int, bool], list[float]] = defaultdict(list)
+    for r in records:
+        if r["strategy"] == "cascade" and r.get("fell_back") is not None:
+            times[r["length"], bool(r["fell_back"])].append(r["compress_s"])
+    out = []
+    for length in sorted({length for length, _ in times}):
+        parts = [f"{what} {mean(t):.1f} s ({min(t):.1f}-{max(t):.1f}, {len(t)} samples)"
+                 for what, t in (("fell back", times.get((length, True))), ("did not", times.get((length, False)))) if t]
+        out.append(f"- {length_label(length)}: " + "; ".join(parts))
+    return out
+
+
 def replay(records: list[dict], thresholds: tuple[float, ...] = THRESHOLDS) -> dict[int, dict]:
     """length -> {"samples", "tasks", "kept": [retention % per threshold], "fall": [% falling back per threshold],
     "by_task": {task: [retention % per threshold]} (only tasks whose retention depends on the threshold)}."""
@@ -74,17 +88,20 @@ def replay(records: list[dict], thresholds: tuple[float, ...] = THRESHOLDS) -> d
             by_length[length].append((cand, whole))
     out = {}
     for length, both in sorted(by_length.items()):
-        def kept(rows: list[tuple[dict, dict]], t: float) -> float:
-            return 100 * mean(w["retention"] if c["peak"] < t else c["retention"] for c, w in rows)
         tasks: dict[str, list[tuple[dict, dict]]] = defaultdict(list)
         for cand, whole in both:
             tasks[cand["task"]].append((cand, whole))
-        by_task = {task: [kept(rows, t) for t in thresholds]
+        by_task = {task: [_replayed(rows, t) for t in thresholds]
                    for task, rows in sorted(tasks.items(), key=lambda t: list(TASKS).index(t[0]))}
-        out[length] = {"samples": len(both), "tasks": len(tasks), "kept": [kept(both, t) for t in thresholds],
+        out[length] = {"samples": len(both), "tasks": len(tasks), "kept": [_replayed(both, t) for t in thresholds],
                        "fall": [100 * mean(c["peak"] < t for c, _ in both) for t in thresholds],
                        "by_task": {task: v for task, v in by_task.items() if max(v) != min(v)}}
     return out
+
+
+def _replayed(pairs: list[tuple[dict, dict]], threshold: float) -> float:
+    """Retention % over (candidates row, whole-context row) pairs: the whole context's where the peak is below."""
+    return 100 * mean(whole["retention"] if cand["peak"] < threshold else cand["retention"] for cand, whole in pairs)
 
 
 def fallback_section(records: list[dict], threshold: float = DEEPEN_BELOW,
@@ -99,6 +116,9 @@ def fallback_section(records: list[dict], threshold: float = DEEPEN_BELOW,
            f"`deepen_below` (the profile's {threshold:g}; README, How it works). 4K contexts run ILRe at l_R already.", ""]
     if shares:
         out += ["Samples that fall back, of those measured:", "", *shares, ""]
+    seconds = seconds_lines(records)
+    if seconds:
+        out += ["A default (token) sample's compression time, by whether it fell back:", "", *seconds, ""]
     if replayed:
         heads = " | ".join(f"{t:g}" for t in thresholds)
         out += [f"The threshold replayed on each sample: the candidates alone where the peak reaches it, the whole "

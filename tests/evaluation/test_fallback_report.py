@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ilre.evaluation.fallback_report import falls_back, fallback_section, replay, share_table
+from ilre.evaluation.fallback_report import falls_back, fallback_section, replay, seconds_lines, share_table
 
 
 def record(strategy: str, task: str, index: int, retention: float, length: int = 16384, **extra) -> dict:
@@ -54,3 +54,11 @@ def test_the_section_is_empty_without_peaks_and_names_the_threshold_with_them():
     assert "| fwe | 1/1 |" in lines
     assert "| 16K | 1 (1 tasks) | 100.0 (0) | 100.0 (100) |" in lines
     assert "No task's retention depends on the threshold." in lines
+
+
+def test_the_times_are_split_by_whether_the_sample_fell_back():
+    records = [record("cascade", "fwe", 0, 1.0, peak=0.3, fell_back=True, compress_s=50.0),
+               record("cascade", "fwe", 1, 1.0, peak=0.4, fell_back=True, compress_s=54.0),
+               record("cascade", "vt", 0, 1.0, peak=0.9, fell_back=False, compress_s=15.0),
+               record("cascade_units", "vt", 0, 1.0, peak=0.9, fell_back=False, compress_s=99.0)]
+    assert seconds_lines(records) == ["- 16K: fell back 52.0 s (50.0-54.0, 2 samples); did not 15.0 s (15.0-15.0, 1 samples)"]
