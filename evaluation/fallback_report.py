@@ -18,7 +18,7 @@ and the `cascade` rows whether they fell back (`fell_back`). Two views:
 from __future__ import annotations
 
 import argparse
-from collections import defaultdict
+from collections import Counter, defaultdict
 from pathlib import Path
 from statistics import mean
 
@@ -72,6 +72,16 @@ def seconds_lines(records: list[dict]) -> list[str]:
                  for what, t in (("fell back", times.get((length, True))), ("did not", times.get((length, False)))) if t]
         out.append(f"- {length_label(length)}: " + "; ".join(parts))
     return out
+
+
+def uncharged_lines(records: list[dict]) -> list[str]:
+    """Per row, the samples whose compress_s lacks part of the row's cost (a record's `timing` says what), by length."""
+    totals = Counter((r["strategy"], r["length"]) for r in records)
+    lacking = Counter((r["strategy"], r["timing"], r["length"]) for r in records if r.get("timing"))
+    rows: dict[tuple[str, str], list[str]] = defaultdict(list)
+    for (strategy, why, length), n in sorted(lacking.items(), key=lambda kv: kv[0][2]):
+        rows[strategy, why].append(f"{length_label(length)} {n} of {totals[strategy, length]}")
+    return [f"- {strategy}: {', '.join(cells)} samples: {why}" for (strategy, why), cells in sorted(rows.items())]
 
 
 def replay(records: list[dict], thresholds: tuple[float, ...] = THRESHOLDS) -> dict[int, dict]:

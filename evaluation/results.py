@@ -13,7 +13,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from statistics import mean
 
-from .fallback_report import fallback_section
+from .fallback_report import fallback_section, uncharged_lines
 from .headline import DEFAULT, best_ours, comparison, gap, headline, retention_by_sample, variant_section, why
 from .intervals import wilson
 from .other_corpus import section as other_corpus_section
@@ -293,6 +293,9 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
               "A sample measured more than once in one dtype shows its fastest run. A strategy measured in more than one "
               "compressor dtype has a row per dtype: they ran on different machines (the wall-time line above).", ""]
     lines += _table(_group(records, "compress_s", by_dtype=True), lengths, scale=1.0, fmt="{:.2f}") + [""]
+    uncharged = uncharged_lines(records)
+    if uncharged:
+        lines += ["Times that lack part of their row's cost (in the means above; to be measured again):", "", *uncharged, ""]
     lines += ["## Per task", ""]
     for task in tasks:
         rows = [r for r in records if r["task"] == task]

@@ -180,6 +180,7 @@ class Record:
     dtype: str | None = None  # the compressor's dtype (None: float32, records from before dtypes)
     peak: float | None = None  # the cascade's peak strength over its candidates (compressor/strategies/cascade.py)
     fell_back: bool | None = None  # whether the cascade read the whole context instead (None: not a cascade row)
+    timing: str | None = None  # why compress_s is not this row's whole cost (None: it is)
 
     def key(self) -> tuple:
         return (self.task, self.length, self.index, self.seed, self.strategy, self.budget)

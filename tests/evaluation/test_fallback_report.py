@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ilre.evaluation.fallback_report import falls_back, fallback_section, replay, seconds_lines, share_table
+from ilre.evaluation.fallback_report import (falls_back, fallback_section, replay, seconds_lines, share_table,
+                                             uncharged_lines)
 
 
 def record(strategy: str, task: str, index: int, retention: float, length: int = 16384, **extra) -> dict:
@@ -62,3 +63,13 @@ def test_the_times_are_split_by_whether_the_sample_fell_back():
                record("cascade", "vt", 0, 1.0, peak=0.9, fell_back=False, compress_s=15.0),
                record("cascade_units", "vt", 0, 1.0, peak=0.9, fell_back=False, compress_s=99.0)]
     assert seconds_lines(records) == ["- 16K: fell back 52.0 s (50.0-54.0, 2 samples); did not 15.0 s (15.0-15.0, 1 samples)"]
+
+
+def test_times_that_lack_part_of_their_cost_are_counted_per_row_and_length():
+    why = "the pass was not charged"
+    records = [record("cascade_units", "fwe", i, 1.0, compress_s=5.0, timing=why if i < 2 else None) for i in range(4)]
+    records += [record("cascade_units", "fwe", 0, 1.0, length=32768, compress_s=9.0, timing=why),
+                record("cascade", "fwe", 0, 1.0, compress_s=15.0),
+                record("cascade_units", "fwe", 1, 1.0, length=65536, compress_s=20.0)]
+    assert uncharged_lines(records) == [f"- cascade_units: 16K 2 of 4, 32K 1 of 1 samples: {why}"]
+    assert uncharged_lines([r for r in records if not r.get("timing")]) == []
