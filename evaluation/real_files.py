@@ -13,7 +13,8 @@
 Each sample is compressed by the engine as a service request would be (the default strategy, budget
 1024, DCA auto), with `granularity` token and unit on the same document (the second request reuses
 the cached encode). A record says whether the answer survived and whether the asked row (line) was
-kept whole (and, in the table, whether its header row was kept). Files that are missing are skipped and said so.
+kept whole (and, in the table, whether its header row was kept), whether the default fell back to the whole
+context (compressor/strategies/cascade.py) and the compressor's dtype. Files that are missing are skipped and said so.
 
     python -m ilre.evaluation.real_files [--lengths 16K,32K] [--samples 10]
 """
@@ -30,6 +31,7 @@ from .intervals import paired_difference, wilson
 from .ruler import length_label, parse_length
 
 OUTPUT = Path("results/eval/real_files.jsonl")
+EARLIER = OUTPUT.with_name("real_files_stage20.jsonl")  # stages 20-21: the default before its fallback
 SOURCES = {"pypi_tsv": Path("/usr/share/package-lists/pypi.tsv"), "dpkg_log": Path("/var/log/dpkg.log"),
            "litellm_prices": next(Path(".venv-litellm/lib").glob("python3*/site-packages/litellm/"
                                                                   "model_prices_and_context_window_backup.json"),
@@ -126,7 +128,8 @@ def run_real_files(lengths: list[int], samples: int, output: Path = OUTPUT, budg
                                     "tokens": result.original_tokens, "kept": sample["answer"] in text,
                                     "line_whole": sample["line"] in text,
                                     "header_kept": sample["header"] in text if sample.get("header") else None,
-                                    "seconds": round(time.perf_counter() - tick, 3)})
+                                    "seconds": round(time.perf_counter() - tick, 3),
+                                    "fell_back": "deepen" in result.timings_ms, "dtype": engine.placement.dtype_name})
                 engine.documents.clear()
                 with output.open("a") as f:
                     f.writelines(json.dumps(r) + "\n" for r in records)
@@ -139,10 +142,13 @@ def load(path: Path) -> list[dict]:
     return [json.loads(l) for l in path.read_text().splitlines() if l.strip()] if path.is_file() else []
 
 
-def section(path: Path = OUTPUT) -> list[str]:
+def section(path: Path = OUTPUT, earlier: Path | None = None) -> list[str]:
     """Markdown lines for the results page: per corpus and length, the answer kept and the asked line kept
-    whole, token against unit, with the paired difference of the answer kept."""
+    whole, token against unit, with the paired difference of the answer kept. `earlier`: records of an
+    earlier measurement (another default), shown for the corpora and lengths `path` does not hold yet."""
     records = load(path)
+    held = {(r["corpus"], r["length"]) for r in records}
+    records += [r for r in (load(earlier) if earlier else []) if (r["corpus"], r["length"]) not in held]
     if not records:
         return []
     out = ["## Whole units on real files (a PyPI package table, Debian's package log, LiteLLM's price table)", "",
@@ -150,7 +156,10 @@ def section(path: Path = OUTPUT) -> list[str]:
            "one row or line, the default strategy at budget 1024 with `granularity` token and unit on the same document. "
            "Cells: answer kept % [95% Wilson] / asked line kept whole % (/ the table's header row kept %, where the "
            "file has one); difference: unit minus token in points with its 95% paired-bootstrap interval.", "",
-           "| corpus | length | tokens | units | difference | pairs |", "| --- | --- | ---: | ---: | ---: | ---: |"]
+           "Fell back: the samples where the default read the whole context to l_R (its candidates missed), of "
+           "those that say; \"not recorded\": measured before the default had its fallback (stages 20-21).", "",
+           "| corpus | length | tokens | units | difference | pairs | fell back |",
+           "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
     for corpus in sorted({r["corpus"] for r in records}):
         for length in sorted({r["length"] for r in records if r["corpus"] == corpus}):
             by = {g: {r["index"]: r for r in records if r["corpus"] == corpus and r["length"] == length
@@ -167,8 +176,10 @@ def section(path: Path = OUTPUT) -> list[str]:
                 header = (f" / {100 * sum(headers) / len(keys):.0f}" if all(h is not None for h in headers) else "")
                 cells.append(f"{100 * kept:.0f} [{100 * low:.0f}–{100 * high:.0f}] / {100 * whole:.0f}{header}")
             diff, low, high = paired_difference([(float(by["unit"][k]["kept"]), float(by["token"][k]["kept"])) for k in keys])
+            said = [by["unit"][k]["fell_back"] for k in keys if by["unit"][k].get("fell_back") is not None]
+            fell = f"{sum(said)} of {len(said)}" if said else "not recorded"
             out.append(f"| {corpus} | {length_label(length)} | {cells[0]} | {cells[1]} | "
-                       f"{100 * diff:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}] | {len(keys)} |")
+                       f"{100 * diff:+.1f} [{100 * low:+.1f}, {100 * high:+.1f}] | {len(keys)} | {fell} |")
     return out + [""]
 
 
@@ -178,7 +189,7 @@ def main() -> None:
     parser.add_argument("--samples", type=int, default=10)
     args = parser.parse_args()
     run_real_files([parse_length(n) for n in args.lengths.split(",")], args.samples)
-    print("\n".join(section()))
+    print("\n".join(section(OUTPUT, EARLIER)))
 
 
 if __name__ == "__main__":

@@ -17,7 +17,7 @@ from .fallback_report import fallback_section, uncharged_lines
 from .headline import DEFAULT, best_ours, comparison, gap, headline, retention_by_sample, variant_section, why
 from .intervals import wilson
 from .other_corpus import section as other_corpus_section
-from .real_files import section as real_files_section
+from .real_files import EARLIER as REAL_FILES_EARLIER, OUTPUT as REAL_FILES, section as real_files_section
 from .units_report import headers_section, units_section
 from .ruler import TASKS, length_label
 from .run_eval import ATTENTION, STRATEGIES, TARGET_TASKS, load_records, run_timing
@@ -262,7 +262,7 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
     lines += units_section(records, LABELS)
     lines += fallback_section(records)
     lines += headers_section(every_budget, LABELS)
-    lines += real_files_section(results_dir / "real_files.jsonl")
+    lines += real_files_section(results_dir / REAL_FILES.name, results_dir / REAL_FILES_EARLIER.name)
     lines += other_corpus_section(results_dir / "other_corpus.jsonl")
     hand = results_dir / "notes.md"
     if hand.is_file():
