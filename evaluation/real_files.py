@@ -16,7 +16,7 @@ the cached encode). A record says whether the answer survived and whether the as
 kept whole (and, in the table, whether its header row was kept), whether the default fell back to the whole
 context (compressor/strategies/cascade.py) and the compressor's dtype. Files that are missing are skipped and said so.
 
-    python -m ilre.evaluation.real_files [--lengths 16K,32K] [--samples 10]
+    python -m ilre.evaluation.real_files [--lengths 16K,32K] [--samples 10] [--corpora pypi_tsv,dpkg_log,litellm_prices]
 """
 
 from __future__ import annotations
@@ -98,15 +98,18 @@ def make_sample(tokenizer, corpus: str, lines: list[str], length: int, index: in
     return {"context": context, "query": question, "answer": answer, "line": window[row], "header": header}
 
 
-def run_real_files(lengths: list[int], samples: int, output: Path = OUTPUT, budget: int = 1024, progress=print) -> Path:
-    """Measure every (corpus, length, index) not yet in `output` (JSONL, appended); returns `output`."""
+def run_real_files(lengths: list[int], samples: int, output: Path = OUTPUT, budget: int = 1024, progress=print,
+                   corpora: tuple[str, ...] = tuple(SOURCES)) -> Path:
+    """Measure every (corpus, length, index) of `corpora` not yet in `output` (JSONL, appended), in that order;
+    returns `output`."""
     from ..engine.engine import Engine, EngineConfig
     from ..engine.messages import CompressRequest
 
     engine = Engine(EngineConfig())
     done = {(r["corpus"], r["length"], r["index"], r["granularity"]) for r in load(output)}
     output.parent.mkdir(parents=True, exist_ok=True)
-    for corpus, path in SOURCES.items():
+    for corpus in corpora:
+        path = SOURCES[corpus]
         if not path.is_file():
             progress(f"real files: {path} is not on this machine, {corpus} skipped")
             continue
@@ -187,8 +190,13 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--lengths", default="16K,32K")
     parser.add_argument("--samples", type=int, default=10)
+    parser.add_argument("--corpora", default=",".join(SOURCES), help="which corpora, in this order")
     args = parser.parse_args()
-    run_real_files([parse_length(n) for n in args.lengths.split(",")], args.samples)
+    corpora = tuple(args.corpora.split(","))
+    unknown = sorted(set(corpora) - set(SOURCES))
+    if unknown:
+        parser.error(f"--corpora: unknown {', '.join(unknown)} (known: {', '.join(SOURCES)})")
+    run_real_files([parse_length(n) for n in args.lengths.split(",")], args.samples, corpora=corpora)
     print("\n".join(section(OUTPUT, EARLIER)))
 
 
