@@ -11,6 +11,7 @@ from ilre.compressor.candidate_prefill import candidate_prefill
 from ilre.compressor.pipeline import select_context, select_query
 from ilre.compressor.prefill import PrefillConfig, encode_context, prefill_query
 from ilre.compressor.strategies import make_strategy
+from ilre.compressor.strategies.base import QueryPass
 from ilre.compressor.strategies.cascade import peak_strength, pick_candidates, recent_share
 from ilre.kernels.query_scores import query_key_scores
 from tests.tiny_models import N_LAYERS, random_ids
@@ -108,10 +109,41 @@ def test_the_callers_encoding_is_read_once_and_only_on_the_fallback():
     assert len(calls) == 2
 
 
+@pytest.mark.parametrize("weight", [0.5, 1.0])
+def test_with_deepen_blend_the_candidates_attention_joins_the_whole_contexts_on_the_fallback(weight):
+    config = CONFIGS[0]
+    context, query = random_ids(LENGTH, seed=21), random_ids(N_QUERY, seed=22)
+    strategy = cascade(coarse_layer=COARSE, candidates=FACTOR, deepen_below=1.0, deepen_blend=weight)
+    with torch.inference_mode():
+        state = encode_context(model(), context, config, strategy.encoded_layers(N_LAYERS))
+        retrieval = prefill_query(model(), state, query)
+        got, _ = strategy.query_attention(QueryPass(model(), retrieval, context, query, BUDGET, config))
+        # literal: l_R's A^C over the candidates (zero elsewhere) and over the whole context, each scaled to
+        # sum 1 outside the sink, the candidates' times the weight, the larger of the two per token
+        coarse = query_key_scores(retrieval.queries[COARSE], retrieval.keys[COARSE])
+        count = strategy.candidate_count(BUDGET)
+        candidates = pick_candidates(coarse, count, config.sink, recent_share(count, config), strategy.allocator)
+        keys, queries = candidate_prefill(model(), context, candidates, query, config)
+        over = dict(zip(candidates.tolist(), query_key_scores(queries, keys).tolist()))
+        deep = encode_context(model(), context, config, strategy.deepened().encoded_layers(N_LAYERS))
+        whole = query_key_scores(prefill_query(model(), deep, query).queries[N_LAYERS], deep.keys[N_LAYERS]).tolist()
+    found = [over.get(i, 0.0) for i in range(LENGTH)]
+    found_sum, whole_sum = sum(found[config.sink:]), sum(whole[config.sink:])
+    expected = [max(w / whole_sum, weight * f / found_sum) for w, f in zip(whole, found)]
+    assert got.tolist() == pytest.approx(expected, rel=1e-4, abs=1e-7)
+    plain = cascade(coarse_layer=COARSE, candidates=FACTOR, deepen_below=1.0)
+    assert kept(strategy, context, query, config) != kept(plain, context, query, config)  # the blend changes the choice here
+    never = cascade(coarse_layer=COARSE, candidates=FACTOR, deepen_below=0.0, deepen_blend=weight)
+    assert kept(never, context, query, config) == kept(cascade(coarse_layer=COARSE, candidates=FACTOR), context, query,
+                                                       config)  # no fallback: nothing to blend
+
+
 @pytest.mark.parametrize("value", [-0.1, 1.5, "high", True, float("nan")])
 def test_a_bad_threshold_names_the_field(value):
     with pytest.raises(ValueError, match=r"^deepen_below: "):
         make_strategy("cascade", {"deepen_below": value})
+    with pytest.raises(ValueError, match=r"^deepen_blend: "):
+        make_strategy("cascade", {"deepen_blend": value})
 
 
 def test_the_profile_fills_the_threshold_only_when_the_request_leaves_it_unset():
