@@ -71,7 +71,7 @@ class Cascade(Strategy):
     (None: the profile's, else 0 = never);
     deepen_blend: in [0, 1]; when it falls back, l_R's attention over the candidates joins the whole
     context's at this weight (each scaled to sum 1 outside the sink, element-wise max), so what the
-    candidates found stays in reach (0 = the whole context's alone);
+    candidates found stays in reach (None: the profile's, else 0 = the whole context's alone);
     max_kernels / avg_kernels: Algorithm 1's kernels, at both stages; whole: set by `for_context`
     when the candidates would cover the context, which then runs as ILRe at l_R with the coarse
     layer in also_layers. How the candidates run: compressor/candidate_prefill.py."""
@@ -81,7 +81,7 @@ class Cascade(Strategy):
     candidates: float | None = None
     coarse_weight: float = 0.5
     deepen_below: float | None = None
-    deepen_blend: float = 0.0
+    deepen_blend: float | None = None
     max_kernels: tuple[int, ...] = (2, 4, 8)
     avg_kernels: tuple[int, ...] = tuple(range(1, 17))
     whole: bool = field(default=False, repr=False)
@@ -91,7 +91,7 @@ class Cascade(Strategy):
         check_int("coarse_layer", self.coarse_layer, 1)
         for name, value, low in (("candidates", self.candidates, 1), ("coarse_weight", self.coarse_weight, 0),
                                  ("deepen_below", self.deepen_below, 0), ("deepen_blend", self.deepen_blend, 0)):
-            if value is None and name not in ("coarse_weight", "deepen_blend"):
+            if value is None and name != "coarse_weight":
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low:
                 what = "the candidate set as a multiple of the budget" if name == "candidates" else "at most 1"

@@ -149,3 +149,5 @@ def test_a_bad_threshold_names_the_field(value):
 def test_the_profile_fills_the_threshold_only_when_the_request_leaves_it_unset():
     assert cascade().with_defaults({"deepen_below": 0.6}) == cascade(deepen_below=0.6)
     assert cascade(deepen_below=0.0).with_defaults({"deepen_below": 0.6}) == cascade(deepen_below=0.0)
+    assert cascade().with_defaults({"deepen_blend": 0.5}) == cascade(deepen_blend=0.5)
+    assert cascade(deepen_blend=0.0).with_defaults({"deepen_blend": 0.5}) == cascade(deepen_blend=0.0)
