@@ -17,7 +17,7 @@ import torch
 
 from ..models.llama import TruncatedLM
 from .batched_prefill import batched_prefill, fits_one_chunk
-from .prefill import ContextState, PrefillConfig, RetrievalState, encode_context, prefill_query
+from .prefill import ContextState, PrefillConfig, RetrievalState, encode_context, prefill_query, resume_context
 from .strategies import ScoreInputs, Strategy
 from .strategies.base import QueryPass
 from .unit_selection import select_units
@@ -86,10 +86,29 @@ def select_context(
     clock = time.perf_counter()
     layers = strategy.encoded_layers(model.n_layers)
     with torch.inference_mode():
-        state = encoded() if encoded is not None else encode_context(model, context_ids, config, layers,
-                                                                     parts=strategy.context_parts)
+        if encoded is not None:
+            state = encoded()
+        else:
+            state = encode_context(model, context_ids, config, layers, parts=strategy.context_parts,
+                                   keep_hidden=strategy.falls_back and deepened is None)
+            if state.hidden is not None:
+                deepened = resumed(model, state, strategy.deepened())
     return select_query(model, state, query_ids, budget, strategy, {"prefill": _lap(clock)}, context_ids, units,
                         deepened)
+
+
+def resumed(model: TruncatedLM, state: ContextState, deep: Strategy) -> Callable[[], ContextState]:
+    """The encoding `deep` reads, taken on from `state` (encoded with keep_hidden, whose resume point it takes)
+    on first call and kept: layers 1..state.top are not run again (prefill.resume_context)."""
+    hidden, done = state.take_hidden(), []
+
+    def deeper() -> ContextState:
+        if not done:
+            shallow = ContextState(state.length, state.n_chunks, state.config, state.keys, state.caches, hidden=hidden)
+            done.append(resume_context(model, shallow, deep.encoded_layers(model.n_layers), deep.context_parts))
+        return done[0]
+
+    return deeper
 
 
 def select_query(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor, budget: int, strategy: Strategy,

@@ -15,33 +15,14 @@ wanted. The prefill knows nothing about strategies: it returns keys and queries,
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Generator
+from typing import Callable, Generator
 
 import torch
 
-from ..kernels.chunk_attention import chunk_attention
 from ..kernels.rope import rerotate
 from ..models.llama import RETRIEVAL_PARTS, TruncatedLM
-from .defaults import CHUNK, SINK, WINDOW
-
-
-@dataclass(frozen=True)
-class PrefillConfig:
-    """sink: S tokens always attended; window: W most recent tokens (None = unbounded, "FullKV");
-    chunk: prefill chunk length (the first chunk is chunk + sink); dca: dual chunk attention."""
-
-    sink: int = SINK
-    window: int | None = WINDOW
-    chunk: int = CHUNK
-    dca: bool = False
-
-    def __post_init__(self) -> None:
-        if self.sink < 0:
-            raise ValueError(f"sink: must be >= 0 (got {self.sink})")
-        if self.window is not None and self.window < 1:
-            raise ValueError(f"window: must be >= 1 (got {self.window})")
-        if self.chunk < 1:
-            raise ValueError(f"chunk: must be >= 1 (got {self.chunk})")
+from .prefill_config import PrefillConfig
+from .window_cache import WindowCache
 
 
 # per-token extras of the context a strategy may ask for at l_R: values and raw_keys (kv_heads, L, d) and
@@ -59,6 +40,12 @@ def part_shape(name: str, model: TruncatedLM, length: int) -> tuple[tuple[int, i
         return (spec.num_kv_heads, length, 1), torch.float32
     heads = spec.num_heads if name == "raw_queries" else spec.num_kv_heads
     return (heads, length, spec.head_dim), model.dtype
+
+
+def empty_part(name: str, model: TruncatedLM, length: int) -> torch.Tensor:
+    """An uninitialised cache for a context part ("keys" or one of CONTEXT_PARTS) of `length` tokens."""
+    shape, dtype = part_shape(name, model, length)
+    return torch.empty(shape, dtype=dtype, device=model.device)
 
 
 @dataclass
@@ -82,112 +69,6 @@ def chunk_bounds(length: int, config: PrefillConfig) -> list[tuple[int, int]]:
     return bounds
 
 
-class WindowCache:
-    """Sink and sliding-window K/V of one layer below l_R, in one preallocated buffer per tensor.
-
-    k, v: (kv_heads, S + W + slot, d) laid out as [sink | window ring | current chunk]. Attention
-    does not depend on the order of the keys it sees, so the window is a ring: a chunk overwrites
-    the oldest entries in place and nothing is re-concatenated. The chunk (or the query) is
-    written behind the ring, so attention reads one contiguous view. With W = None the ring holds
-    the whole context. `sink_raw` keeps the sink keys at their own positions (DCA moves a copy).
-    Once the context is encoded, `freeze` keeps only the live entries: (kv_heads, n_sink + n_window, d).
-    """
-
-    def __init__(self, config: PrefillConfig, length: int, slot: int, model: TruncatedLM):
-        spec = model.spec
-        self.sink, self.window = config.sink, max(1, config.window or length)
-        shape = (spec.num_kv_heads, self.sink + self.window + slot, spec.head_dim)
-        self.k = torch.zeros(shape, dtype=model.dtype, device=model.device)  # zeros: masked holes
-        self.v = torch.zeros(shape, dtype=model.dtype, device=model.device)  # must not carry NaNs
-        self.sink_raw: torch.Tensor | None = None
-        self.n_sink = self.n_window = self.ring_at = 0
-        self.sink_shift: int | None = None
-        self.frozen = False
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes held: the K/V buffers and the sink's unmoved keys."""
-        tensors = [self.k, self.v] + ([self.sink_raw] if self.sink_raw is not None else [])
-        return sum(t.numel() * t.element_size() for t in tensors)
-
-    def freeze(self) -> None:
-        """The context is done: keep only what a query reads, [sink | window] without the chunk slot
-        or a short context's holes, (kv_heads, n_sink + n_window, d). A frozen cache takes no more
-        context chunks; a query attends through a copy (the prefix plus its own K/V)."""
-        if self.frozen:
-            return
-        ring = slice(self.sink, self.sink + self.n_window)
-        self.k = torch.cat((self.k[:, : self.n_sink], self.k[:, ring]), dim=1)
-        self.v = torch.cat((self.v[:, : self.n_sink], self.v[:, ring]), dim=1)
-        self.frozen = True
-
-    @classmethod
-    def restored(cls, config: PrefillConfig, model: TruncatedLM, k: torch.Tensor, v: torch.Tensor,
-                 sink_raw: torch.Tensor, counters: list[int]) -> "WindowCache":
-        """A frozen cache from stored tensors: k/v (kv_heads, n_sink + n_window, d) as `freeze` left them
-        (or, as stored before, (kv_heads, S + W, d) with holes), counters (n_sink, n_window, ring_at, sink_shift)."""
-        cache = cls.__new__(cls)
-        cache.sink, cache.window = config.sink, max(1, config.window or 1)
-        cache.n_sink, cache.n_window, cache.ring_at, shift = counters
-        cache.sink_shift = None if shift < 0 else shift
-        if k.shape[1] != cache.n_sink + cache.n_window:  # the older layout: [sink | ring] with holes
-            ring = slice(cache.sink, cache.sink + cache.n_window)
-            k = torch.cat((k[:, : cache.n_sink], k[:, ring]), dim=1)
-            v = torch.cat((v[:, : cache.n_sink], v[:, ring]), dim=1)
-        place = {"device": model.device, "dtype": model.dtype}
-        cache.k, cache.v, cache.sink_raw = k.to(**place), v.to(**place), sink_raw.to(**place)
-        cache.frozen = True
-        return cache
-
-    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink_shift: int,
-               inv_freq: torch.Tensor) -> torch.Tensor:
-        """q: (H, C, d), k/v: (KV, C, d) of a chunk -> (H, C, d): attention over sink, window and
-        the chunk itself (causally)."""
-        if self.sink_raw is None:  # the first chunk sees only itself
-            return chunk_attention(q, k, v, 0)
-        if sink_shift != self.sink_shift:
-            self.k[:, : self.n_sink] = rerotate(self.sink_raw, inv_freq, sink_shift)
-            self.sink_shift = sink_shift
-        if self.frozen:  # live entries only, no slot: the chunk goes behind a copy of them
-            prefix = self.k.shape[1]
-            return chunk_attention(q, torch.cat((self.k, k), dim=1), torch.cat((self.v, v), dim=1), prefix)
-        prefix, n = self.sink + self.window, k.shape[1]
-        if prefix + n > self.k.shape[1]:  # a query longer than the slot: widen it, keeping the prefix
-            self.k = torch.cat((self.k[:, :prefix], torch.zeros_like(self.k[:, :1]).expand(-1, n, -1)), dim=1)
-            self.v = torch.cat((self.v[:, :prefix], torch.zeros_like(self.v[:, :1]).expand(-1, n, -1)), dim=1)
-        self.k[:, prefix : prefix + n] = k
-        self.v[:, prefix : prefix + n] = v
-        visible = None
-        if self.n_sink < self.sink or self.n_window < self.window:  # short inputs: holes in the prefix
-            visible = torch.zeros(prefix, dtype=torch.bool, device=q.device)
-            visible[: self.n_sink] = True
-            visible[self.sink : self.sink + self.n_window] = True
-        return chunk_attention(q, self.k[:, : prefix + n], self.v[:, : prefix + n], prefix, visible)
-
-    def append(self, k: torch.Tensor, v: torch.Tensor, first: bool) -> None:
-        """Keep a context chunk's K/V (KV, C, d): the first S context tokens become the sink, later
-        tokens enter the ring, which keeps the last W."""
-        if self.frozen:
-            raise RuntimeError("a frozen window cache takes no more context chunks")
-        if first:
-            self.sink_raw = k[:, : self.sink].clone()
-            self.n_sink = self.sink_raw.shape[1]
-            self.k[:, : self.n_sink] = self.sink_raw
-            self.v[:, : self.n_sink] = v[:, : self.sink]
-            self.sink_shift = 0
-            k, v = k[:, self.sink :], v[:, self.sink :]
-        k, v = k[:, -self.window :], v[:, -self.window :]
-        n, at = k.shape[1], self.ring_at
-        head = min(n, self.window - at)  # entries before the ring wraps
-        ring = slice(self.sink, self.sink + self.window)
-        self.k[:, ring][:, at : at + head] = k[:, :head]
-        self.v[:, ring][:, at : at + head] = v[:, :head]
-        self.k[:, ring][:, : n - head] = k[:, head:]
-        self.v[:, ring][:, : n - head] = v[:, head:]
-        self.ring_at = (at + n) % self.window
-        self.n_window = min(self.window, self.n_window + n)
-
-
 @dataclass
 class ContextState:
     """The query-independent part of the prefill, as it stands at the end of the context.
@@ -198,7 +79,10 @@ class ContextState:
     n_chunks: N_C. Any number of queries can be run against it one after another (`prefill_query`);
     a query pass may re-rotate the sink keys in place (DCA), so passes run one at a time.
     parts: the CONTEXT_PARTS encoded at l_R (shapes: `part_shape`); scores: (L,) scores of
-    query-agnostic strategies, memoised by `Strategy.memo_key`.
+    query-agnostic strategies, memoised by `Strategy.memo_key`; hidden: (L, D) in the model's dtype, the
+    residual stream entering the top layer for every context token, kept only when asked
+    (`encode_context(keep_hidden=True)`): from it `resume_context` takes the encoding deeper without
+    layers 1..top-1 (never stored: `to_tensors` leaves it out).
     """
 
     length: int
@@ -208,12 +92,25 @@ class ContextState:
     caches: list[WindowCache]
     parts: dict[str, torch.Tensor] = field(default_factory=dict)
     scores: dict[str, torch.Tensor] = field(default_factory=dict)
+    hidden: torch.Tensor | None = None
+
+    @property
+    def top(self) -> int:
+        """The deepest layer encoded: l_R, or the top of a shallower encoding (a cascade's coarse layer)."""
+        return max(self.keys)
 
     @property
     def nbytes(self) -> int:
-        """Memory held: the key caches, the extra parts, the window buffers and the memoised scores."""
+        """Memory held: the key caches, the extra parts, the window buffers, the memoised scores and the
+        resume point (`hidden`) where kept."""
         tensors = list(self.keys.values()) + list(self.parts.values()) + list(self.scores.values())
+        tensors += [self.hidden] if self.hidden is not None else []
         return sum(t.numel() * t.element_size() for t in tensors) + sum(c.nbytes for c in self.caches)
+
+    def take_hidden(self) -> torch.Tensor | None:
+        """The resume point, removed from the state (which a document cache may then keep without it)."""
+        hidden, self.hidden = self.hidden, None
+        return hidden
 
     def to_tensors(self) -> dict[str, torch.Tensor]:
         """What a later query reads, as named contiguous tensors (a document store saves them):
@@ -253,7 +150,7 @@ class ContextState:
 
 def encode_context(
     model: TruncatedLM, context_ids: torch.Tensor, config: PrefillConfig, score_layers: tuple[int, ...] | None = None,
-    parts: tuple[str, ...] = (),
+    parts: tuple[str, ...] = (), keep_hidden: bool = False,
 ) -> ContextState:
     """The context chunks of the streaming prefill: context_ids (L,) int64 -> ContextState.
 
@@ -262,13 +159,15 @@ def encode_context(
     that read them (and for training Locret's head).
     DCA (eq. 7): at score layers the keys of chunk i < N_C - 1 are moved to chunk N_C - 1's start,
     so every query-key distance stays under two chunk lengths.
+    keep_hidden: also keep the residual stream entering the top score layer, (L, D) (`ContextState.hidden`),
+    so that `resume_context` can take the encoding deeper from there.
     """
-    return run_steps(encode_in_steps(model, context_ids, config, score_layers, parts))
+    return run_steps(encode_in_steps(model, context_ids, config, score_layers, parts, keep_hidden))
 
 
 def encode_in_steps(
     model: TruncatedLM, context_ids: torch.Tensor, config: PrefillConfig, score_layers: tuple[int, ...] | None = None,
-    parts: tuple[str, ...] = (),
+    parts: tuple[str, ...] = (), keep_hidden: bool = False,
 ) -> Generator[None, None, ContextState]:
     """`encode_context` one layer of one chunk at a time: a generator that yields after each step and
     returns the ContextState (`run_steps` runs it out), so a background encoding can give way to
@@ -287,15 +186,43 @@ def encode_in_steps(
         raise ValueError(f"strategy: no Locret retaining head for this model at layer {l_r}: "
                          f"train one with `ilre train-locret --layer {l_r}`")
 
-    def cache(name: str = "keys") -> torch.Tensor:
-        shape, dtype = part_shape(name, model, length)
-        return torch.empty(shape, dtype=dtype, device=model.device)
-
-    keys = {l: cache() for l in score_layers}
+    keys = {l: empty_part("keys", model, length) for l in score_layers}
     bounds = chunk_bounds(length, config)
     caches = [WindowCache(config, length, config.chunk, model) for _ in range(score_layers[-1] - 1)]
-    state = ContextState(length, len(bounds), config, keys, caches, {name: cache(name) for name in parts})
-    return _encode_chunks(model, state, context_ids, bounds)
+    state = ContextState(length, len(bounds), config, keys, caches, {name: empty_part(name, model, length) for name in parts})
+    if keep_hidden:
+        state.hidden = torch.empty(length, model.spec.hidden_size, dtype=model.dtype, device=model.device)
+    return _encode_chunks(model, state, bounds, lambda start, end: context_ids[start:end])
+
+
+def resume_context(model: TruncatedLM, state: ContextState, score_layers: tuple[int, ...],
+                   parts: tuple[str, ...] = ()) -> ContextState:
+    """`state` (encoded with keep_hidden) taken deeper: the ContextState that `encode_context(model, ids,
+    state.config, score_layers, parts)` returns, computing only layers state.top..max(score_layers) (the
+    layers below are the same computation, and their window caches and keys are taken from `state`).
+    score_layers must hold every layer `state` keeps keys at and end above it; parts are kept at l_R."""
+    return run_steps(resume_in_steps(model, state, score_layers, parts))
+
+
+def resume_in_steps(model: TruncatedLM, state: ContextState, score_layers: tuple[int, ...],
+                    parts: tuple[str, ...] = ()) -> Generator[None, None, ContextState]:
+    """`resume_context` one layer of one chunk at a time (as `encode_in_steps`)."""
+    if state.hidden is None:
+        raise ValueError("state: no resume point (encode with keep_hidden=True)")
+    score_layers = tuple(sorted(set(score_layers)))
+    if not set(state.keys) <= set(score_layers) or score_layers[-1] <= state.top or score_layers[-1] > model.n_layers:
+        raise ValueError(f"layer: a resumed encoding keeps layers {sorted(state.keys)} and goes deeper, "
+                         f"to at most {model.n_layers} (got {score_layers})")
+    if parts and score_layers[-1] != model.n_layers:
+        raise ValueError("parts: context parts are kept at l_R only: score layers must end at it")
+    length, hidden = state.length, state.hidden
+    keys = {l: state.keys[l] if l in state.keys else empty_part("keys", model, length) for l in score_layers}
+    caches = list(state.caches) + [WindowCache(state.config, length, state.config.chunk, model)
+                                   for _ in range(state.top, score_layers[-1])]
+    deeper = ContextState(length, state.n_chunks, state.config, keys, caches,
+                          {name: empty_part(name, model, length) for name in parts})
+    return _encode_chunks(model, deeper, chunk_bounds(length, state.config), lambda start, end: hidden[start:end],
+                          first=state.top)
 
 
 def run_steps(steps: Generator[None, None, ContextState]) -> ContextState:
@@ -307,14 +234,15 @@ def run_steps(steps: Generator[None, None, ContextState]) -> ContextState:
             return done.value
 
 
-def _encode_chunks(model: TruncatedLM, state: ContextState, context_ids: torch.Tensor,
-                   bounds: list[tuple[int, int]]) -> Generator[None, None, ContextState]:
-    """The context chunks through the layers, a step (one layer of one chunk) per `next`."""
+def _encode_chunks(model: TruncatedLM, state: ContextState, bounds: list[tuple[int, int]],
+                   inputs: Callable[[int, int], torch.Tensor], first: int = 1) -> Generator[None, None, ContextState]:
+    """The context chunks through layers first..top, a step (one layer of one chunk) per `next`; inputs(start,
+    end): the chunk's ids (T,) when first = 1, else its residual stream entering layer `first` (T, D)."""
     config = state.config
     base = bounds[-2][0] if len(bounds) >= 2 else 0  # start of chunk N_C - 1 (eq. 7 anchor)
     for index, (start, end) in enumerate(bounds):
         key_shift = base - start if config.dca and index < len(bounds) - 2 else 0
-        yield from _context_chunk(model, state, context_ids[start:end], start, index, key_shift)
+        yield from _context_chunk(model, state, inputs(start, end), start, index, key_shift, first)
     for window_cache in state.caches:
         window_cache.freeze()  # what a query reads and nothing more: a cached document holds only this
     return state
@@ -348,23 +276,29 @@ def streaming_prefill(
 
 def _chunk_inputs(model: TruncatedLM, state: ContextState, ids: torch.Tensor, start: int, index: int
                   ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, int]:
-    """The embedded chunk (T, D), its rotary cos/sin at positions start.., and the DCA sink shift:
-    from the third chunk on (eq. 6), layers < l_R see the sink keys moved forward by (i-2) chunks."""
+    """The embedded chunk (T, D) (ids (T,) int64, or already a residual stream (T, D)), its rotary cos/sin at
+    positions start.., and the DCA sink shift: from the third chunk on (eq. 6), layers < l_R see the sink keys
+    moved forward by (i-2) chunks."""
     config = state.config
-    cos, sin = model.rope(torch.arange(start, start + ids.numel(), device=model.device))
+    cos, sin = model.rope(torch.arange(start, start + ids.shape[0], device=model.device))
     sink_shift = (index - 1) * config.chunk if config.dca and index >= 2 else 0
-    return model.embed(ids.to(model.device)), cos, sin, sink_shift
+    h = model.embed(ids.to(model.device)) if ids.dim() == 1 else ids.clone()
+    return h, cos, sin, sink_shift
 
 
 def _context_chunk(model: TruncatedLM, state: ContextState, ids: torch.Tensor, start: int, index: int,
-                   key_shift: int) -> Generator[None, None, None]:
-    """Context chunk number `index` (ids (T,) at positions start..) through layers 1..top, yielding
-    after each layer: writes its keys at every score layer (moved by `key_shift`, eq. 7) and, at l_R,
-    the parts the state keeps; appends its K/V to the window cache of every layer below the top."""
-    l_r, top, end = model.n_layers, max(state.keys), start + ids.numel()
+                   key_shift: int, first: int = 1) -> Generator[None, None, None]:
+    """Context chunk number `index` (ids (T,) at positions start.., or with first > 1 its residual stream
+    entering layer `first`, (T, D)) through layers first..top, yielding after each layer: writes its keys at
+    every score layer (moved by `key_shift`, eq. 7) and, at l_R, the parts the state keeps; appends its K/V
+    to the window cache of every layer below the top; keeps the stream entering the top in `state.hidden`
+    where the state keeps one."""
+    l_r, top, end = model.n_layers, max(state.keys), start + ids.shape[0]
     h, cos, sin, sink_shift = _chunk_inputs(model, state, ids, start, index)
-    for l in range(1, top + 1):
+    for l in range(first, top + 1):
         layer = model.layer(l)
+        if l == top and state.hidden is not None:
+            state.hidden[start:end] = h
         if l == l_r:  # retrieval layer: only the keys and the parts asked for
             head = "retaining" in state.parts
             wanted = {"keys", *state.parts, *(HEAD_INPUTS if head else ())} - {"retaining"}
@@ -376,7 +310,7 @@ def _context_chunk(model: TruncatedLM, state: ContextState, ids: torch.Tensor, s
                 state.parts[name][:, start:end] = got[name]
             return
         q, k, v = layer.qkv(h, cos, sin)  # (H, T, d), (KV, T, d), (KV, T, d)
-        if l in state.keys:
+        if l in state.keys and not (first > 1 and l == first):  # a resumed pass keeps its first layer's keys
             state.keys[l][:, start:end] = rerotate(k, model.inv_freq, key_shift)
         if l == top:
             return

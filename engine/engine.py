@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from ..compressor.defaults import DEFAULT_STRATEGY
-from ..compressor.pipeline import Selection, joins_a_batch, select_context, select_contexts
+from ..compressor.pipeline import Selection, joins_a_batch, resumed, select_context, select_contexts
 from ..compressor.prefill import ContextState, PrefillConfig, encode_context, encode_in_steps
 from ..compressor.strategies import STRATEGIES, Strategy
 from ..compressor.units import UNITS_VERSION, Units, document_units
@@ -249,28 +249,43 @@ class Engine:
             held = self.documents.held_state(job.slot, self._state_key(job, deep), self._restore(job))
             if held is not None:
                 return self._select_queries(job, deep, lambda: held)
-        selections = self._select_queries(job, job.strategy, self._encoded(job))
+        resume: list[Callable[[], ContextState]] = []  # the coarse encoding's way on to l_R, for this request only
+        selections = self._select_queries(job, job.strategy, self._encoded(job, resume), resume)
         if deep is not None and not self.documents.holds(job.slot, self._state_key(job, deep)):
             self._offer(job, deep)
         return selections
 
-    def _select_queries(self, job: Prepared, strategy: Strategy, encoded: Callable[[], ContextState]) -> list[Selection]:
+    def _select_queries(self, job: Prepared, strategy: Strategy, encoded: Callable[[], ContextState],
+                        resume: list[Callable[[], ContextState]] | None = None) -> list[Selection]:
+        """One selection per query. A request with many questions whose candidate passes would cost more than
+        reading the whole context to l_R once (`Strategy.deep_pays`) reads it once: every question is then
+        served by the strategy's deepened form, as a deepened document's questions are."""
+        once = strategy.deepened() is not None and strategy.deep_pays(job.context_ids.numel(), job.budget,
+                                                                      len(job.queries), job.layer)
+        if once:
+            encoded()  # the coarse encoding first: the deep one resumes from it
+            deepened, spent = self._deepened(job, strategy, resume)
+            held = deepened()
+            strategy, encoded, deepened = strategy.deepened(), lambda: held, None
         selections = []
         for query_ids in job.queries:
-            deepened, spent = self._deepened(job, strategy)
+            if not once:
+                deepened, spent = self._deepened(job, strategy, resume)
             selection = select_context(job.model, job.context_ids, query_ids, job.budget, strategy, job.prefill,
                                        encoded=encoded, units=job.units, deepened=deepened)
             if spent:
-                selection.timings_ms["deepen"] = spent[0]
+                selection.timings_ms["deepen"] = spent.pop()
             selections.append(selection)
         return selections
 
-    def _deepened(self, job: Prepared, strategy: Strategy) -> tuple[Callable[[], ContextState] | None, list[float]]:
+    def _deepened(self, job: Prepared, strategy: Strategy, resume: list[Callable[[], ContextState]] | None = None
+                  ) -> tuple[Callable[[], ContextState] | None, list[float]]:
         """For a strategy that may fall back to its deepened form (the cascade, when its candidates miss):
-        that form's encoding, from the document cache or encoded now and kept there, in place of the
-        strategy's own when deepening is on (the document's later queries then read it; with deepening off
-        they run the strategy, which needs its own encoding too), and a list that gets the milliseconds it
-        took once it is asked for."""
+        that form's encoding, from the document cache, else resumed from this request's coarse encoding
+        (`resume`, filled by `_encoded`: layers 1..l_c are not run again) or encoded now, and kept there, in
+        place of the strategy's own when deepening is on (the document's later queries then read it; with
+        deepening off they run the strategy, which needs its own encoding too), and a list that gets the
+        milliseconds it took once it is asked for."""
         deep, spent = strategy.deepened(), []
         if deep is None:
             return None, spent
@@ -281,8 +296,8 @@ class Engine:
             clock = time.perf_counter()
             held = self.documents.held_state(slot, key, self._restore(job))
             if held is None:
-                held = encode_context(job.model, job.context_ids, job.prefill, deep.encoded_layers(job.layer),
-                                      parts=deep.context_parts)
+                held = resume[0]() if resume else encode_context(job.model, job.context_ids, job.prefill,
+                                                                 deep.encoded_layers(job.layer), parts=deep.context_parts)
                 self.documents.store_state(slot, key, held, replaces=first)
             spent.append(round((time.perf_counter() - clock) * 1000.0, 3))
             return held
@@ -308,17 +323,26 @@ class Engine:
     def _restore(self, job: Prepared) -> Callable[[dict[str, torch.Tensor]], ContextState]:
         return lambda tensors: ContextState.from_tensors(job.model, job.prefill, tensors)
 
-    def _encoded(self, job: Prepared) -> Callable[[], ContextState]:
-        """The job's encoded context, from the document cache or encoded on first use (once per job)."""
-        layers, parts = job.strategy.encoded_layers(job.layer), job.strategy.context_parts
+    def _encoded(self, job: Prepared, resume: list[Callable[[], ContextState]] | None = None
+                 ) -> Callable[[], ContextState]:
+        """The job's encoded context, from the document cache or encoded on first use (once per job). When
+        it is encoded here for a strategy that may fall back to its deepened form, the way on to that form's
+        encoding (compressor/pipeline.resumed: it holds the residual stream at the coarse layer, (L, D), for
+        this request only; the document cache keeps the encoding without it) is appended to `resume`."""
+        strategy = job.strategy
+        layers, parts = strategy.encoded_layers(job.layer), strategy.context_parts
+        keep = resume is not None and strategy.falls_back
         encoded: list[ContextState] = []
+
+        def encode() -> ContextState:
+            state = encode_context(job.model, job.context_ids, job.prefill, layers, parts=parts, keep_hidden=keep)
+            if keep:
+                resume.append(resumed(job.model, state, strategy.deepened()))
+            return state
 
         def state() -> ContextState:
             if not encoded:
-                encoded.append(self.documents.state(
-                    job.slot, self._state_key(job, job.strategy),
-                    lambda: encode_context(job.model, job.context_ids, job.prefill, layers, parts=parts),
-                    self._restore(job)))
+                encoded.append(self.documents.state(job.slot, self._state_key(job, strategy), encode, self._restore(job)))
             return encoded[0]
 
         return state

@@ -100,6 +100,17 @@ class Strategy(ABC):
         return query_key_scores(retrieval.queries[l_r], retrieval.keys[l_r]), None
 
     @property
+    def falls_back(self) -> bool:
+        """Whether a query may read the `deepened()` form's encoding (QueryPass.deepened) on a context
+        encoded for this strategy: the caller then keeps the encoding's resume point (ContextState.hidden)."""
+        return False
+
+    def deep_pays(self, length: int, budget: int, queries: int, l_r: int) -> bool:
+        """Whether `queries` questions over a context of `length` tokens are cheaper answered by the
+        `deepened()` form (one encoding to l_R for all) than by this strategy one by one."""
+        return False
+
+    @property
     def batchable(self) -> bool:
         """Whether the batched prefill of one-chunk contexts serves the strategy: it keeps keys and query
         states at the encoded layers only, so the strategy needs attention, a query, and no parts."""

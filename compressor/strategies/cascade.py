@@ -6,8 +6,10 @@ and scores and allocates (l_R's attention blended with the coarse layer's, Algor
 candidates would cover the context it runs as ILRe at l_R with the coarse layer blended in, as it does
 on a document encoded in full (`deepened`). When l_R finds nothing it attends to strongly among the
 candidates (`deepen_below`: the coarse layer, which matches surface forms, missed what the query
-asks, e.g. a question that paraphrases the document), the whole context runs to l_R instead: the
-deepened form, on an encoding the caller may supply and keep (QueryPass.deepened).
+asks, e.g. a question that paraphrases the document), or when the coarse layer itself attends to
+nothing strongly (`coarse_below`, checked before the candidate pass), the whole context runs to l_R
+instead: the deepened form, on an encoding the caller may supply and keep (QueryPass.deepened; the
+engine and `select_context` resume it from the coarse encoding, so layers 1..l_c run once).
 """
 
 from __future__ import annotations
@@ -72,6 +74,10 @@ class Cascade(Strategy):
     deepen_blend: in [0, 1]; when it falls back, l_R's attention over the candidates joins the whole
     context's at this weight (each scaled to sum 1 outside the sink, element-wise max), so what the
     candidates found stays in reach (None: the profile's, else 0 = the whole context's alone);
+    coarse_below: in [0, 1]; when `peak_strength` of the coarse layer's own attention over the context
+    (outside the sink) is below it, the candidate pass is skipped and the whole context runs to l_R at once,
+    scored as `deepened()` scores it: decided before any l_R work, so such a query costs what plain ILRe at
+    l_R costs once the caller resumes the coarse encoding (None: the profile's, else 0 = never);
     max_kernels / avg_kernels: Algorithm 1's kernels, at both stages; whole: set by `for_context`
     when the candidates would cover the context, which then runs as ILRe at l_R with the coarse
     layer in also_layers. How the candidates run: compressor/candidate_prefill.py."""
@@ -82,6 +88,7 @@ class Cascade(Strategy):
     coarse_weight: float = 0.5
     deepen_below: float | None = None
     deepen_blend: float | None = None
+    coarse_below: float | None = None
     max_kernels: tuple[int, ...] = (2, 4, 8)
     avg_kernels: tuple[int, ...] = tuple(range(1, 17))
     whole: bool = field(default=False, repr=False)
@@ -90,7 +97,8 @@ class Cascade(Strategy):
     def __post_init__(self) -> None:
         check_int("coarse_layer", self.coarse_layer, 1)
         for name, value, low in (("candidates", self.candidates, 1), ("coarse_weight", self.coarse_weight, 0),
-                                 ("deepen_below", self.deepen_below, 0), ("deepen_blend", self.deepen_blend, 0)):
+                                 ("deepen_below", self.deepen_below, 0), ("deepen_blend", self.deepen_blend, 0),
+                                 ("coarse_below", self.coarse_below, 0)):
             if value is None and name != "coarse_weight":
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low:
@@ -124,6 +132,9 @@ class Cascade(Strategy):
             raise ValueError(f"context_ids: {self.name} runs its candidates again and needs the context's ids")
         retrieval, config = query.retrieval, query.config
         scores = query_key_scores(retrieval.queries[coarse], retrieval.keys[coarse])  # (L,)
+        query.measured["coarse_peak"] = coarse_peak = peak_strength(scores[config.sink:])
+        if self.coarse_below and coarse_peak < self.coarse_below:  # the coarse layer found nothing: depth at once
+            return self._whole_context(query, coarse)
         count = self.candidate_count(query.budget)
         candidates = pick_candidates(scores, count, config.sink, recent_share(count, config), self.allocator)
         keys, queries = candidate_prefill(query.model, query.context_ids, candidates, query.query_ids, config)
@@ -152,9 +163,21 @@ class Cascade(Strategy):
                 query_key_scores(retrieval.queries[coarse], retrieval.keys[coarse]))
 
     @property
+    def falls_back(self) -> bool:
+        return self.cascade_layer is not None and bool(self.deepen_below or self.coarse_below)
+
+    @property
     def extra_layers(self) -> tuple[int, ...]:
         blended = self.whole and self.coarse_layer is not None and self.coarse_weight > 0
         return (self.coarse_layer,) if blended else ()
+
+    def deep_pays(self, length: int, budget: int, queries: int, l_r: int) -> bool:
+        """Each question's candidates run through l_R layers (l_R x C layer-tokens); reading the whole context
+        on from the coarse layer costs (l_R - l_c) x L once: the latter once the questions' passes cost more."""
+        coarse = self.cascade_layer
+        if coarse is None or queries < 2:
+            return False
+        return queries * l_r * min(self.candidate_count(budget), length) >= (l_r - coarse) * length
 
     def candidate_count(self, budget: int) -> int:
         """Candidates for a budget of `budget` context tokens."""

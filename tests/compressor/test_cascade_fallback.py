@@ -9,7 +9,7 @@ import torch
 
 from ilre.compressor.candidate_prefill import candidate_prefill
 from ilre.compressor.pipeline import select_context, select_query
-from ilre.compressor.prefill import PrefillConfig, encode_context, prefill_query
+from ilre.compressor.prefill import PrefillConfig, encode_context, prefill_query, resume_context
 from ilre.compressor.strategies import make_strategy
 from ilre.compressor.strategies.base import QueryPass
 from ilre.compressor.strategies.cascade import peak_strength, pick_candidates, recent_share
@@ -36,6 +36,19 @@ def literal_peak(context: torch.Tensor, query: torch.Tensor, config: PrefillConf
     outside = sorted((v for c, v in zip(candidates.tolist(), over) if c >= config.sink), reverse=True)
     total = 0.0
     for value in outside[:5]:
+        total += value
+    return total / 5
+
+
+def literal_coarse_peak(context: torch.Tensor, query: torch.Tensor, config: PrefillConfig) -> float:
+    """The coarse layer's own peak strength step by step: its A^C over the whole context, the mean of the five
+    largest outside the sink, summed in a Python loop."""
+    with torch.inference_mode():
+        state = encode_context(model(), context, config, (COARSE,))
+        retrieval = prefill_query(model(), state, query)
+        coarse = query_key_scores(retrieval.queries[COARSE], retrieval.keys[COARSE]).tolist()
+    total = 0.0
+    for value in sorted(coarse[config.sink:], reverse=True)[:5]:
         total += value
     return total / 5
 
@@ -73,7 +86,8 @@ def test_the_selection_reports_the_peak_it_measured_whether_or_not_it_fell_back(
     for deepen_below in (0.0, 1.0):
         strategy = cascade(coarse_layer=COARSE, candidates=FACTOR, deepen_below=deepen_below)
         selection = select_context(model(), context, query, BUDGET, strategy, config)
-        assert selection.measured == {"peak": pytest.approx(peak, rel=1e-5)}
+        assert selection.measured == {"peak": pytest.approx(peak, rel=1e-5),
+                                      "coarse_peak": pytest.approx(literal_coarse_peak(context, query, config), rel=1e-5)}
     whole = select_context(model(), context, query, BUDGET, cascade(coarse_layer=COARSE, candidates=FACTOR).deepened(), config)
     assert whole.measured == {}  # no candidates, so nothing to measure
 
@@ -138,8 +152,53 @@ def test_with_deepen_blend_the_candidates_attention_joins_the_whole_contexts_on_
                                                        config)  # no fallback: nothing to blend
 
 
+@pytest.mark.parametrize("config", CONFIGS[:3])
+def test_the_coarse_rule_falls_back_exactly_below_its_threshold_without_the_candidate_pass(config, monkeypatch):
+    context, query = random_ids(LENGTH, seed=21), random_ids(N_QUERY, seed=22)
+    coarse_peak = literal_coarse_peak(context, query, config)
+    assert 0.0 < coarse_peak < 1.0
+    candidates_only = kept(cascade(coarse_layer=COARSE, candidates=FACTOR), context, query, config)
+    deepened = kept(cascade(coarse_layer=COARSE, candidates=FACTOR).deepened(), context, query, config)
+    assert candidates_only != deepened
+    above = cascade(coarse_layer=COARSE, candidates=FACTOR, coarse_below=coarse_peak * 0.999)
+    below = cascade(coarse_layer=COARSE, candidates=FACTOR, coarse_below=min(1.0, coarse_peak * 1.001))
+    assert kept(above, context, query, config) == candidates_only
+    runs = []
+    import ilre.compressor.strategies.cascade as module
+    monkeypatch.setattr(module, "candidate_prefill", lambda *a, **k: runs.append(1) or candidate_prefill(*a, **k))
+    selection = select_context(model(), context, query, BUDGET, below, config)
+    assert selection.kept.tolist() == deepened and runs == []  # decided before any candidate ran to l_R
+    assert set(selection.measured) == {"coarse_peak"}
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("rule", [{"deepen_below": 1.0}, {"coarse_below": 1.0}])
+def test_a_fallback_resumed_from_the_coarse_encoding_selects_what_a_fresh_deep_encoding_selects(config, rule, monkeypatch):
+    """select_context keeps the coarse encoding's resume point and takes it on to l_R (layers 1..l_c once); the
+    selection equals the fallback on an encoding made from scratch, exactly (float32)."""
+    context, query = random_ids(LENGTH, seed=41), random_ids(N_QUERY, seed=42)
+    strategy = cascade(coarse_layer=COARSE, candidates=FACTOR, **rule)
+    deep = strategy.deepened()
+
+    def fresh():
+        return encode_context(model(), context, config, deep.encoded_layers(N_LAYERS))
+
+    with torch.inference_mode():
+        state = encode_context(model(), context, config, strategy.encoded_layers(N_LAYERS))
+        want = select_query(model(), state, query, BUDGET, strategy, context_ids=context, deepened=fresh)
+    import ilre.compressor.pipeline as pipeline
+    resumes = []
+    monkeypatch.setattr(pipeline, "resume_context", lambda *a, **k: resumes.append(1) or resume_context(*a, **k))
+    got = select_context(model(), context, query, BUDGET, strategy, config)
+    assert got.kept.tolist() == want.kept.tolist() == kept(deep, context, query, config)
+    assert resumes == [1]
+    torch.testing.assert_close(got.scores, want.scores, atol=0, rtol=0)
+
+
 @pytest.mark.parametrize("value", [-0.1, 1.5, "high", True, float("nan")])
 def test_a_bad_threshold_names_the_field(value):
+    with pytest.raises(ValueError, match=r"^coarse_below: "):
+        make_strategy("cascade", {"coarse_below": value})
     with pytest.raises(ValueError, match=r"^deepen_below: "):
         make_strategy("cascade", {"deepen_below": value})
     with pytest.raises(ValueError, match=r"^deepen_blend: "):

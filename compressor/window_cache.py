@@ -1,0 +1,116 @@
+"""The sink and sliding-window K/V cache of one layer below l_R (the streaming prefill's memory)."""
+
+from __future__ import annotations
+
+import torch
+
+from ..kernels.chunk_attention import chunk_attention
+from ..kernels.rope import rerotate
+from ..models.llama import TruncatedLM
+from .prefill_config import PrefillConfig
+
+
+class WindowCache:
+    """Sink and sliding-window K/V of one layer below l_R, in one preallocated buffer per tensor.
+
+    k, v: (kv_heads, S + W + slot, d) laid out as [sink | window ring | current chunk]. Attention
+    does not depend on the order of the keys it sees, so the window is a ring: a chunk overwrites
+    the oldest entries in place and nothing is re-concatenated. The chunk (or the query) is
+    written behind the ring, so attention reads one contiguous view. With W = None the ring holds
+    the whole context. `sink_raw` keeps the sink keys at their own positions (DCA moves a copy).
+    Once the context is encoded, `freeze` keeps only the live entries: (kv_heads, n_sink + n_window, d).
+    """
+
+    def __init__(self, config: PrefillConfig, length: int, slot: int, model: TruncatedLM):
+        spec = model.spec
+        self.sink, self.window = config.sink, max(1, config.window or length)
+        shape = (spec.num_kv_heads, self.sink + self.window + slot, spec.head_dim)
+        self.k = torch.zeros(shape, dtype=model.dtype, device=model.device)  # zeros: masked holes
+        self.v = torch.zeros(shape, dtype=model.dtype, device=model.device)  # must not carry NaNs
+        self.sink_raw: torch.Tensor | None = None
+        self.n_sink = self.n_window = self.ring_at = 0
+        self.sink_shift: int | None = None
+        self.frozen = False
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes held: the K/V buffers and the sink's unmoved keys."""
+        tensors = [self.k, self.v] + ([self.sink_raw] if self.sink_raw is not None else [])
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def freeze(self) -> None:
+        """The context is done: keep only what a query reads, [sink | window] without the chunk slot
+        or a short context's holes, (kv_heads, n_sink + n_window, d). A frozen cache takes no more
+        context chunks; a query attends through a copy (the prefix plus its own K/V)."""
+        if self.frozen:
+            return
+        ring = slice(self.sink, self.sink + self.n_window)
+        self.k = torch.cat((self.k[:, : self.n_sink], self.k[:, ring]), dim=1)
+        self.v = torch.cat((self.v[:, : self.n_sink], self.v[:, ring]), dim=1)
+        self.frozen = True
+
+    @classmethod
+    def restored(cls, config: PrefillConfig, model: TruncatedLM, k: torch.Tensor, v: torch.Tensor,
+                 sink_raw: torch.Tensor, counters: list[int]) -> "WindowCache":
+        """A frozen cache from stored tensors: k/v (kv_heads, n_sink + n_window, d) as `freeze` left them
+        (or, as stored before, (kv_heads, S + W, d) with holes), counters (n_sink, n_window, ring_at, sink_shift)."""
+        cache = cls.__new__(cls)
+        cache.sink, cache.window = config.sink, max(1, config.window or 1)
+        cache.n_sink, cache.n_window, cache.ring_at, shift = counters
+        cache.sink_shift = None if shift < 0 else shift
+        if k.shape[1] != cache.n_sink + cache.n_window:  # the older layout: [sink | ring] with holes
+            ring = slice(cache.sink, cache.sink + cache.n_window)
+            k = torch.cat((k[:, : cache.n_sink], k[:, ring]), dim=1)
+            v = torch.cat((v[:, : cache.n_sink], v[:, ring]), dim=1)
+        place = {"device": model.device, "dtype": model.dtype}
+        cache.k, cache.v, cache.sink_raw = k.to(**place), v.to(**place), sink_raw.to(**place)
+        cache.frozen = True
+        return cache
+
+    def attend(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sink_shift: int,
+               inv_freq: torch.Tensor) -> torch.Tensor:
+        """q: (H, C, d), k/v: (KV, C, d) of a chunk -> (H, C, d): attention over sink, window and
+        the chunk itself (causally)."""
+        if self.sink_raw is None:  # the first chunk sees only itself
+            return chunk_attention(q, k, v, 0)
+        if sink_shift != self.sink_shift:
+            self.k[:, : self.n_sink] = rerotate(self.sink_raw, inv_freq, sink_shift)
+            self.sink_shift = sink_shift
+        if self.frozen:  # live entries only, no slot: the chunk goes behind a copy of them
+            prefix = self.k.shape[1]
+            return chunk_attention(q, torch.cat((self.k, k), dim=1), torch.cat((self.v, v), dim=1), prefix)
+        prefix, n = self.sink + self.window, k.shape[1]
+        if prefix + n > self.k.shape[1]:  # a query longer than the slot: widen it, keeping the prefix
+            self.k = torch.cat((self.k[:, :prefix], torch.zeros_like(self.k[:, :1]).expand(-1, n, -1)), dim=1)
+            self.v = torch.cat((self.v[:, :prefix], torch.zeros_like(self.v[:, :1]).expand(-1, n, -1)), dim=1)
+        self.k[:, prefix : prefix + n] = k
+        self.v[:, prefix : prefix + n] = v
+        visible = None
+        if self.n_sink < self.sink or self.n_window < self.window:  # short inputs: holes in the prefix
+            visible = torch.zeros(prefix, dtype=torch.bool, device=q.device)
+            visible[: self.n_sink] = True
+            visible[self.sink : self.sink + self.n_window] = True
+        return chunk_attention(q, self.k[:, : prefix + n], self.v[:, : prefix + n], prefix, visible)
+
+    def append(self, k: torch.Tensor, v: torch.Tensor, first: bool) -> None:
+        """Keep a context chunk's K/V (KV, C, d): the first S context tokens become the sink, later
+        tokens enter the ring, which keeps the last W."""
+        if self.frozen:
+            raise RuntimeError("a frozen window cache takes no more context chunks")
+        if first:
+            self.sink_raw = k[:, : self.sink].clone()
+            self.n_sink = self.sink_raw.shape[1]
+            self.k[:, : self.n_sink] = self.sink_raw
+            self.v[:, : self.n_sink] = v[:, : self.sink]
+            self.sink_shift = 0
+            k, v = k[:, self.sink :], v[:, self.sink :]
+        k, v = k[:, -self.window :], v[:, -self.window :]
+        n, at = k.shape[1], self.ring_at
+        head = min(n, self.window - at)  # entries before the ring wraps
+        ring = slice(self.sink, self.sink + self.window)
+        self.k[:, ring][:, at : at + head] = k[:, :head]
+        self.v[:, ring][:, at : at + head] = v[:, :head]
+        self.k[:, ring][:, : n - head] = k[:, head:]
+        self.v[:, ring][:, : n - head] = v[:, head:]
+        self.ring_at = (at + n) % self.window
+        self.n_window = min(self.window, self.n_window + n)
