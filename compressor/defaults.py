@@ -4,6 +4,14 @@ engine/defaults.py.
 """
 
 DEFAULT_STRATEGY = "cascade"  # what a request that names none gets (plain ILRe where the profile names no coarse layer)
+# The cascade's fallbacks, as `ilre calibrate` writes them into a profile (compressor/strategies/cascade.py), 0 =
+# never unless a request sets them. coarse_below: the whole context is read to l_R at once when the coarse layer's
+# own peak strength is below it, decided before the candidate pass, so such a query costs what plain ILRe at l_R
+# costs; deepen_below: the same after the candidate pass, when l_R's peak over the candidates is below it, which
+# costs the candidate pass more than plain ILRe at l_R. Neither peak separates a paraphrased question (where depth
+# helps) from records and logs (where it does not): bench/mixed_bench.py, README's How it works.
+COARSE_BELOW = 0.0
+DEEPEN_BELOW = 0.0
 
 SINK, WINDOW, CHUNK = 4, 512, 1024  # the streaming prefill's S, W and chunk length, in tokens (ILRe section 3.3)
 

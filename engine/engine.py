@@ -331,7 +331,8 @@ class Engine:
         this request only; the document cache keeps the encoding without it) is appended to `resume`."""
         strategy = job.strategy
         layers, parts = strategy.encoded_layers(job.layer), strategy.context_parts
-        keep = resume is not None and strategy.falls_back
+        keep = resume is not None and (strategy.falls_back or strategy.deep_pays(
+            job.context_ids.numel(), job.budget, len(job.queries), job.layer))
         encoded: list[ContextState] = []
 
         def encode() -> ContextState:

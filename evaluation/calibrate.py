@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from ..compressor.calibration import (CANDIDATE_FACTORS, COST_CAP, candidate_hits, cascade_cost, pick_candidate_factor,
                                       pick_layer, pick_layers, recall_by_layer)
+from ..compressor.defaults import COARSE_BELOW, DEEPEN_BELOW
 from ..compressor.prefill import PrefillConfig, streaming_prefill
 from ..compressor.strategies import make_strategy
 from ..models.device import Placement
@@ -82,7 +83,6 @@ def grid_hits(truncated, tokenizer, plan: CalibrationPlan, config: PrefillConfig
     return hits
 
 
-DEEPEN_BELOW = 0.6  # the cascade reads the whole context to l_R below this peak strength (results page, stage 22)
 
 
 def cascade_details(coarse: int, l_r: int, plan: CalibrationPlan, candidates: torch.Tensor,
@@ -97,11 +97,12 @@ def cascade_details(coarse: int, l_r: int, plan: CalibrationPlan, candidates: to
     held = candidates[kept_at_l_r.bool()]  # (samples l_R keeps, factors)
     return {
         "strategies": {"cascade": {"coarse_layer": coarse, "candidates": factor, "coarse_weight": 0.5,
-                                   "deepen_below": DEEPEN_BELOW}},
+                                   "coarse_below": COARSE_BELOW, "deepen_below": DEEPEN_BELOW}},
         "cascade": {
             "method": f"coarse layer = fast; candidates = the largest factor (of {list(CANDIDATE_FACTORS)}) whose prefill "
                       f"at {longest} tokens costs at most {COST_CAP}x plain ILRe at the coarse layer (layer-tokens); "
-                      f"coarse_weight 0.5 (stage 18 of the evaluation); deepen_below {DEEPEN_BELOW} (stage 22)",
+                      f"coarse_weight 0.5 (stage 18 of the evaluation); coarse_below {COARSE_BELOW} and deepen_below "
+                      f"{DEEPEN_BELOW} (bench/mixed_bench.py: depth paid once, decided before the candidate pass)",
             "costs": {str(f): c for f, c in costs.items()},
             "candidate_recall_long": {str(f): round(float(v), 4) for f, v in zip(CANDIDATE_FACTORS, candidates.mean(
                 dim=tuple(range(candidates.dim() - 1))))},

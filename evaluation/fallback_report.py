@@ -22,7 +22,6 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from statistics import mean
 
-from .calibrate import DEEPEN_BELOW
 from .ruler import TASKS, length_label
 from .run_eval import load_records
 
@@ -30,8 +29,10 @@ CANDIDATES_ROW = "cascade_candidates"  # the default without its fallback
 WHOLE_ROW = "ilre_fast_half"  # what the fallback runs: the whole context to l_R, the coarse layer at half weight
 THRESHOLDS = (0.0, 0.4, 0.5, 0.6, 0.7)
 
+STAGE22_THRESHOLD = 0.6  # the threshold these records were measured under (stages 22-24, the fallback after the candidates)
 
-def falls_back(records: list[dict], threshold: float = DEEPEN_BELOW) -> dict[tuple, bool]:
+
+def falls_back(records: list[dict], threshold: float = STAGE22_THRESHOLD) -> dict[tuple, bool]:
     """(task, length, index, seed) -> whether the default falls back on that sample at the profile's threshold:
     its `cascade` row's `fell_back` where recorded, else its `cascade_candidates` row's peak < `threshold`."""
     out: dict[tuple, bool] = {}
@@ -44,7 +45,7 @@ def falls_back(records: list[dict], threshold: float = DEEPEN_BELOW) -> dict[tup
     return out
 
 
-def share_table(records: list[dict], threshold: float = DEEPEN_BELOW) -> list[str]:
+def share_table(records: list[dict], threshold: float = STAGE22_THRESHOLD) -> list[str]:
     """Markdown rows: per task, the samples that fall back of those measured, per length."""
     cells: dict[tuple[str, int], list[bool]] = defaultdict(list)
     for (task, length, _, _), fell in falls_back(records, threshold).items():
@@ -114,7 +115,7 @@ def _replayed(pairs: list[tuple[dict, dict]], threshold: float) -> float:
     return 100 * mean(whole["retention"] if cand["peak"] < threshold else cand["retention"] for cand, whole in pairs)
 
 
-def fallback_section(records: list[dict], threshold: float = DEEPEN_BELOW,
+def fallback_section(records: list[dict], threshold: float = STAGE22_THRESHOLD,
                      thresholds: tuple[float, ...] = THRESHOLDS) -> list[str]:
     """Markdown lines of the results page's section (none when no record measured a peak)."""
     shares = share_table(records, threshold)
@@ -123,7 +124,7 @@ def fallback_section(records: list[dict], threshold: float = DEEPEN_BELOW,
         return []
     out = ["## When the default's candidates miss: its fallback", "",
            f"The default reads the whole context to l_R when l_R's peak attention over its candidates is below "
-           f"`deepen_below` (the profile's {threshold:g}; README, How it works). 4K contexts run ILRe at l_R already.", ""]
+           f"`deepen_below` ({threshold:g} when these records were measured; the profile now sets 0 and decides before the candidate pass, `coarse_below`: README, How it works). 4K contexts run ILRe at l_R already.", ""]
     if shares:
         out += ["Samples that fall back, of those measured:", "", *shares, ""]
     seconds = seconds_lines(records)

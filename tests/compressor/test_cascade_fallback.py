@@ -4,6 +4,8 @@ statistic written out, the deepened form computed on its own, and the caller's e
 
 from __future__ import annotations
 
+import math
+
 import pytest
 import torch
 
@@ -210,3 +212,16 @@ def test_the_profile_fills_the_threshold_only_when_the_request_leaves_it_unset()
     assert cascade(deepen_below=0.0).with_defaults({"deepen_below": 0.6}) == cascade(deepen_below=0.0)
     assert cascade().with_defaults({"deepen_blend": 0.5}) == cascade(deepen_blend=0.5)
     assert cascade(deepen_blend=0.0).with_defaults({"deepen_blend": 0.5}) == cascade(deepen_blend=0.0)
+
+
+def test_many_questions_pay_for_depth_once_where_their_candidate_passes_cost_more():
+    """The cost rule written out: questions x l_R x candidates (layer-tokens of the candidate passes) against
+    (l_R - l_c) x L (the whole context read on from the coarse layer)."""
+    strategy = cascade(coarse_layer=8, candidates=4.0)
+    for length, budget, questions in ((32768, 1024, 1), (32768, 1024, 4), (32768, 1024, 5), (131072, 1024, 18),
+                                      (131072, 1024, 19), (3000, 512, 20), (50000, 64, 2)):
+        count = min(math.ceil(4.0 * budget), length)
+        expected = questions >= 2 and questions * 19 * count >= (19 - 8) * length
+        assert strategy.deep_pays(length, budget, questions, 19) == expected
+    assert strategy.deep_pays(32768, 1024, 5, 19) and not strategy.deep_pays(32768, 1024, 4, 19)
+    assert not strategy.deepened().deep_pays(32768, 1024, 20, 19)  # already whole: nothing to pay for

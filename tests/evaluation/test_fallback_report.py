@@ -51,7 +51,7 @@ def test_the_section_is_empty_without_peaks_and_names_the_threshold_with_them():
     assert fallback_section([record("cascade", "fwe", 0, 1.0)]) == []
     records = [record("cascade_candidates", "fwe", 0, 1.0, peak=0.4), record("ilre_fast_half", "fwe", 0, 1.0)]
     lines = fallback_section(records, threshold=0.6, thresholds=(0.0, 0.6))
-    assert "`deepen_below` (the profile's 0.6" in lines[2]
+    assert "`deepen_below` (0.6 when these records were measured" in lines[2]
     assert "| fwe | 1/1 |" in lines
     assert "| 16K | 1 (1 tasks) | 100.0 (0) | 100.0 (100) |" in lines
     assert "No task's retention depends on the threshold." in lines

@@ -192,6 +192,35 @@ def test_with_deepening_off_a_fallen_back_document_keeps_both_encodings(engine):
     assert first.timings_ms["deepen"] > 100 * again.timings_ms["deepen"]
 
 
+ASKED = [*QUESTIONS, " Question: who waits at the gate? Answer:"]
+
+
+def test_a_request_with_many_questions_reads_the_context_to_l_r_once(engine, monkeypatch):
+    """When the questions' candidate passes would cost more than reading the whole context on from the coarse
+    layer (4 questions here: 4 x 19 layers x 800 candidates against 11 layers x ~4.4K tokens), the request reads
+    it once, resumed from the coarse encoding, and every question is answered as a deepened document answers it.
+    Fewer questions run their candidates."""
+    import ilre.compressor.pipeline as pipeline
+
+    resumes = []
+    real = pipeline.resume_context
+    monkeypatch.setattr(pipeline, "resume_context", lambda *a, **k: resumes.append(1) or real(*a, **k))
+    kept = engine.documents
+    engine.documents = DocumentCache(1 << 30)
+    try:
+        many = engine.compress(CompressRequest(context=long_text(), queries=ASKED, budget=BUDGET))
+        few = engine.compress(CompressRequest(context=long_text() + " ", queries=ASKED[:3], budget=BUDGET))
+    finally:
+        engine.documents = kept
+    assert resumes == [1]  # layers 1..8 ran once, for the coarse encoding
+    for question, result in zip(ASKED, many.results):
+        assert without_strategy(result) == full_depth_reference(engine, question) and result.strategy == "cascade"
+    assert "deepen" in many.results[0].timings_ms and all("deepen" not in r.timings_ms for r in many.results[1:])
+    for question, result in zip(ASKED, few.results):
+        alone = engine.compress(CompressRequest(context=long_text() + " ", query=question, budget=BUDGET))
+        assert comparable(result) == comparable(alone) and "deepen" not in result.timings_ms
+
+
 # --- the background thread's rules, on plain generators ----------------------------------------
 
 def counting(log: list, name: str, steps: int):

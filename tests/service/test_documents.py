@@ -23,7 +23,7 @@ from tests.tiny_models import N_LAYERS, random_ids, tiny_checkpoint
 from .conftest import comparable
 
 CONFIG = PrefillConfig(sink=2, window=5, chunk=7)
-CANDIDATES = {"deepen_below": 0.0}  # the cascade on its candidates alone: these tests are about the cache
+CANDIDATES = {"deepen_below": 0.0, "coarse_below": 0.0}  # the cascade on its candidates alone: these tests are about the cache
 QUESTIONS = [" Question: who holds the key to the vault? Answer:", " Question: what is the vault code? Answer:",
              " Question: when does the ship leave? Answer:"]
 

@@ -85,7 +85,8 @@ def test_a_request_names_a_layer_of_the_profile(local_service, engine):
         info = client.model_info()
         assert info.layer_choices == choices and info.default_strategy == "cascade"
         assert info.default_strategy_options == engine.profile.strategy_options("cascade") == {
-            "coarse_layer": 8, "candidates": 4.0, "coarse_weight": 0.5, "deepen_below": 0.6}
+            "coarse_layer": 8, "candidates": 4.0, "coarse_weight": 0.5, "deepen_below": 0.0,
+            "coarse_below": 0.0}
 
 
 def test_a_retaining_head_strategy_without_a_layer_runs_where_its_head_is():
@@ -127,7 +128,8 @@ def test_the_default_is_the_profiles_cascade(engine):
     assert default.strategy == "cascade" and default.layer == engine.layer and default.original_tokens > 4 * 64
     ids = torch.tensor(engine.tokenizer(fields["context"], add_special_tokens=False).input_ids)
     query = torch.tensor(engine.tokenizer(QUERY, add_special_tokens=False).input_ids)
-    cascade = make_strategy("cascade", {"coarse_layer": 8, "candidates": 4.0, "coarse_weight": 0.5, "deepen_below": 0.6})
+    cascade = make_strategy("cascade", {"coarse_layer": 8, "candidates": 4.0, "coarse_weight": 0.5, "deepen_below": 0.0,
+                                        "coarse_below": 0.0})
     with torch.inference_mode():
         direct = select_context(engine.model_at(engine.layer), ids, query, 64, cascade, PrefillConfig(dca=default.dca))
     assert default.kept_indices == direct.kept.tolist()
