@@ -9,7 +9,11 @@ Data flow for one request, all on one device:
   query ids (Lq,) -> one more chunk through the same layers; its Q is taken at each score layer
 `encode_context` runs the context chunks into a ContextState (query-independent: the keys and the
 window caches at the end of the context); `prefill_query` runs a query against it, as often as
-wanted. The prefill knows nothing about strategies: it returns keys and queries, a strategy scores them.
+wanted. `resume_context` takes an encoding kept with its resume point (the residual stream entering its
+top layer, `keep_hidden`) deeper, running only the layers below l_R that it lacks: a shallow encoding and
+its resumption cost one deep encoding plus the shallow top layer's projections again. The prefill knows
+nothing about strategies: it returns keys and queries, a strategy scores them. The window caches live in
+window_cache.py.
 """
 
 from __future__ import annotations

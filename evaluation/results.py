@@ -13,6 +13,7 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from statistics import mean
 
+from .depth_report import default_against_l_r, depth_section
 from .fallback_report import fallback_section, uncharged_lines
 from .headline import DEFAULT, best_ours, comparison, gap, headline, retention_by_sample, variant_section, why
 from .intervals import wilson
@@ -97,8 +98,7 @@ def target_checks(records: list[dict]) -> list[str]:
             low = ", ".join(f"{t} {v:.0f}%" for t, v in by_task.items() if v < 90)
             lines.append(f"- {LABELS[name]} retention on every RULER needle task at {length_label(n)} (target >= 90% each; "
                          f"{len(by_task)} tasks, {len(at)} samples): " + (f"NOT met: {low}" if low else "met"))
-    for n in sorted({r["length"] for r in records if r["strategy"] == DEFAULT}):
-        c = comparison(retention_by_sample(records, n), DEFAULT, "ilre")
+    for n, c in default_against_l_r(records).items():
         if c is not None:
             lines.append(f"- The default ({LABELS[DEFAULT]}) ties or leads ILRe at l_R at {length_label(n)}: {gap(c, ' points')} over "
                          f"{c['n']} paired samples of {c['tasks']} tasks ({why(c)}): "
@@ -260,6 +260,7 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
     lines += headline(records, LABELS, STRATEGIES)
     lines += variant_section(records, LABELS, {"no shared words": NO_SHARED_WORDS})
     lines += units_section(records, LABELS)
+    lines += depth_section(records)
     lines += fallback_section(records)
     lines += headers_section(every_budget, LABELS)
     lines += real_files_section(results_dir / REAL_FILES.name, results_dir / REAL_FILES_EARLIER.name)

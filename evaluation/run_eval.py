@@ -179,6 +179,7 @@ class Record:
     new_tokens: int | None = None  # the generation budget used
     dtype: str | None = None  # the compressor's dtype (None: float32, records from before dtypes)
     peak: float | None = None  # the cascade's peak strength over its candidates (compressor/strategies/cascade.py)
+    coarse_peak: float | None = None  # and its coarse layer's over the whole context (what `coarse_below` reads)
     fell_back: bool | None = None  # whether the cascade read the whole context instead (None: not a cascade row)
     timing: str | None = None  # why compress_s is not this row's whole cost (None: it is)
 
@@ -250,7 +251,7 @@ class Evaluator:
         records = []
         for name in strategies:
             start = time.perf_counter()
-            dca = layer = peak = fell_back = None
+            dca = layer = peak = coarse_peak = fell_back = None
             kept_ids: list[int] | None = None
             text: str
             if name == "full":
@@ -269,8 +270,8 @@ class Evaluator:
                 tick = time.perf_counter()
                 selection = engine.answer(job)[0]
                 kept = selection.kept.tolist()
-                peak = selection.measured.get("peak")
-                fell_back = None if peak is None else "deepen" in selection.timings_ms
+                peak, coarse_peak = selection.measured.get("peak"), selection.measured.get("coarse_peak")
+                fell_back = None if coarse_peak is None else "deepen" in selection.timings_ms
                 seconds = pass_s + time.perf_counter() - tick
                 if fell_back:  # the whole-context pass, like the encoding's, is charged to every row that reads it
                     read = selection.timings_ms["deepen"] / 1000.0
@@ -303,7 +304,8 @@ class Evaluator:
                             round(seconds, 4), answers=sample.answers, layer=layer if layer is not None else engine.layer, dca=dca,
                             dtype=self.dtype if name in ATTENTION or name in LINGUA_METHODS else None,
                             whole_units=whole_share(units.bounds, kept, sink) if kept else None,
-                            headed_rows=headed_share(units.heads, units.bounds, kept, sink), peak=peak, fell_back=fell_back)
+                            headed_rows=headed_share(units.heads, units.bounds, kept, sink), peak=peak, coarse_peak=coarse_peak,
+                            fell_back=fell_back)
             if self.generates(name, sample.task, sample.length) and record.retention == 0.0 and TASKS[sample.task].kind in GUESSLESS:
                 # no gold text survived: a random 7-digit number, UUID or 5-letter name cannot be
                 # produced from the prompt, so the RULER score is 0 without spending a generation
