@@ -14,7 +14,8 @@ kept when every gold string is in the compressed context. Each record is one lin
 written as it is measured: a run that stops resumes where it stopped, and a finished one only reprints.
 Printed per length and configuration: total seconds, answers kept; per request the default's multiple of the
 coarse layer's time on the same text (median and max) and of l_R's (max); per kind, how often the default read
-the whole context to l_R and the coarse layer's peak strength it measured (what `coarse_below` decides on).
+the whole context to l_R and the coarse layer's peak strength it measured (what `coarse_below` decides on);
+then `coarse_below` replayed at a few thresholds (`--replay`: a text under it charged plain ILRe at l_R's time).
 Usage: bench/mixed_bench.py [--lengths 32768,131072] [--texts 3,1] [--output results/bench/mixed.jsonl]
 """
 
@@ -166,12 +167,32 @@ def report(rows: list[dict]) -> list[str]:
     return lines
 
 
+def replay(rows: list[dict], thresholds: list[float]) -> list[str]:
+    """What `coarse_below` at each threshold would have cost and kept on these texts: a text whose default row
+    measured layer 8's peak below it is charged plain ILRe at l_R's seconds and answer (what the rule reads)."""
+    lines = []
+    for n in sorted({r["tokens"] for r in rows}):
+        by = {(r["kind"], r["index"], r["config"]): r for r in rows if r["tokens"] == n}
+        texts = [t for t in {(k, i) for k, i, _ in by} if all((*t, c) in by for c, _, _ in CONFIGS)
+                 and "coarse_peak" in by[(*t, "default")]]
+        coarse = sum(by[(*t, "coarse layer")]["seconds"] for t in texts)
+        for threshold in thresholds:
+            deep = [t for t in texts if by[(*t, "default")]["coarse_peak"] < threshold]
+            chosen = [by[(*t, "l_R" if t in deep else "default")] for t in texts]
+            lines.append(f"{n} tokens, coarse_below {threshold:g}: {len(deep)} of {len(texts)} texts read to l_R, "
+                         f"{sum(r['seconds'] for r in chosen) / coarse:.2f}x the coarse layer in all, "
+                         f"{sum(r['kept'] for r in chosen)} answers kept")
+    return lines
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="32768,131072")
     parser.add_argument("--texts", default="3,1", help="texts per kind at each length")
     parser.add_argument("--output", default="results/bench/mixed.jsonl")
     parser.add_argument("--report-only", action="store_true", help="print what the output holds, measure nothing")
+    parser.add_argument("--replay", default="0.1,0.15,0.21,0.3", help="coarse_below thresholds replayed on the "
+                        "records ('' = none)")
     args = parser.parse_args()
     lengths = [int(x) for x in args.lengths.split(",") if x]
     texts = [int(x) for x in args.texts.split(",")]
@@ -179,7 +200,7 @@ def main() -> None:
     output = Path(args.output)
     rows = ([json.loads(line) for line in output.read_text().splitlines()] if output.exists() else []) \
         if args.report_only else run(lengths, texts, output)
-    print("\n".join(report(rows)))
+    print("\n".join(report(rows) + replay(rows, [float(x) for x in args.replay.split(",") if x])))
 
 
 if __name__ == "__main__":
