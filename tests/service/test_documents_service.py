@@ -21,13 +21,18 @@ def test_queries_and_document_ids_over_grpc(local_service, engine):
     with grpc_client(local_service) as client:
         many = client.compress_queries(context(3), QUESTIONS, budget=48, id="q")
         assert many.id == "q" and len(many.results) == 2 and len(many.document_id) == 32
-        for question, result in zip(QUESTIONS, many.results):
-            alone = engine.compress(CompressRequest(context=context(3), query=question, budget=48))
-            assert comparable(result) == comparable(alone) and result.document_id == many.document_id
+        # Two questions over this short context read it to l_R once (Cascade.deep_pays): the wire answers
+        # what the engine answers for the same request (tests/service/test_deepening.py checks those).
+        both = engine.compress(CompressRequest(context=context(3), queries=QUESTIONS, budget=48))
+        for result, expected in zip(many.results, both.results):
+            assert comparable(result) == comparable(expected) and result.document_id == many.document_id
+        # With deepening off (the tests' servers) a document's later single questions run the cascade.
         again = client.compress(document_id=many.document_id, query=QUESTIONS[1], budget=48)
-        assert comparable(again) == comparable(many.results[1])
+        alone = engine.compress(CompressRequest(context=context(3), query=QUESTIONS[1], budget=48))
+        assert comparable(again) == comparable(alone)
         single = client.compress_queries(document_id=many.document_id, queries=[QUESTIONS[0]], budget=48)
-        assert comparable(single.results[0]) == comparable(many.results[0])
+        first = engine.compress(CompressRequest(context=context(3), query=QUESTIONS[0], budget=48))
+        assert comparable(single.results[0]) == comparable(first)
         with pytest.raises(ClientError) as err:
             client.compress(document_id="f" * 32, query=QUERY)
         assert err.value.code == "NOT_FOUND" and err.value.field == "document_id"
@@ -36,7 +41,7 @@ def test_queries_and_document_ids_over_grpc(local_service, engine):
         assert err.value.code == "INVALID_ARGUMENT" and err.value.field == "queries"
 
 
-def test_async_client_asks_a_document_again(local_service):
+def test_async_client_asks_a_document_again(local_service, engine):
     import asyncio
 
     from ilre.service.client import AsyncClient
@@ -48,7 +53,10 @@ def test_async_client_asks_a_document_again(local_service):
             return many, again
 
     many, again = asyncio.run(ask())
-    assert comparable(again) == comparable(many.results[1])
+    both = engine.compress(CompressRequest(context=context(6), queries=QUESTIONS, budget=40))
+    assert [comparable(r) for r in many.results] == [comparable(r) for r in both.results]
+    alone = engine.compress(CompressRequest(context=context(6), query=QUESTIONS[1], budget=40))
+    assert comparable(again) == comparable(alone) and again.document_id == many.document_id
 
 
 def _request(**fields):
@@ -57,7 +65,7 @@ def _request(**fields):
     return dict_to_request(fields)
 
 
-def test_queries_and_document_ids_over_http(local_service):
+def test_queries_and_document_ids_over_http(local_service, engine):
     with http_client(local_service) as http:
         reply = http.post("/v1/compress", json={"id": 7, "context": context(4), "queries": QUESTIONS, "budget": 40})
         assert reply.status_code == 200
@@ -65,7 +73,10 @@ def test_queries_and_document_ids_over_http(local_service):
         assert body["id"] == 7 and len(body["results"]) == 2
         doc = body["document_id"]
         again = http.post("/v1/compress", json={"document_id": doc, "query": QUESTIONS[0], "budget": 40}).json()
-        assert again["kept_indices"] == body["results"][0]["kept_indices"] and again["document_id"] == doc
+        alone = engine.compress(CompressRequest(context=context(4), query=QUESTIONS[0], budget=40))
+        assert again["kept_indices"] == alone.kept_indices and again["document_id"] == doc
+        both = engine.compress(CompressRequest(context=context(4), queries=QUESTIONS, budget=40))
+        assert [r["kept_indices"] for r in body["results"]] == [r.kept_indices for r in both.results]
         missing = http.post("/v1/compress", json={"id": "m", "document_id": "e" * 32, "query": QUERY})
         assert missing.status_code == 404
         assert missing.json()["code"] == "NOT_FOUND" and missing.json()["field"] == "document_id"
