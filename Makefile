@@ -64,6 +64,7 @@ test-fast: setup engine   ## skip the tests marked slow
 bench: setup engine litellm ## latency and peak memory; per dtype up to 1M tokens vs the roofline; documents asked again; service load; the sidecar
 	$(PY) bench/default_bench.py
 	$(PY) bench/mixed_bench.py          # resumable: results/bench/mixed.jsonl
+	$(PY) bench/questions_bench.py      # resumable: results/bench/questions.jsonl
 	$(PY) bench/units_bench.py
 	$(PY) bench/compress_bench.py
 	$(PY) bench/speed_bench.py

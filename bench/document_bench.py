@@ -117,11 +117,12 @@ def questions_row(engine, client, n_questions: int) -> str:
     start = time.perf_counter()
     many = client.compress_queries(text, asked, budget=1024)
     many_s = time.perf_counter() - start
-    once = "deepen" in many.results[0].timings_ms  # the context read to l_R once for all (Strategy.deep_pays)
+    deep = sum(r.fell_back for r in many.results)  # read to l_R once for all (Cascade.query_attention_many)
     return (f"{n_questions} questions over one {one.original_tokens}-token document in one request: {many_s:.2f} s; "
             f"one question: {one_s:.2f} s ({many_s / one_s:.2f}x the time of one, target <= 2x: "
             f"{'met' if many_s <= 2 * one_s else 'NOT met'}); "
-            + ("read to l_R once for all questions" if once else "a candidate pass per question"))
+            + (f"{deep} of them read the whole context to l_R once" if deep else
+               "one candidate pass shared by all questions (the union of their candidates)"))
 
 
 PROBE = Path(__file__).with_name("rss_probe.py")  # peak RSS beyond the loaded engine

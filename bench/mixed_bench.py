@@ -89,8 +89,8 @@ def measure(engine, name: str, strategy: str, layer: str | None, ids: list[int],
         result = engine.finish(job, selections).wire()
     text, timings = " ".join(result.compressed_context.split()), result.timings_ms
     return {"config": name, "seconds": round(timings["total"] / 1000.0, 3), "layer": result.layer,
-            "kept": all(" ".join(a.split()) in text for a in answers), "fell_back": "deepen" in timings,
-            **{key: round(value, 4) for key, value in selections[0].measured.items()}}
+            "kept": all(" ".join(a.split()) in text for a in answers), "fell_back": result.fell_back,
+            **{key: round(value, 4) for key, value in selections[0].measured.items() if key != "deep"}}
 
 
 def run(lengths: list[int], texts: list[int], output: Path) -> list[dict]:

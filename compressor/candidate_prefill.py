@@ -40,10 +40,12 @@ class _Group:
     sink_shift: int
     key_shift: int
     first: bool  # the first chunk with candidates: it sees only itself
+    before: int  # the non-sink rows it sees are [window, before) and then its own: a for candidates, C for a query
 
 
-def _groups(candidates: torch.Tensor, n_query: int, length: int, config: PrefillConfig) -> tuple[list[_Group], int]:
-    """The chunks of the candidate pass, in order, and how many candidates are the sink (positions < S)."""
+def _groups(candidates: torch.Tensor, n_queries: list[int], length: int, config: PrefillConfig) -> tuple[list[_Group], int]:
+    """The chunks of the candidate pass, in order (each query a chunk of its own after the candidates, all at
+    positions from L on, none seeing another), and how many candidates are the sink (positions < S)."""
     bounds = chunk_bounds(length, config)
     base = bounds[-2][0] if len(bounds) >= 2 else 0  # eq. 7 anchor
     starts = [start for start, _ in bounds] + [length]
@@ -52,14 +54,21 @@ def _groups(candidates: torch.Tensor, n_query: int, length: int, config: Prefill
     lows = torch.searchsorted(candidates, torch.tensor(window_starts, device=candidates.device)).tolist()
     n_sink = int(torch.searchsorted(candidates, config.sink))
     groups: list[_Group] = []
-    for index, start in enumerate(starts):
-        query = index == len(bounds)
-        a, b = cuts[index], (cuts[index] + n_query if query else cuts[index + 1])
+    n_c = candidates.numel()
+    for index, start in enumerate(starts[:-1]):
+        a, b = cuts[index], cuts[index + 1]
         if a == b:
             continue
         sink_shift = (index - 1) * config.chunk if config.dca and index >= 2 else 0  # eq. 6
-        key_shift = base - start if config.dca and not query and index < len(bounds) - 2 else 0
-        groups.append(_Group(a, b, start, max(n_sink, lows[index]), sink_shift, key_shift, not groups))
+        key_shift = base - start if config.dca and index < len(bounds) - 2 else 0
+        groups.append(_Group(a, b, start, max(n_sink, lows[index]), sink_shift, key_shift, not groups, a))
+    index, first = len(bounds), not groups
+    sink_shift = (index - 1) * config.chunk if config.dca and index >= 2 else 0
+    a = n_c
+    for n_query in n_queries:  # the queries: each after every candidate, none before another
+        if n_query:
+            groups.append(_Group(a, a + n_query, length, max(n_sink, lows[index]), sink_shift, 0, first, n_c))
+        a += n_query
     return groups, n_sink
 
 
@@ -76,14 +85,28 @@ def candidate_prefill(model: TruncatedLM, context_ids: torch.Tensor, candidates:
     `config.chunk` (the same matrix shapes as the streaming prefill's and from one request to the next,
     so the CPU's kernel cache keeps them), the attention chunk by chunk.
     """
+    keys, (queries,) = candidate_prefill_many(model, context_ids, candidates, [query_ids], config)
+    return keys, queries
+
+
+def candidate_prefill_many(model: TruncatedLM, context_ids: torch.Tensor, candidates: torch.Tensor,
+                           queries_ids: list[torch.Tensor], config: PrefillConfig
+                           ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """`candidate_prefill` for several queries over one candidate set: the candidates run once, each query
+    after them as in its own pass (at positions L.., seeing the sink, the last window's candidates and
+    itself, no other query), in row blocks of its own, so each query's states equal its own pass's bit
+    for bit. queries_ids: [(Lq_i,) int64] -> the l_R keys (kv_heads, C, d), [(heads, Lq_i, d)]."""
     length, device, l_r = context_ids.numel(), model.device, model.n_layers
     candidates = candidates.to(device)
-    n_c, n_q = candidates.numel(), query_ids.numel()
-    groups, n_sink = _groups(candidates, n_q, length, config)
-    positions = torch.cat((candidates, torch.arange(length, length + n_q, device=device)))
+    lengths = [q.numel() for q in queries_ids]
+    n_c, n_q = candidates.numel(), sum(lengths)
+    groups, n_sink = _groups(candidates, lengths, length, config)
+    positions = torch.cat([candidates] + [torch.arange(length, length + n, device=device) for n in lengths])
     cos, sin = model.rope(positions)
-    h = model.embed(torch.cat((context_ids.to(device)[candidates], query_ids.to(device))))  # (C + Lq, D)
-    blocks = [(i, min(i + config.chunk, n_c)) for i in range(0, n_c, config.chunk)] + [(n_c, n_c + n_q)]
+    h = model.embed(torch.cat([context_ids.to(device)[candidates]] + [q.to(device) for q in queries_ids]))
+    ends = torch.tensor([0] + lengths).cumsum(0).tolist()
+    query_blocks = [(n_c + a, n_c + b) for a, b in zip(ends[:-1], ends[1:])]
+    blocks = [(i, min(i + config.chunk, n_c)) for i in range(0, n_c, config.chunk)] + query_blocks
     spec = model.spec
     for l in range(1, l_r):
         layer = model.layer(l)
@@ -101,9 +124,9 @@ def candidate_prefill(model: TruncatedLM, context_ids: torch.Tensor, candidates:
                 continue
             if g.sink_shift not in moved:
                 moved[g.sink_shift] = rerotate(k[:, :n_sink], model.inv_freq, g.sink_shift)
-            seen_k = torch.cat((moved[g.sink_shift], k[:, g.window:g.b]), dim=1)
-            seen_v = torch.cat((v[:, :n_sink], v[:, g.window:g.b]), dim=1)
-            out[:, g.a:g.b] = chunk_attention(q[:, g.a:g.b], seen_k, seen_v, n_sink + g.a - g.window)
+            seen_k = torch.cat((moved[g.sink_shift], k[:, g.window:g.before], k[:, g.a:g.b]), dim=1)
+            seen_v = torch.cat((v[:, :n_sink], v[:, g.window:g.before], v[:, g.a:g.b]), dim=1)
+            out[:, g.a:g.b] = chunk_attention(q[:, g.a:g.b], seen_k, seen_v, n_sink + g.before - g.window)
         del q, k, v, moved
         for a, b in blocks:  # rows are independent here: each block overwrites its own
             if b > a:
@@ -111,9 +134,9 @@ def candidate_prefill(model: TruncatedLM, context_ids: torch.Tensor, candidates:
         del out
     top = model.layer(l_r)
     keys = torch.empty(spec.num_kv_heads, n_c, spec.head_dim, dtype=model.dtype, device=device)
-    for a, b in blocks[:-1]:
+    for a, b in blocks[:-len(query_blocks)] if query_blocks else blocks:
         keys[:, a:b] = top.keys(h[a:b], cos[a:b], sin[a:b])
     for g in groups:
         if g.key_shift and g.a < n_c:
             keys[:, g.a:g.b] = rerotate(keys[:, g.a:g.b], model.inv_freq, g.key_shift)
-    return keys, top.queries(h[n_c:], cos[n_c:], sin[n_c:])
+    return keys, [top.queries(h[a:b], cos[a:b], sin[a:b]) for a, b in query_blocks]

@@ -73,14 +73,24 @@ def select_context(
     `deepened`: the context encoded as the strategy's `deepened()` form reads it, for a strategy that
     falls back to that form (the cascade); it runs only when needed.
     """
+    return select_context_queries(model, context_ids, [query_ids], budget, strategy, config, encoded, units, deepened)[0]
+
+
+def select_context_queries(model: TruncatedLM | None, context_ids: torch.Tensor, queries_ids: list[torch.Tensor],
+                           budget: int, strategy: Strategy, config: PrefillConfig,
+                           encoded: Callable[[], ContextState] | None = None, units: Units | None = None,
+                           deepened: Callable[[], ContextState] | None = None) -> list[Selection]:
+    """`select_context` for several queries of one context: one encoding, then `select_queries` (which lets the
+    strategy share work between the queries). queries_ids: [(Lq_i,) int64] -> one Selection per query."""
     length = context_ids.numel()
     if length <= budget:
-        return Selection(torch.arange(length), passthrough=True)
+        return [Selection(torch.arange(length), passthrough=True) for _ in queries_ids]
     if model is not None:
         strategy.encoded_layers(model.n_layers)  # the options against l_R, before they are resolved for the length
     strategy = strategy.for_context(length, budget)
     if not strategy.needs_attention:
-        return _score_and_allocate(None, None, length, budget, strategy, config.sink, {}, units=units)
+        return [_score_and_allocate(None, None, length, budget, strategy, config.sink, {}, units=units)
+                for _ in queries_ids]
     if model is None:
         raise ValueError(f"strategy: {strategy.name} needs a model")
     clock = time.perf_counter()
@@ -89,26 +99,32 @@ def select_context(
         if encoded is not None:
             state = encoded()
         else:
-            state = encode_context(model, context_ids, config, layers, parts=strategy.context_parts,
-                                   keep_hidden=strategy.falls_back and deepened is None)
+            keep = deepened is None and strategy.reads_deep(length, budget, len(queries_ids), model.n_layers)
+            state = encode_context(model, context_ids, config, layers, parts=strategy.context_parts, keep_hidden=keep)
             if state.hidden is not None:
                 deepened = resumed(model, state, strategy.deepened())
-    return select_query(model, state, query_ids, budget, strategy, {"prefill": _lap(clock)}, context_ids, units,
-                        deepened)
+    return select_queries(model, state, queries_ids, budget, strategy, {"prefill": _lap(clock)}, context_ids, units,
+                          deepened)
 
 
 def resumed(model: TruncatedLM, state: ContextState, deep: Strategy) -> Callable[[], ContextState]:
     """The encoding `deep` reads, taken on from `state` (encoded with keep_hidden, whose resume point it takes)
     on first call and kept: layers 1..state.top are not run again (prefill.resume_context)."""
-    hidden, done = state.take_hidden(), []
+    hidden = state.take_hidden()
+    shallow = ContextState(state.length, state.n_chunks, state.config, state.keys, state.caches, hidden=hidden)
+    return once(lambda: resume_context(model, shallow, deep.encoded_layers(model.n_layers), deep.context_parts))
 
-    def deeper() -> ContextState:
-        if not done:
-            shallow = ContextState(state.length, state.n_chunks, state.config, state.keys, state.caches, hidden=hidden)
-            done.append(resume_context(model, shallow, deep.encoded_layers(model.n_layers), deep.context_parts))
-        return done[0]
 
-    return deeper
+def once(make: Callable[[], ContextState]) -> Callable[[], ContextState]:
+    """`make`, run on the first call only; later calls return what it made."""
+    made: list[ContextState] = []
+
+    def first() -> ContextState:
+        if not made:
+            made.append(make())
+        return made[0]
+
+    return first
 
 
 def select_query(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor, budget: int, strategy: Strategy,
@@ -120,9 +136,18 @@ def select_query(model: TruncatedLM, state: ContextState, query_ids: torch.Tenso
     query pass and what the strategy runs to get its attention (a cascade's candidates, which need the
     context's ids (L,)). `units`: the context's units to keep whole (None: single tokens); `deepened`: as
     in `select_context`."""
-    timings = dict(timings or {})
+    return select_queries(model, state, [query_ids], budget, strategy, timings, context_ids, units, deepened)[0]
+
+
+def select_queries(model: TruncatedLM, state: ContextState, queries_ids: list[torch.Tensor], budget: int,
+                   strategy: Strategy, timings: dict[str, float] | None = None, context_ids: torch.Tensor | None = None,
+                   units: Units | None = None, deepened: Callable[[], ContextState] | None = None) -> list[Selection]:
+    """`select_query` for several queries against one encoded context, the queries' strategy work shared
+    (Strategy.query_attention_many: a cascade's questions share one candidate pass). Each Selection's
+    "prefill" timing is the context's plus the queries' shared pass. `deepened` (run at most once) defaults to
+    the strategy's `deepened()` form encoded here when a query first needs it."""
     if state.length <= budget:
-        return Selection(torch.arange(state.length), timings, passthrough=True)
+        return [Selection(torch.arange(state.length), dict(timings or {}), passthrough=True) for _ in queries_ids]
     missing = set(strategy.context_parts) - set(state.parts)
     if missing:
         raise ValueError(f"strategy: {strategy.name} needs {sorted(missing)} that the encoded context lacks")
@@ -130,18 +155,30 @@ def select_query(model: TruncatedLM, state: ContextState, query_ids: torch.Tenso
     if lacking:
         raise ValueError(f"strategy: {strategy.name} reads layers {sorted(lacking)} that the encoded context lacks")
     if not strategy.needs_query:  # scores from the context alone: computed once, memoised on the state
-        return _score_and_allocate(model, RetrievalState(state.keys, {}, dict(state.parts)), state.length, budget, strategy,
-                       state.config.sink, timings, memo=state.scores, units=units)
+        return [_score_and_allocate(model, RetrievalState(state.keys, {}, dict(state.parts)), state.length, budget,
+                                    strategy, state.config.sink, dict(timings or {}), memo=state.scores, units=units)
+                for _ in queries_ids]
+    deep = strategy.deepened()
+    if deepened is None and deep is not None and context_ids is not None:
+        deepened = once(lambda: encode_context(model, context_ids, state.config, deep.encoded_layers(model.n_layers),
+                                               parts=deep.context_parts))
+    elif deepened is not None:
+        deepened = once(deepened)
     clock = time.perf_counter()
     with torch.inference_mode():
-        retrieval = prefill_query(model, state, query_ids, strategy.query_parts)
-        query = QueryPass(model, retrieval, context_ids, query_ids, budget, state.config, deepened)
-        attention, coarse = strategy.query_attention(query)
-    timings["prefill"] = round(timings.get("prefill", 0.0) + _lap(clock), 3)
-    selection = _score_and_allocate(model, retrieval, state.length, budget, strategy, state.config.sink, timings,
-                                    attention=attention, coarse=coarse, units=units)
-    selection.measured = query.measured
-    return selection
+        passes = [QueryPass(model, prefill_query(model, state, query_ids, strategy.query_parts), context_ids, query_ids,
+                            budget, state.config, deepened) for query_ids in queries_ids]
+        attentions = strategy.query_attention_many(passes)
+    spent = _lap(clock)
+    selections = []
+    for query, (attention, coarse) in zip(passes, attentions):
+        own = dict(timings or {})
+        own["prefill"] = round(own.get("prefill", 0.0) + spent, 3)
+        selection = _score_and_allocate(model, query.retrieval, state.length, budget, strategy, state.config.sink, own,
+                                        attention=attention, coarse=coarse, units=units)
+        selection.measured = query.measured
+        selections.append(selection)
+    return selections
 
 
 def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config: PrefillConfig,

@@ -14,7 +14,7 @@ from typing import Callable
 import torch
 
 from ..compressor.defaults import DEFAULT_STRATEGY
-from ..compressor.pipeline import Selection, joins_a_batch, resumed, select_context, select_contexts
+from ..compressor.pipeline import Selection, joins_a_batch, resumed, select_context_queries, select_contexts
 from ..compressor.prefill import ContextState, PrefillConfig, encode_context, encode_in_steps
 from ..compressor.strategies import STRATEGIES, Strategy
 from ..compressor.units import UNITS_VERSION, Units, document_units
@@ -257,25 +257,16 @@ class Engine:
 
     def _select_queries(self, job: Prepared, strategy: Strategy, encoded: Callable[[], ContextState],
                         resume: list[Callable[[], ContextState]] | None = None) -> list[Selection]:
-        """One selection per query. A request with many questions whose candidate passes would cost more than
-        reading the whole context to l_R once (`Strategy.deep_pays`) reads it once: every question is then
-        served by the strategy's deepened form, as a deepened document's questions are."""
-        once = strategy.deepened() is not None and strategy.deep_pays(job.context_ids.numel(), job.budget,
-                                                                      len(job.queries), job.layer)
-        if once:
-            encoded()  # the coarse encoding first: the deep one resumes from it
-            deepened, spent = self._deepened(job, strategy, resume)
-            held = deepened()
-            strategy, encoded, deepened = strategy.deepened(), lambda: held, None
-        selections = []
-        for query_ids in job.queries:
-            if not once:
-                deepened, spent = self._deepened(job, strategy, resume)
-            selection = select_context(job.model, job.context_ids, query_ids, job.budget, strategy, job.prefill,
-                                       encoded=encoded, units=job.units, deepened=deepened)
-            if spent:
-                selection.timings_ms["deepen"] = spent.pop()
-            selections.append(selection)
+        """One selection per query, all from one encoded context; the strategy shares its work between them (a
+        cascade's questions share one candidate pass, or one read of the whole context to l_R when that costs
+        less: Cascade.query_attention_many). The first selection that read the deep encoding carries the
+        milliseconds it took as its "deepen" timing."""
+        deepened, spent = self._deepened(job, strategy, resume)
+        selections = select_context_queries(job.model, job.context_ids, job.queries, job.budget, strategy, job.prefill,
+                                            encoded=encoded, units=job.units, deepened=deepened)
+        if spent:
+            deep = [s for s in selections if s.measured.get("deep")] or selections
+            deep[0].timings_ms["deepen"] = spent[0]
         return selections
 
     def _deepened(self, job: Prepared, strategy: Strategy, resume: list[Callable[[], ContextState]] | None = None
@@ -292,7 +283,7 @@ class Engine:
         slot, key = job.slot, self._state_key(job, deep)
         first = self._state_key(job, strategy) if self.deepening.enabled else None
 
-        def state() -> ContextState:
+        def state() -> ContextState:  # select_queries runs it once
             clock = time.perf_counter()
             held = self.documents.held_state(slot, key, self._restore(job))
             if held is None:
@@ -331,8 +322,8 @@ class Engine:
         this request only; the document cache keeps the encoding without it) is appended to `resume`."""
         strategy = job.strategy
         layers, parts = strategy.encoded_layers(job.layer), strategy.context_parts
-        keep = resume is not None and (strategy.falls_back or strategy.deep_pays(
-            job.context_ids.numel(), job.budget, len(job.queries), job.layer))
+        keep = resume is not None and strategy.for_context(job.context_ids.numel(), job.budget).reads_deep(
+            job.context_ids.numel(), job.budget, len(job.queries), job.layer)
         encoded: list[ContextState] = []
 
         def encode() -> ContextState:

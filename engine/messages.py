@@ -220,6 +220,7 @@ class CompressResult:
     explanation: str | None = None  # the HTML page, when the request asked to explain
     granularity: str = "token"  # what was kept whole: single tokens, or units (sentences, lines, records)
     kept_spans: list[list[int]] | None = None  # with units: [start, end) characters of each kept unit in the context
+    fell_back: bool = False  # the whole context was read to l_R for this query (the cascade's fallback, or one deep pass for many questions)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

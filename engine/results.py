@@ -37,7 +37,7 @@ def _result(tokenizer, model_name: str, sink: int, job: Prepared, index: int, se
         ratio=round(len(kept) / len(context_ids), 6), model=model_name, layer=job.layer,
         strategy=job.strategy.name, dca=job.dca, passthrough=selection.passthrough, timings_ms=timings,
         document_id=job.document_id, budget=job.budget if selection.passthrough else len(kept),
-        granularity=job.granularity,
+        granularity=job.granularity, fell_back=bool(selection.measured.get("deep")),
     )
     if job.units is not None and not selection.passthrough:
         result.kept_spans = kept_spans(job.units.bounds, selection.kept, context_bytes(token_bytes(tokenizer), context_ids))

@@ -132,7 +132,7 @@ def run_real_files(lengths: list[int], samples: int, output: Path = OUTPUT, budg
                                     "line_whole": sample["line"] in text,
                                     "header_kept": sample["header"] in text if sample.get("header") else None,
                                     "seconds": round(time.perf_counter() - tick, 3),
-                                    "fell_back": "deepen" in result.timings_ms, "dtype": engine.placement.dtype_name})
+                                    "fell_back": result.fell_back, "dtype": engine.placement.dtype_name})
                 engine.documents.clear()
                 with output.open("a") as f:
                     f.writelines(json.dumps(r) + "\n" for r in records)

@@ -271,7 +271,7 @@ class Evaluator:
                 selection = engine.answer(job)[0]
                 kept = selection.kept.tolist()
                 peak, coarse_peak = selection.measured.get("peak"), selection.measured.get("coarse_peak")
-                fell_back = None if coarse_peak is None else "deepen" in selection.timings_ms
+                fell_back = None if coarse_peak is None else bool(selection.measured.get("deep"))
                 seconds = pass_s + time.perf_counter() - tick
                 if fell_back:  # the whole-context pass, like the encoding's, is charged to every row that reads it
                     read = selection.timings_ms["deepen"] / 1000.0

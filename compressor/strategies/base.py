@@ -99,16 +99,23 @@ class Strategy(ABC):
             return None, None
         return query_key_scores(retrieval.queries[l_r], retrieval.keys[l_r]), None
 
+    def query_attention_many(self, passes: list[QueryPass]) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
+        """`query_attention` of each pass, for several queries against one encoded context (all passes share
+        the retrieval's context keys, the context's ids and `deepened`); a strategy that can share work
+        between them (the cascade's candidate pass) does so."""
+        return [self.query_attention(query) for query in passes]
+
     @property
     def falls_back(self) -> bool:
         """Whether a query may read the `deepened()` form's encoding (QueryPass.deepened) on a context
         encoded for this strategy: the caller then keeps the encoding's resume point (ContextState.hidden)."""
         return False
 
-    def deep_pays(self, length: int, budget: int, queries: int, l_r: int) -> bool:
-        """Whether `queries` questions over a context of `length` tokens are cheaper answered by the
-        `deepened()` form (one encoding to l_R for all) than by this strategy one by one."""
-        return False
+    def reads_deep(self, length: int, budget: int, queries: int, l_r: int) -> bool:
+        """Whether a request of `queries` questions over `length` tokens at `budget` may read the `deepened()`
+        form's encoding (a fallback, or every question answered from one deep pass when that costs less):
+        the caller then keeps the coarse encoding's resume point."""
+        return self.falls_back
 
     @property
     def batchable(self) -> bool:

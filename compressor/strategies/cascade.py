@@ -22,7 +22,7 @@ import torch
 
 from ...kernels.query_scores import blend_layers, query_key_scores
 from ..allocation import PoolingAllocator
-from ..candidate_prefill import candidate_prefill
+from ..candidate_prefill import candidate_prefill, candidate_prefill_many
 from ..prefill import ContextState, PrefillConfig, encode_context, prefill_query
 from .base import QueryPass, ScoreInputs, Strategy, check_int
 
@@ -128,17 +128,60 @@ class Cascade(Strategy):
         coarse = self.cascade_layer
         if coarse is None:
             return super().query_attention(query)
+        scores, candidates = self._candidates(query, coarse)
+        if candidates is None:  # the coarse layer found nothing: depth at once
+            return self._whole_context(query, coarse)
+        keys, queries = candidate_prefill(query.model, query.context_ids, candidates, query.query_ids, query.config)
+        return self._ranked(query, coarse, scores, candidates, query_key_scores(queries, keys))
+
+    def query_attention_many(self, passes: list[QueryPass]) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
+        """Several questions share one candidate pass: the union U of their candidates runs to l_R once, each
+        question after it as in its own pass, and each is ranked over U (as `query_attention` ranks its own
+        candidates: a question's candidate set is U). When U would cost more than reading the whole context on
+        from the coarse layer (`deep_pays`), every question is scored as `deepened()` scores it instead, on
+        that one encoding (QueryPass.deepened). measured: `candidates` = |U|, `deep` = 1 when the whole
+        context was read."""
+        coarse = self.cascade_layer
+        if coarse is None or len(passes) < 2:
+            return super().query_attention_many(passes)
+        picked = [self._candidates(query, coarse) for query in passes]
+        shared = [i for i, (_, candidates) in enumerate(picked) if candidates is not None]
+        out: list[tuple[torch.Tensor | None, torch.Tensor | None]] = [(None, None)] * len(passes)
+        union = torch.unique(torch.cat([picked[i][1] for i in shared])) if shared else None
+        first = passes[0]
+        if union is not None and not self.deep_pays(first.context_ids.numel(), union.numel(), first.model.n_layers):
+            keys, queries = candidate_prefill_many(first.model, first.context_ids, union,
+                                                   [passes[i].query_ids for i in shared], first.config)
+            for i, query_states in zip(shared, queries):
+                passes[i].measured["candidates"] = float(union.numel())
+                out[i] = self._ranked(passes[i], coarse, picked[i][0], union, query_key_scores(query_states, keys))
+            shared = set(shared)
+        else:
+            shared = set()
+        for i, query in enumerate(passes):
+            if i not in shared:
+                out[i] = self._whole_context(query, coarse)
+        return out
+
+    def _candidates(self, query: QueryPass, coarse: int) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """The coarse layer's A^C (L,) and the candidates it picks (C,) ascending; None when `coarse_below`
+        sends the query to the whole context (measured: `coarse_peak`)."""
         if query.context_ids is None:
             raise ValueError(f"context_ids: {self.name} runs its candidates again and needs the context's ids")
         retrieval, config = query.retrieval, query.config
         scores = query_key_scores(retrieval.queries[coarse], retrieval.keys[coarse])  # (L,)
         query.measured["coarse_peak"] = coarse_peak = peak_strength(scores[config.sink:])
-        if self.coarse_below and coarse_peak < self.coarse_below:  # the coarse layer found nothing: depth at once
-            return self._whole_context(query, coarse)
+        if self.coarse_below and coarse_peak < self.coarse_below:
+            return scores, None
         count = self.candidate_count(query.budget)
-        candidates = pick_candidates(scores, count, config.sink, recent_share(count, config), self.allocator)
-        keys, queries = candidate_prefill(query.model, query.context_ids, candidates, query.query_ids, config)
-        over = query_key_scores(queries, keys)  # (C,)
+        return scores, pick_candidates(scores, count, config.sink, recent_share(count, config), self.allocator)
+
+    def _ranked(self, query: QueryPass, coarse: int, scores: torch.Tensor, candidates: torch.Tensor,
+                over: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """l_R's A^C over the candidates `over` (C,) spread to (L,) (zero elsewhere) and the coarse layer's
+        `scores` (L,); the whole context's instead when `deepen_below` finds l_R's peak too weak
+        (measured: `peak`)."""
+        config = query.config
         query.measured["peak"] = peak = peak_strength(over[candidates >= config.sink])
         attention = torch.zeros(scores.numel(), device=scores.device)
         attention[candidates] = over
@@ -151,8 +194,9 @@ class Cascade(Strategy):
 
     def _whole_context(self, query: QueryPass, coarse: int) -> tuple[torch.Tensor, torch.Tensor]:
         """A^C (L,) at l_R and at the coarse layer, both over every token: the query against the whole
-        context encoded as `deepened()` reads it (the caller's, else encoded here)."""
+        context encoded as `deepened()` reads it (the caller's, else encoded here; measured: `deep`)."""
         deep, model = self.deepened(), query.model
+        query.measured["deep"] = 1.0
         if query.deepened is not None:
             state = query.deepened()
         else:
@@ -171,13 +215,17 @@ class Cascade(Strategy):
         blended = self.whole and self.coarse_layer is not None and self.coarse_weight > 0
         return (self.coarse_layer,) if blended else ()
 
-    def deep_pays(self, length: int, budget: int, queries: int, l_r: int) -> bool:
-        """Each question's candidates run through l_R layers (l_R x C layer-tokens); reading the whole context
-        on from the coarse layer costs (l_R - l_c) x L once: the latter once the questions' passes cost more."""
+    def deep_pays(self, length: int, candidates: int, l_r: int) -> bool:
+        """Whether reading the whole context on from the coarse layer ((l_R - l_c) x L layer-tokens) costs no
+        more than one candidate pass over `candidates` tokens (l_R x C)."""
         coarse = self.cascade_layer
-        if coarse is None or queries < 2:
-            return False
-        return queries * l_r * min(self.candidate_count(budget), length) >= (l_r - coarse) * length
+        return coarse is not None and l_r * candidates >= (l_r - coarse) * length
+
+    def reads_deep(self, length: int, budget: int, queries: int, l_r: int) -> bool:
+        """A fallback, or several questions whose candidates could together cost more than the deep pass."""
+        if self.falls_back:
+            return True
+        return queries >= 2 and self.deep_pays(length, min(length, queries * self.candidate_count(budget)), l_r)
 
     def candidate_count(self, budget: int) -> int:
         """Candidates for a budget of `budget` context tokens."""

@@ -58,7 +58,7 @@ def options(specs: list[str], option_sets: list[dict], budget: int) -> None:
                                                          granularity=granularity))
                 row[f"{json.dumps(opts)} {granularity}"] = retention(result.compressed_context, answers)
                 row[f"{json.dumps(opts)} {granularity} s"] = round(time.perf_counter() - tick, 1)
-                row[f"{json.dumps(opts)} fell back"] = "deepen" in result.timings_ms
+                row[f"{json.dumps(opts)} fell back"] = result.fell_back
         print(json.dumps(row), flush=True)
 
 

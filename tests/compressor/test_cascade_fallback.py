@@ -89,7 +89,8 @@ def test_the_selection_reports_the_peak_it_measured_whether_or_not_it_fell_back(
         strategy = cascade(coarse_layer=COARSE, candidates=FACTOR, deepen_below=deepen_below)
         selection = select_context(model(), context, query, BUDGET, strategy, config)
         assert selection.measured == {"peak": pytest.approx(peak, rel=1e-5),
-                                      "coarse_peak": pytest.approx(literal_coarse_peak(context, query, config), rel=1e-5)}
+                                      "coarse_peak": pytest.approx(literal_coarse_peak(context, query, config), rel=1e-5),
+                                      **({"deep": 1.0} if peak < deepen_below else {})}
     whole = select_context(model(), context, query, BUDGET, cascade(coarse_layer=COARSE, candidates=FACTOR).deepened(), config)
     assert whole.measured == {}  # no candidates, so nothing to measure
 
@@ -170,7 +171,7 @@ def test_the_coarse_rule_falls_back_exactly_below_its_threshold_without_the_cand
     monkeypatch.setattr(module, "candidate_prefill", lambda *a, **k: runs.append(1) or candidate_prefill(*a, **k))
     selection = select_context(model(), context, query, BUDGET, below, config)
     assert selection.kept.tolist() == deepened and runs == []  # decided before any candidate ran to l_R
-    assert set(selection.measured) == {"coarse_peak"}
+    assert set(selection.measured) == {"coarse_peak", "deep"}
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -214,14 +215,17 @@ def test_the_profile_fills_the_threshold_only_when_the_request_leaves_it_unset()
     assert cascade(deepen_blend=0.0).with_defaults({"deepen_blend": 0.5}) == cascade(deepen_blend=0.0)
 
 
-def test_many_questions_pay_for_depth_once_where_their_candidate_passes_cost_more():
-    """The cost rule written out: questions x l_R x candidates (layer-tokens of the candidate passes) against
-    (l_R - l_c) x L (the whole context read on from the coarse layer)."""
+def test_many_questions_pay_for_depth_once_where_their_candidate_pass_costs_more():
+    """The cost rule written out: l_R x |U| (layer-tokens of the shared candidate pass) against (l_R - l_c) x L
+    (the whole context read on from the coarse layer); a request keeps the resume point when its questions'
+    candidates could cost that much together."""
     strategy = cascade(coarse_layer=8, candidates=4.0)
+    for length, union in ((32768, 18971), (32768, 18972), (131072, 4096), (131072, 75882), (131072, 75883)):
+        assert strategy.deep_pays(length, union, 19) == (19 * union >= 11 * length)
     for length, budget, questions in ((32768, 1024, 1), (32768, 1024, 4), (32768, 1024, 5), (131072, 1024, 18),
                                       (131072, 1024, 19), (3000, 512, 20), (50000, 64, 2)):
         count = min(math.ceil(4.0 * budget), length)
-        expected = questions >= 2 and questions * 19 * count >= (19 - 8) * length
-        assert strategy.deep_pays(length, budget, questions, 19) == expected
-    assert strategy.deep_pays(32768, 1024, 5, 19) and not strategy.deep_pays(32768, 1024, 4, 19)
-    assert not strategy.deepened().deep_pays(32768, 1024, 20, 19)  # already whole: nothing to pay for
+        expected = questions >= 2 and 19 * min(length, questions * count) >= (19 - 8) * length
+        assert strategy.reads_deep(length, budget, questions, 19) == expected
+    assert cascade(coarse_layer=8, deepen_below=0.5).reads_deep(32768, 1024, 1, 19)  # a fallback may read it
+    assert not strategy.deepened().deep_pays(32768, 32768, 19)  # already whole: nothing to pay for

@@ -10,6 +10,7 @@ from functools import lru_cache
 import pytest
 import torch
 
+from ilre.compressor.pipeline import select_context_queries
 from ilre.compressor.prefill import PrefillConfig, encode_context
 from ilre.engine.document_names import DocumentNames
 from ilre.engine.documents import DocumentCache, state_key
@@ -217,16 +218,29 @@ def test_a_lower_layers_keys_are_cached_under_their_own_key(engine):
                                         strategy_options={"also_layers": [engine.layer]}))
 
 
-def test_several_queries_in_one_request_equal_separate_requests(engine, uncached):
-    alone = [uncached.compress(CompressRequest(context=long_text(), query=q, budget=150)) for q in QUESTIONS]
-    separate = [comparable(r) for r in alone]
-    together = uncached.compress(CompressRequest(context=long_text(), queries=QUESTIONS, budget=150, id="m"))
-    assert isinstance(together, CompressResults) and together.id == "m"
-    assert [comparable(r) for r in together.results] == separate
-    assert together.document_id == alone[0].document_id
+def test_several_queries_in_one_request_equal_separate_requests_but_the_cascades(engine, uncached):
+    """Questions sent together share one prefill and answer as sent apart, for a strategy with nothing more to
+    share (plain ILRe); the cascade's questions also share one candidate pass (the union of their candidates,
+    tests/compressor/test_shared_candidates.py), so together they are the pipeline's answers to all of them."""
     ids = [uncached.tokenizer(q, add_special_tokens=False).input_ids for q in QUESTIONS]
-    by_ids = uncached.compress(CompressRequest(context=long_text(), queries_ids=ids, budget=150))
-    assert [r.kept_indices for r in by_ids.results] == [r["kept_indices"] for r in separate]
+    for strategy in ("ilre", "cascade"):
+        alone = [uncached.compress(CompressRequest(context=long_text(), query=q, budget=150, strategy=strategy))
+                 for q in QUESTIONS]
+        together = uncached.compress(CompressRequest(context=long_text(), queries=QUESTIONS, budget=150, id="m",
+                                                     strategy=strategy))
+        assert isinstance(together, CompressResults) and together.id == "m"
+        assert together.document_id == alone[0].document_id
+        by_ids = uncached.compress(CompressRequest(context=long_text(), queries_ids=ids, budget=150, strategy=strategy))
+        assert [r.kept_indices for r in by_ids.results] == [r.kept_indices for r in together.results]
+        if strategy == "ilre":
+            assert [comparable(r) for r in together.results] == [comparable(r) for r in alone]
+            continue
+        job = uncached.prepare(CompressRequest(context=long_text(), queries=QUESTIONS, budget=150), "")
+        direct = select_context_queries(job.model, job.context_ids, job.queries, 150, job.strategy, job.prefill,
+                                        units=job.units)
+        assert [r.kept_indices for r in together.results] == [s.kept.tolist() for s in direct]
+        assert all(s.measured.get("candidates") for s in direct)  # one candidate pass, shared
+        assert [r.kept_indices for r in together.results] != [r.kept_indices for r in alone]  # the union answers
 
 
 def test_unknown_document_id_is_not_found_naming_the_field(engine):
