@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import dataclasses
-
 from ..defaults import DEFAULT_STRATEGY
 from .actqkv import ActQKV
-from .base import ScoreInputs, Strategy
+from .base import ScoreInputs, Strategy, option_names
 from .cascade import Cascade
 from .ilre import ILRe
 from .lagkv import LagKV
@@ -25,7 +23,7 @@ def make_strategy(name: str, options: dict | None = None) -> Strategy:
     cls = STRATEGIES.get(name)
     if cls is None:
         raise ValueError(f"strategy: unknown strategy {name!r} (known: {', '.join(sorted(STRATEGIES))})")
-    allowed = {f.name for f in dataclasses.fields(cls) if f.init}
+    allowed = option_names(cls)
     unknown = set(options or {}) - allowed
     if unknown:
         raise ValueError(

@@ -58,6 +58,12 @@ class QueryPass:
     measured: dict[str, float] = field(default_factory=dict)
 
 
+def option_names(cls: type) -> set[str]:
+    """The options a request (or a model's profile) may set on strategy class `cls`: its init fields, less
+    those marked internal (metadata {"internal": True}, set by the strategy itself, e.g. the cascade's `whole`)."""
+    return {f.name for f in dataclasses.fields(cls) if f.init and not f.metadata.get("internal")}
+
+
 class Strategy(ABC):
     """A scorer (one score per context token, higher = keep) plus an allocator.
 
@@ -137,7 +143,7 @@ class Strategy(ABC):
     def with_defaults(self, defaults: dict) -> "Strategy":
         """This strategy with the options it leaves unset (None) taken from `defaults` (a model profile's)."""
         unset = {name: value for name, value in defaults.items()
-                 if name in {f.name for f in dataclasses.fields(self) if f.init} and getattr(self, name) is None}
+                 if name in option_names(type(self)) and getattr(self, name) is None}
         return dataclasses.replace(self, **unset) if unset else self
 
     @property

@@ -27,6 +27,7 @@ from ..prefill import ContextState, PrefillConfig, encode_context, prefill_query
 from .base import QueryPass, ScoreInputs, Strategy, check_int
 
 DEFAULT_CANDIDATES = 4.0  # candidates per budget token when neither the request nor the profile says
+DEFAULT_COARSE_WEIGHT = 0.5  # the coarse layer's weight beside l_R's when neither the request nor the profile says
 PEAK_TOKENS = 5  # how many of l_R's strongest candidates `peak_strength` averages
 
 
@@ -67,7 +68,8 @@ class Cascade(Strategy):
     (None: none, i.e. plain ILRe at l_R; a model's profile supplies the calibrated one);
     candidates: how many candidates per budget token (>= 1; None: the profile's, else 4);
     coarse_weight: in [0, 1], the coarse layer's attention joins l_R's at this weight (each scaled to
-    sum 1 outside the sink, element-wise max, as ILRe's also_layers; 0 = l_R alone);
+    sum 1 outside the sink, element-wise max, as ILRe's also_layers; 0 = l_R alone; None: the profile's,
+    else 0.5);
     deepen_below: in [0, 1]; when `peak_strength` of l_R's attention over the candidates (outside the
     sink) is below it, the whole context runs to l_R and the query is scored as `deepened()` scores it
     (None: the profile's, else 0 = never);
@@ -85,13 +87,13 @@ class Cascade(Strategy):
     name = "cascade"
     coarse_layer: int | None = None
     candidates: float | None = None
-    coarse_weight: float = 0.5
+    coarse_weight: float | None = None
     deepen_below: float | None = None
     deepen_blend: float | None = None
     coarse_below: float | None = None
     max_kernels: tuple[int, ...] = (2, 4, 8)
     avg_kernels: tuple[int, ...] = tuple(range(1, 17))
-    whole: bool = field(default=False, repr=False)
+    whole: bool = field(default=False, repr=False, metadata={"internal": True})
     allocator: PoolingAllocator = field(init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
@@ -99,7 +101,7 @@ class Cascade(Strategy):
         for name, value, low in (("candidates", self.candidates, 1), ("coarse_weight", self.coarse_weight, 0),
                                  ("deepen_below", self.deepen_below, 0), ("deepen_blend", self.deepen_blend, 0),
                                  ("coarse_below", self.coarse_below, 0)):
-            if value is None and name != "coarse_weight":
+            if value is None:
                 continue
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < low:
                 what = "the candidate set as a multiple of the budget" if name == "candidates" else "at most 1"
@@ -107,6 +109,11 @@ class Cascade(Strategy):
             if name != "candidates" and value > 1:
                 raise ValueError(f"{name}: must be a number in [0, 1] (got {value!r})")
         object.__setattr__(self, "allocator", PoolingAllocator(self.max_kernels, self.avg_kernels))
+
+    @property
+    def weight(self) -> float:
+        """coarse_weight as it applies: the request's, else the profile's, else DEFAULT_COARSE_WEIGHT."""
+        return DEFAULT_COARSE_WEIGHT if self.coarse_weight is None else self.coarse_weight
 
     @property
     def cascade_layer(self) -> int | None:
@@ -212,7 +219,7 @@ class Cascade(Strategy):
 
     @property
     def extra_layers(self) -> tuple[int, ...]:
-        blended = self.whole and self.coarse_layer is not None and self.coarse_weight > 0
+        blended = self.whole and self.coarse_layer is not None and self.weight > 0
         return (self.coarse_layer,) if blended else ()
 
     def deep_pays(self, length: int, candidates: int, l_r: int) -> bool:
@@ -249,9 +256,9 @@ class Cascade(Strategy):
         if coarse is None and self.extra_layers:
             state = inputs.state
             coarse = query_key_scores(state.queries[self.coarse_layer], state.keys[self.coarse_layer])
-        if coarse is None or self.coarse_weight == 0:
+        if coarse is None or self.weight == 0:
             return inputs.attention
-        return blend_layers(inputs.attention, [coarse], self.coarse_weight, inputs.sink)
+        return blend_layers(inputs.attention, [coarse], self.weight, inputs.sink)
 
     def allocate(self, scores: torch.Tensor, budget: int) -> torch.Tensor:
         return self.allocator.allocate(scores, budget)

@@ -187,6 +187,27 @@ def test_profile_defaults_fill_only_what_the_request_left_unset():
     assert plain_ilre().with_defaults(defaults) == plain_ilre()
 
 
+def test_a_profiles_coarse_weight_is_applied_unless_the_request_sets_one():
+    profile = {"coarse_layer": 2, "candidates": 2.0, "coarse_weight": 0.25}
+    assert cascade().with_defaults(profile).weight == 0.25
+    assert cascade(coarse_weight=0.5).with_defaults(profile).weight == 0.5  # the request's own
+    assert cascade(coarse_weight=0.0).with_defaults(profile).weight == 0.0
+    assert cascade().weight == 0.5  # neither says: the default
+    context, query, config = random_ids(LENGTH, seed=71), random_ids(N_QUERY, seed=72), CONFIGS[0]
+    from_profile = select_context(model(), context, query, 20, cascade().with_defaults(profile), config)
+    quarter = select_context(model(), context, query, 20, cascade(coarse_layer=2, candidates=2.0, coarse_weight=0.25), config)
+    half = select_context(model(), context, query, 20, cascade(coarse_layer=2, candidates=2.0), config)
+    torch.testing.assert_close(from_profile.scores, quarter.scores, rtol=0, atol=0)
+    assert not torch.equal(from_profile.scores, half.scores)
+
+
+def test_whole_is_the_cascades_own_and_refused_as_a_request_option():
+    with pytest.raises(ValueError, match=r"^strategy_options\.whole: cascade does not take whole"):
+        make_strategy("cascade", {"whole": True})
+    assert cascade().with_defaults({"whole": True}).whole is False  # nor may a profile set it
+    assert cascade(coarse_layer=2).for_context(LENGTH, 80).whole  # the strategy sets it for itself
+
+
 def test_a_coarse_layer_at_or_above_l_r_is_refused_on_a_short_context_too():
     with pytest.raises(ValueError, match=r"^coarse_layer: must be below l_R = 4"):
         select_context(model(), random_ids(LENGTH, seed=1), random_ids(N_QUERY, seed=2), 40,
