@@ -211,6 +211,30 @@ def latest_records(records: list[dict]) -> list[dict]:
     return out
 
 
+ANALYSIS = "# Analysis and stages"  # the headline (the page's first screen) ends here
+COMPACT = ("cascade_units", "ilre", "rag", "longllmlingua")  # the per-task table: the default as served, l_R, two baselines
+
+
+def per_task_table(records: list[dict], tasks: list[str], lengths: list[int]) -> list[str]:
+    """Markdown lines: one row per task, one column per length, each cell the retention (%) of the default as
+    served (whole units), then plain ILRe at l_R, RAG (BM25) and LongLLMLingua ('–': not run)."""
+    shown = [s for s in COMPACT if any(r["strategy"] == s for r in records)]
+    if not shown:
+        return []
+    out = ["## Per task", "", "Retention %, each cell " + " / ".join(LABELS[s] for s in shown) + " ('–': not run; "
+           "samples per cell and end to end: Per task in full, below).", "",
+           "| task | " + " | ".join(length_label(n) for n in lengths) + " |", "| --- |" + " ---: |" * len(lengths)]
+    for task in tasks:
+        by = _group([r for r in records if r["task"] == task], "retention")
+        cells = []
+        for n in lengths:
+            values = [by.get(s, {}).get(n) for s in shown]
+            cells.append(" / ".join(f"{100 * sum(v) / len(v):.0f}" if v else "–" for v in values)
+                         if any(values) else "–")
+        out.append(f"| {task} | " + " | ".join(cells) + " |")
+    return out + [""]
+
+
 def write_report(results_dir: Path, output: Path, command: str) -> Path:
     """Render results_dir's records into `output` (Markdown) and its retention plot."""
     records = load_records(results_dir / "raw.jsonl")
@@ -246,6 +270,12 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
         "- Each cell: mean in % (number of samples). `–`: not run (see the caps below).",
         "",
     ]
+    lines += headline(records, LABELS, STRATEGIES)
+    lines += per_task_table(records, tasks, lengths)
+    checks = target_checks(records)
+    if checks:
+        lines += ["## Targets", ""] + checks + [""]
+    lines += [ANALYSIS, "", "Below: what the numbers above rest on, stage by stage, and every table in full.", ""]
     timing = {placement: spent for placement, spent in run_timing(meta).items() if spent["samples"]}
     if timing:
         spent = "; ".join(f"{t['samples']} samples in {t['seconds'] / 3600:.1f} h on {placement}" for placement, t in timing.items())
@@ -254,10 +284,6 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
     notes = meta.get("notes", {})
     if notes:
         lines += ["## Caps and omissions", ""] + [f"- {v}" for v in notes.values()] + [""]
-    checks = target_checks(records)
-    if checks:
-        lines += ["## Targets", ""] + checks + [""]
-    lines += headline(records, LABELS, STRATEGIES)
     lines += variant_section(records, LABELS, {"no shared words": NO_SHARED_WORDS})
     lines += units_section(records, LABELS)
     lines += depth_section(records)
@@ -297,7 +323,7 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
     uncharged = uncharged_lines(records)
     if uncharged:
         lines += ["Times that lack part of their row's cost (in the means above; to be measured again):", "", *uncharged, ""]
-    lines += ["## Per task", ""]
+    lines += ["## Per task in full", ""]
     for task in tasks:
         rows = [r for r in records if r["task"] == task]
         lines += [f"### {task}", "", "Retention:", ""] + _table(_group(rows, "retention"), lengths) + [""]

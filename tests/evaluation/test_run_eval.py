@@ -214,3 +214,20 @@ def test_every_row_that_falls_back_is_charged_the_whole_contexts_pass(engine, mo
     # costs a fraction of it at l_R = 19 against the coarse layer 8)
     assert units.compress_s > 0.7 * tokens.compress_s
     assert units.compress_s > 1.5 * alone.compress_s
+
+
+def test_the_results_page_opens_with_a_headline_of_at_most_150_lines(tmp_path):
+    """The shipped records (results/eval) rendered: the headline, a per-task table and the targets fit one
+    screen before the analysis begins; every task run has a row there."""
+    from pathlib import Path
+
+    from ilre.evaluation.results import ANALYSIS
+
+    shipped = Path(__file__).resolve().parents[2] / "results" / "eval"
+    lines = write_report(shipped, tmp_path / "results.md", "ilre eval --test").read_text().splitlines()
+    head = lines[:lines.index(ANALYSIS)]
+    assert len(head) <= 150
+    assert "## Headline: retention over every task run, per length" in head and "## Targets" in head
+    table = head[head.index("## Per task"):head.index("## Targets")]
+    tasks = {json.loads(line)["task"] for line in (shipped / "raw.jsonl").read_text().splitlines()}
+    assert {row.split(" | ")[0].lstrip("| ") for row in table if row.startswith("| ") and "---" not in row} - {"task"} == tasks
