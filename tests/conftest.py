@@ -24,3 +24,8 @@ def engine():
     from ilre.engine.engine import Engine, EngineConfig
 
     return Engine(EngineConfig(dtype=DTYPE))
+
+
+# The service's fixtures (a redis-server per module, the in-process service, an OTLP receiver) serve the tests of
+# every folder: the engine's, the CLI's and the integrations' start real servers too.
+from tests.service.conftest import local_service, otlp, redis_server  # noqa: E402,F401

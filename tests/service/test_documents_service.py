@@ -12,7 +12,7 @@ from ilre.service.client import ClientError
 from ilre.service.server import ServiceThread
 
 from .conftest import QUERY, WorkerProcess, comparable, context, free_port, grpc_client, http_client, service_config, wait_for
-from .test_documents import CANDIDATES
+from tests.engine.test_documents import CANDIDATES
 
 QUESTIONS = [QUERY, " Who counts the sacks of flour? The one who counts them is"]
 
@@ -22,7 +22,7 @@ def test_queries_and_document_ids_over_grpc(local_service, engine):
         many = client.compress_queries(context(3), QUESTIONS, budget=48, id="q")
         assert many.id == "q" and len(many.results) == 2 and len(many.document_id) == 32
         # Two questions over this short context read it to l_R once (Cascade.deep_pays): the wire answers
-        # what the engine answers for the same request (tests/service/test_deepening.py checks those).
+        # what the engine answers for the same request (tests/engine/test_deepening.py checks those).
         both = engine.compress(CompressRequest(context=context(3), queries=QUESTIONS, budget=48))
         for result, expected in zip(many.results, both.results):
             assert comparable(result) == comparable(expected) and result.document_id == many.document_id

@@ -14,7 +14,7 @@ import pytest
 
 from .conftest import served_by
 from .engines import RecordingRelay
-from .test_litellm import Proxy, direct, engine  # noqa: F401 (engine: llama.cpp's server, a 4096-token window)
+from tests.integrations.test_litellm import Proxy, direct, engine  # noqa: F401 (engine: llama.cpp's server, a 4096-token window)
 
 KEYS = {"alice": "sk-alice-0d9e3b7a51", "bob": "sk-bob-6c2f18e4a0"}
 QUESTION = "How many rows did the job gentle-harbor write?"

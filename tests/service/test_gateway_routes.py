@@ -74,7 +74,7 @@ def test_bad_gateway_input_is_refused_naming_the_field(http):
 def test_a_retrieve_once_the_tool_result_is_deepened_ranks_every_token(http, engine):
     from ilre.engine.messages import CompressRequest
 
-    from .test_deepening import deepening_on, uncached
+    from tests.engine.test_deepening import deepening_on, uncached
 
     chat, answer = agent_chat(120)
     coarse = engine.profile.strategy_options("cascade")["coarse_layer"]

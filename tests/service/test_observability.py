@@ -19,7 +19,7 @@ from ilre.service.transport.convert import pb, pb_grpc
 from .conftest import QUERY, WorkerProcess, context, service_config, wait_for
 from .otlp_receiver import OtlpReceiver, Span
 from .test_redis_queue import redis_config
-from .test_serve_cli import Served
+from tests.service.conftest import Served
 
 KEY = "k-trace-5d6e7f8a9b"
 CALLER_TRACE, CALLER_SPAN = "4bf92f3577b34da6a3ce929d0e0e4736", "00f067aa0ba902b7"

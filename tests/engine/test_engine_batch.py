@@ -8,7 +8,7 @@ from ilre.engine.engine import Engine, EngineConfig
 from ilre.engine.messages import CompressRequest, InputError
 
 from ..conftest import DTYPE
-from .conftest import QUERY, comparable, context
+from tests.service.conftest import QUERY, comparable, context
 
 
 @pytest.fixture(scope="module")

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from .conftest import LINES_QUERY, assert_whole_lines, lines_context
+from tests.service.conftest import LINES_QUERY, assert_whole_lines, lines_context
 
 ILRE = [sys.executable, "-m", "ilre.cli"]
 CONTRACT = {"id", "token_ids", "kept_indices", "compressed_context", "query", "original_tokens",

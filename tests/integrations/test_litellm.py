@@ -16,8 +16,8 @@ import pytest
 
 from ilre.evaluation.haystack import shakespeare_text
 
-from .conftest import free_port, lines_context, served_by, wait_for
-from .engines import LlamaServer, RecordingRelay
+from tests.service.conftest import free_port, lines_context, served_by, wait_for
+from tests.service.engines import LlamaServer, RecordingRelay
 
 REPO = Path(__file__).resolve().parents[2]
 ANSWER = "The vault code of the museum is 4471."

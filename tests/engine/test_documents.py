@@ -21,7 +21,7 @@ from ilre.models.loader import load_truncated
 from ilre.service.documents.redis_tier import RedisDocuments
 from tests.tiny_models import N_LAYERS, random_ids, tiny_checkpoint
 
-from .conftest import comparable
+from tests.service.conftest import comparable
 
 CONFIG = PrefillConfig(sink=2, window=5, chunk=7)
 CANDIDATES = {"deepen_below": 0.0, "coarse_below": 0.0}  # the cascade on its candidates alone: these tests are about the cache

@@ -11,7 +11,7 @@ import threading
 import httpx
 import pytest
 
-from .conftest import (ILRE, LINES_QUERY, QUERY, Served, assert_whole_lines, context, lines_context, served_by,
+from tests.service.conftest import (ILRE, LINES_QUERY, QUERY, Served, assert_whole_lines, context, lines_context, served_by,
                        wait_for)
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,7 @@ import pytest
 from ilre.evaluation.haystack import shakespeare_text
 from ilre.integrations.llmlingua import PromptCompressor  # was: from llmlingua import PromptCompressor
 
-from .conftest import LINES_QUERY, lines_context
+from tests.service.conftest import LINES_QUERY, lines_context
 
 ANSWER = "The vault code of the museum is 4471."
 QUESTION = "Question: What is the vault code of the museum?\nAnswer:"

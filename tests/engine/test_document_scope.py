@@ -26,7 +26,7 @@ from ilre.service.common.errors import ConfigError
 from ilre.service.common.keys import ANONYMOUS, ApiKeys
 from ilre.service.documents.redis_tier import RedisDocuments
 
-from .conftest import ILRE, QUERY, Served, WorkerProcess, context, service_config, wait_for
+from tests.service.conftest import ILRE, QUERY, Served, WorkerProcess, context, service_config, wait_for
 
 KEYS = {"alice": "sk-alice-5f0c2a9e71", "bob": "sk-bob-88d1e4c03b", "carol": "sk-carol-1a7e90c2d4",
         "dave": "sk-dave-c4b2e17f09"}

@@ -16,7 +16,7 @@ from ilre.evaluation.haystack import shakespeare_text
 from ilre.integrations.langchain import IlreCompressor
 from ilre.integrations.llamaindex import IlrePostprocessor
 
-from .conftest import assert_whole_lines, lines_context
+from tests.service.conftest import assert_whole_lines, lines_context
 
 ANSWER = "The vault code of the museum is 4471."
 QUESTION = "What is the vault code of the museum?"

@@ -16,7 +16,7 @@ import httpx
 import pytest
 from websockets.sync.client import connect
 
-from .conftest import free_port, http_client, wait_for
+from tests.service.conftest import free_port, http_client, wait_for
 
 FACT = "The vault code of the museum is 4471. "
 CONTEXT = "The grass is green. The sky is blue. " * 30 + FACT + "Here we go. There and back again. " * 30

@@ -18,7 +18,7 @@ from ilre.models.loader import load_truncated
 from ilre.service.documents.redis_tier import RedisDocuments
 from tests.tiny_models import N_LAYERS, random_ids, tiny_checkpoint
 
-from .conftest import comparable
+from tests.service.conftest import comparable
 from .test_documents import CANDIDATES, QUESTIONS, long_text
 
 BUDGET = 200  # 800 candidates: well inside the ~3.5K-token document, so the first query runs the candidate pass
