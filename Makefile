@@ -31,9 +31,9 @@ $(STAMP): pyproject.toml Makefile
 	touch $(STAMP)
 
 # gRPC stubs, imported as ilre.v1.*: committed (a wheel from any source tree carries them);
-# `make proto` regenerates them after an edit of proto/ (tests/test_stubs.py fails while they drift)
-proto: $(STAMP)     ## regenerate the gRPC stubs from proto/
-	$(PY) -m grpc_tools.protoc -Iproto --python_out=proto --pyi_out=proto --grpc_python_out=proto proto/ilre/v1/*.proto
+# `make proto` regenerates them after an edit of src/ilre/v1/*.proto (tests/test_stubs.py fails while they drift)
+proto: $(STAMP)     ## regenerate the gRPC stubs beside src/ilre/v1/*.proto
+	$(PY) -m grpc_tools.protoc -Isrc --python_out=src --pyi_out=src --grpc_python_out=src src/ilre/v1/*.proto
 
 tools: setup        ## redis-server, cmake, a C++ compiler: the system's, else installed (deploy/test-tools.sh)
 	deploy/test-tools.sh $(VENV)

@@ -8,9 +8,9 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-FOLDERS = {"kernels": "kernels", "models": "models", "compressor": "compressor", "engine": "engine",
-           "v1": "proto/ilre/v1", "service": "service", "evaluation": "evaluation", "integrations": "integrations",
-           "cli": "cli"}
+PACKAGE = ROOT / "src" / "ilre"
+FOLDERS = {name: f"src/ilre/{name}" for name in ("kernels", "models", "compressor", "engine", "v1", "service",
+                                                  "evaluation", "integrations", "cli")}
 # what each folder may import; evaluation and service never import each other, only the CLI composes them
 ALLOWED = {
     "kernels": set(),
@@ -89,7 +89,7 @@ def test_every_import_goes_down_the_house():
 
 def test_the_check_sees_imports():
     """Not vacuous: the CLI's imports of the service and the evaluation are found."""
-    seen = {top for path in (ROOT / "cli").rglob("*.py") for top, _ in imported_folders("cli", path)}
+    seen = {top for path in (PACKAGE / "cli").rglob("*.py") for top, _ in imported_folders("cli", path)}
     assert {"service", "evaluation", "engine"} <= seen
 
 
@@ -118,7 +118,7 @@ def test_the_package_never_imports_bench_or_tests_and_bench_goes_through_the_pac
                            [a.name for a in node.names] if isinstance(node, ast.Import) else [])
                 wrong += [f"{path.relative_to(ROOT)}:{node.lineno} imports {m}" for m in modules
                           if m.split(".")[0] in ("bench", "tests")]
-    for path in sorted((ROOT / "bench").glob("*.py")):
+    for path in sorted((ROOT / "bench").rglob("*.py")):
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
             if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("tests") \
                     and not node.module.startswith("tests.service."):
@@ -132,6 +132,13 @@ def test_the_package_never_imports_bench_or_tests_and_bench_goes_through_the_pac
 
 def test_the_floor_check_sees_imports():
     """Not vacuous: the composition's imports of the queue and the transports are found."""
-    seen = {target for target, _ in imported_modules("service", ROOT / "service" / "server.py")}
+    seen = {target for target, _ in imported_modules("service", PACKAGE / "service" / "server.py")}
     assert {"service.queue.local", "service.transport.frontend"} <= seen
-    assert module_name("service", ROOT / "service" / "queue" / "__init__.py") == "service.queue"
+    assert module_name("service", PACKAGE / "service" / "queue" / "__init__.py") == "service.queue"
+
+
+def test_the_layers_cover_every_folder_of_the_package():
+    """Every folder of src/ilre is a floor with its rules: a new one must be placed in the house first."""
+    folders = {path.name for path in PACKAGE.iterdir() if path.is_dir() and any(path.rglob("*.py"))}
+    assert folders == set(FOLDERS) == set(ALLOWED)
+

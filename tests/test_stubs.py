@@ -1,6 +1,6 @@
-"""The committed gRPC stubs (proto/ilre/v1/*_pb2*.py) match proto/: regenerated from the .proto files
+"""The committed gRPC stubs (src/ilre/v1/*_pb2*.py) match src/ilre/v1/*.proto: regenerated from the .proto files
 with grpcio-tools, they describe the same messages (the serialized file descriptor) and the same
-service methods. A failure means an edit of proto/ without `make proto`."""
+service methods. A failure means an edit of a .proto without `make proto`."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-PROTO = Path(__file__).resolve().parents[1] / "proto"
+PROTO = Path(__file__).resolve().parents[1] / "src"  # the .proto and its stubs side by side: src/ilre/v1
 
 
 def descriptor_bytes(source: str) -> bytes:
@@ -29,7 +29,7 @@ def methods(source: str) -> list[str]:
 def test_committed_stubs_match_the_proto_files(tmp_path):
     protoc = pytest.importorskip("grpc_tools.protoc", reason="grpcio-tools: pip install -e '.[proto]'")
     protos = sorted(str(p.relative_to(PROTO)) for p in (PROTO / "ilre" / "v1").glob("*.proto"))
-    assert protos, "no .proto files under proto/ilre/v1"
+    assert protos, "no .proto files under src/ilre/v1"
     well_known = Path(protoc.__file__).parent / "_proto"  # google/protobuf/*.proto, as `python -m grpc_tools.protoc` adds
     args = ["protoc", f"-I{PROTO}", f"-I{well_known}", f"--python_out={tmp_path}", f"--grpc_python_out={tmp_path}", *protos]
     assert protoc.main(args) == 0

@@ -12,7 +12,7 @@ import os
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[3]  # src/ilre/evaluation/lingua.py
 WORKER = Path(__file__).resolve().with_name("lingua_worker.py")
 METHODS = ("llmlingua", "longllmlingua")
 

@@ -279,7 +279,7 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
     timing = {placement: spent for placement, spent in run_timing(meta).items() if spent["samples"]}
     if timing:
         spent = "; ".join(f"{t['samples']} samples in {t['seconds'] / 3600:.1f} h on {placement}" for placement, t in timing.items())
-        lines += [f"Wall time of the measuring runs since the timer was added (results/eval/stages.sh, stage 14 on): "
+        lines += [f"Wall time of the measuring runs since the timer was added (bench/eval/stages.sh, stage 14 on): "
                   f"{spent} (every strategy of a sample and its generations included).", ""]
     notes = meta.get("notes", {})
     if notes:

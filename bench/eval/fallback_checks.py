@@ -5,13 +5,13 @@ real file of evaluation/real_files.py (pypi_tsv, dpkg_log, litellm_prices).
 
     # the answer kept under several cascade options, units and tokens, and each request's seconds with nothing
     # cached (one line of JSON per sample)
-    .venv/bin/python results/eval/fallback_checks.py options niah_paraphrase:32K:2 pypi_tsv:32K:4 \\
+    .venv/bin/python bench/eval/fallback_checks.py options niah_paraphrase:32K:2 pypi_tsv:32K:4 \\
         --options '{}' '{"deepen_blend": 0.5}' '{"deepen_blend": 1}' '{"deepen_below": 0}' \\
                   '{"candidates": 16, "deepen_below": 0}' '{"candidates": 8, "deepen_below": 0}'
     # layer 8's own peak strength over the whole context
-    .venv/bin/python results/eval/fallback_checks.py coarse-peak niah_paraphrase:16K:0 logs:16K:0
+    .venv/bin/python bench/eval/fallback_checks.py coarse-peak niah_paraphrase:16K:0 logs:16K:0
     # end to end, units against tokens, pair by pair: both right, only one right, both wrong, per length
-    .venv/bin/python results/eval/fallback_checks.py e2e-pairs
+    .venv/bin/python bench/eval/fallback_checks.py e2e-pairs
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """Which layers keep one RULER sample's needle? Retention of ILRe's selection when the query's attention
 is read at each of several layers, all from one streaming pass (DCA as the engine runs it).
 
-    .venv/bin/python results/eval/layer_check.py niah_multikey_3 32K 1 --layers 8,15,18,19,21
+    .venv/bin/python bench/eval/layer_check.py niah_multikey_3 32K 1 --layers 8,15,18,19,21
 """
 
 from __future__ import annotations
