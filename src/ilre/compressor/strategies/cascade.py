@@ -153,22 +153,18 @@ class Cascade(Strategy):
             return super().query_attention_many(passes)
         picked = [self._candidates(query, coarse) for query in passes]
         shared = [i for i, (_, candidates) in enumerate(picked) if candidates is not None]
-        out: list[tuple[torch.Tensor | None, torch.Tensor | None]] = [(None, None)] * len(passes)
         union = torch.unique(torch.cat([picked[i][1] for i in shared])) if shared else None
         first = passes[0]
-        if union is not None and not self.deep_pays(first.context_ids.numel(), union.numel(), first.model.n_layers):
+        if union is None or self.deep_pays(first.context_ids.numel(), union.numel(), first.model.n_layers):
+            shared = []  # every question reads the whole context (one encoding, made once)
+        ranked: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+        if shared:
             keys, queries = candidate_prefill_many(first.model, first.context_ids, union,
                                                    [passes[i].query_ids for i in shared], first.config)
             for i, query_states in zip(shared, queries):
                 passes[i].measured["candidates"] = float(union.numel())
-                out[i] = self._ranked(passes[i], coarse, picked[i][0], union, query_key_scores(query_states, keys))
-            shared = set(shared)
-        else:
-            shared = set()
-        for i, query in enumerate(passes):
-            if i not in shared:
-                out[i] = self._whole_context(query, coarse)
-        return out
+                ranked[i] = self._ranked(passes[i], coarse, picked[i][0], union, query_key_scores(query_states, keys))
+        return [ranked[i] if i in ranked else self._whole_context(query, coarse) for i, query in enumerate(passes)]
 
     def _candidates(self, query: QueryPass, coarse: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The coarse layer's A^C (L,) and the candidates it picks (C,) ascending; None when `coarse_below`
