@@ -17,7 +17,7 @@ SGLANG_ENV        := $(ILRE_CACHE_DIR)/sglang-$(SGLANG_VERSION)
 # the venv's bin/ first: redis-server and cmake may be installed there (deploy/test-tools.sh)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup tools engine run demo test test-fast bench soak proto eval eval-quick lingua litellm clean
+.PHONY: setup tools engine run demo test test-fast bench soak proto settings eval eval-quick lingua litellm clean
 
 setup: $(STAMP)
 
@@ -34,6 +34,11 @@ $(STAMP): pyproject.toml Makefile
 # `make proto` regenerates them after an edit of src/ilre/v1/*.proto (tests/test_stubs.py fails while they drift)
 proto: $(STAMP)     ## regenerate the gRPC stubs beside src/ilre/v1/*.proto
 	$(PY) -m grpc_tools.protoc -Isrc --python_out=src --pyi_out=src --grpc_python_out=src src/ilre/v1/*.proto
+
+# README's and docs/operations.md's settings tables, made from the declared settings (tests/cli/test_settings_table.py
+# fails while they differ)
+settings: $(STAMP)  ## rewrite the settings tables from the declarations
+	$(PY) -m ilre.cli.settings_table README.md docs/operations.md
 
 tools: setup        ## redis-server, cmake, a C++ compiler: the system's, else installed (deploy/test-tools.sh)
 	deploy/test-tools.sh $(VENV)

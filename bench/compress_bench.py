@@ -25,7 +25,7 @@ def measure_compress(length: int, strategy: str, layer: int | None) -> dict:
 
     from ilre.engine.engine import Engine, EngineConfig
     from ilre.engine.messages import CompressRequest
-    from ilre.evaluation.passkey import make_passkey_sample
+    from ilre.evaluation.tasks.passkey import make_passkey_sample
 
     loading = time.perf_counter()
     engine = Engine(EngineConfig(layer=layer))
@@ -50,7 +50,7 @@ def measure_dense(length: int) -> dict:
     import torch
     from transformers import AutoModelForCausalLM
 
-    from ilre.evaluation.passkey import make_passkey_sample
+    from ilre.evaluation.tasks.passkey import make_passkey_sample
     from ilre.models.loader import load_tokenizer, resolve_checkpoint
 
     checkpoint = resolve_checkpoint(None)

@@ -45,7 +45,7 @@ def measure(strategy: str, layer: str | None, length: int, repeats: int = 1, dee
 
     from ilre.engine.engine import Engine, EngineConfig
     from ilre.engine.messages import CompressRequest
-    from ilre.evaluation.passkey import make_passkey_sample
+    from ilre.evaluation.tasks.passkey import make_passkey_sample
 
     engine = Engine(EngineConfig(doc_cache_mb=0))  # nothing kept between the warm-up and the measurement
     sample = make_passkey_sample(engine.tokenizer, length, 0.5, seed=7)

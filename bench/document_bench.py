@@ -36,7 +36,7 @@ QUERY = " What is the secret passkey? The secret passkey is"
 
 @functools.lru_cache(maxsize=1)
 def _haystack_ids() -> tuple[object, list[int]]:
-    from ilre.evaluation.haystack import shakespeare_text
+    from ilre.evaluation.tasks.haystack import shakespeare_text
     from ilre.models.loader import load_tokenizer, resolve_checkpoint
 
     tokenizer = load_tokenizer(resolve_checkpoint(None).path)

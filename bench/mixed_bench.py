@@ -71,7 +71,7 @@ def prose_sample(tokenizer, length: int, index: int) -> tuple[list[int], list[in
 def sample(tokenizer, kind: str, length: int, index: int) -> tuple[list[int], list[int], list[str]]:
     if kind == "prose question":
         return prose_sample(tokenizer, length, index)
-    from ilre.evaluation.ruler import generate_sample
+    from ilre.evaluation.tasks.ruler import generate_sample
 
     s = generate_sample(tokenizer, SUITE[kind], length, seed=0, index=index)
     return s.context_ids, s.query_ids, s.answers

@@ -40,7 +40,7 @@ def main() -> None:
 
     from ilre.engine.engine import Engine, EngineConfig
     from ilre.engine.messages import CompressRequest
-    from ilre.evaluation.passkey import make_passkey_sample
+    from ilre.evaluation.tasks.passkey import make_passkey_sample
 
     engine = Engine(EngineConfig(device=args.device, dtype=args.dtype))
     sample = make_passkey_sample(engine.tokenizer, args.tokens, 0.5, seed=7)

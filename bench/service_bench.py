@@ -27,7 +27,7 @@ import torch
 
 from ilre.engine.engine import Engine
 from ilre.engine.messages import CompressRequest
-from ilre.evaluation.passkey import make_passkey_sample
+from ilre.evaluation.tasks.passkey import make_passkey_sample
 from ilre.service.client import AsyncClient
 from ilre.service.common.config import ServiceConfig
 from ilre.service.server import ServiceThread

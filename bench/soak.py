@@ -37,7 +37,7 @@ import redis
 
 from ilre.engine.engine import Engine
 from ilre.engine.messages import CompressRequest
-from ilre.evaluation.passkey import make_passkey_sample
+from ilre.evaluation.tasks.passkey import make_passkey_sample
 from ilre.service.client import AsyncClient, ClientError
 
 KINDS = {"short": 45, "long": 8, "fresh": 6, "queries": 7, "document": 8, "bad": 14, "deadline": 6, "hangup": 6}  # weights

@@ -88,7 +88,7 @@ def measure_compress(dtype: str, length: int, device: str) -> dict:
 
     from ilre.engine.engine import Engine, EngineConfig
     from ilre.engine.messages import CompressRequest
-    from ilre.evaluation.passkey import make_passkey_sample
+    from ilre.evaluation.tasks.passkey import make_passkey_sample
 
     engine = Engine(EngineConfig(dtype=dtype, device=device))
     sample = make_passkey_sample(engine.tokenizer, length, 0.5, seed=7)
@@ -114,7 +114,7 @@ def measure_compress(dtype: str, length: int, device: str) -> dict:
 def measure_batch(dtype: str, device: str, n_requests: int = 32, tokens: int = 300) -> dict:
     from ilre.engine.engine import Engine, EngineConfig
     from ilre.engine.messages import CompressRequest
-    from ilre.evaluation.passkey import make_passkey_sample
+    from ilre.evaluation.tasks.passkey import make_passkey_sample
 
     engine = Engine(EngineConfig(dtype=dtype, device=device, batch_tokens=16384))  # batching on, whatever the device
     samples = [make_passkey_sample(engine.tokenizer, tokens + (i % 5) * 10, (i % 10) / 10, seed=i) for i in range(n_requests)]

@@ -27,7 +27,7 @@ TARGET_RATIO, TARGET_1M_S = 1.05, 2.0
 
 def texts(tokenizer, length: int) -> dict[str, torch.Tensor]:
     """(length,) IDs of each kind of text: built, tokenized once and repeated to the length."""
-    from ilre.evaluation.haystack import shakespeare_text
+    from ilre.evaluation.tasks.haystack import shakespeare_text
 
     rng = random.Random(0)
     records = "\n".join(json.dumps({"id": f"job-{k:06d}", "status": rng.choice(["ok", "failed", "pending"]),
@@ -67,7 +67,7 @@ def segmentation_rows(tokenizer) -> list[dict]:
 def compress_rows(lengths: list[int], repeats: int) -> list[dict]:
     from ilre.engine.engine import Engine, EngineConfig
     from ilre.engine.messages import CompressRequest
-    from ilre.evaluation.passkey import make_passkey_sample
+    from ilre.evaluation.tasks.passkey import make_passkey_sample
 
     engine = Engine(EngineConfig(doc_cache_mb=0))
     rows = []

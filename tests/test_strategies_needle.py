@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from ilre.evaluation.passkey import make_passkey_sample
+from ilre.evaluation.tasks.passkey import make_passkey_sample
 
 
 @pytest.mark.slow

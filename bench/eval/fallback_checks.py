@@ -1,7 +1,7 @@
 """Checks behind the notes on the default's fallback (stages 22-24), on chosen samples.
 
-A sample is `task:length:index`: a suite task (evaluation/ruler.py, the structured ones included) or a
-real file of evaluation/real_files.py (pypi_tsv, dpkg_log, litellm_prices).
+A sample is `task:length:index`: a suite task (evaluation/tasks/ruler.py, the structured ones included) or a
+real file of evaluation/tasks/real_files.py (pypi_tsv, dpkg_log, litellm_prices).
 
     # the answer kept under several cascade options, units and tokens, and each request's seconds with nothing
     # cached (one line of JSON per sample)
@@ -28,10 +28,11 @@ from ilre.compressor.prefill import prefill_query
 from ilre.compressor.strategies.cascade import peak_strength
 from ilre.engine.engine import Engine, EngineConfig
 from ilre.engine.messages import CompressRequest
-from ilre.evaluation.metrics import retention
-from ilre.evaluation.real_files import SOURCES, make_sample
-from ilre.evaluation.ruler import generate_sample, length_label, parse_length
-from ilre.evaluation.run_eval import load_records
+from ilre.evaluation.running.metrics import retention
+from ilre.evaluation.running.records import load_records
+from ilre.evaluation.tasks.lengths import length_label, parse_length
+from ilre.evaluation.tasks.real_files import SOURCES, make_sample
+from ilre.evaluation.tasks.ruler import generate_sample
 from ilre.kernels.query_scores import query_key_scores
 
 

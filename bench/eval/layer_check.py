@@ -12,9 +12,10 @@ import torch
 
 from ilre.compressor.prefill import PrefillConfig, streaming_prefill
 from ilre.engine.engine import Engine, EngineConfig
-from ilre.evaluation.metrics import retention
-from ilre.evaluation.ruler import generate_sample, parse_length
-from ilre.evaluation.run_eval import allocate
+from ilre.evaluation.running.metrics import retention
+from ilre.evaluation.running.run_eval import allocate
+from ilre.evaluation.tasks.lengths import parse_length
+from ilre.evaluation.tasks.ruler import generate_sample
 from ilre.kernels.query_scores import query_key_scores
 
 

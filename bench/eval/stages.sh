@@ -70,7 +70,7 @@ $ILRE --tasks vt,niah_paraphrase --lengths 8K --samples 10 --strategies ilre_fas
 $ILRE --tasks $ALL --lengths 4K,16K,32K --samples 10 --strategies cascade --no-e2e
 $ILRE --tasks $T4 --lengths 64K,128K --samples 5 --strategies cascade --no-e2e
 #     and passkeys in Python's reference documentation (a corpus no other stage uses): the default, ILRe at 8 and 19
-.venv/bin/python -m ilre.evaluation.other_corpus --lengths 16K,32K --depths 8
+.venv/bin/python -m ilre.evaluation.report.other_corpus --lengths 16K,32K --depths 8
 # 20. whole units (granularity "unit", compressor/units.py) against today's token selection and RAG:
 #     end to end on the target tasks at 4K-32K, 24 samples per length (6 per task), generation capped at 32 tokens
 $ILRE --tasks $T4 --lengths 4K,8K,16K,32K --samples 6 --strategies cascade,cascade_units,rag --max-new-tokens 32
@@ -85,12 +85,12 @@ $ILRE --tasks $T4,$NEW --lengths 64K,128K --samples 5 --strategies cascade,casca
 #     the record rule (compressor/units.py: a bracket group of up to 192 tokens is one unit), chosen on the
 #     service's own path among record caps 128, 160 and 256 (10 samples per cell), then the unit rows of the three
 #     tasks whose units it changes dropped from raw.jsonl and the two lines above run again
-.venv/bin/python -m ilre.evaluation.record_caps --tasks records_json,records_jsonl --lengths 4K,16K,32K --samples 10
+.venv/bin/python -m ilre.evaluation.running.record_caps --tasks records_json,records_jsonl --lengths 4K,16K,32K --samples 10
 #     and on real files the suite does not generate (a PyPI package table, Debian's package log): token against unit
 #     (and LiteLLM's model price table, JSON records often over 192 tokens, once `make litellm` has built its environment)
-.venv/bin/python -m ilre.evaluation.real_files --lengths 16K,32K --samples 10
+.venv/bin/python -m ilre.evaluation.report.real_files --lengths 16K,32K --samples 10
 #     the record cap checked on the real price table's records
-.venv/bin/python -m ilre.evaluation.record_caps --tasks litellm_prices --lengths 16K,32K --samples 10 --caps 192,384,512 --output results/eval/record_caps_real.jsonl
+.venv/bin/python -m ilre.evaluation.running.record_caps --tasks litellm_prices --lengths 16K,32K --samples 10 --caps 192,384,512 --output results/eval/record_caps_real.jsonl
 # 21. table headers (compressor/table_headers.py): a kept table row brings its header, and a table row up to
 #     the record cap is one unit. Only the two table tasks have tables (their units change; every other
 #     task's are as before), so their cascade and cascade_units records were removed and measured again.
@@ -107,7 +107,7 @@ $ILRE --tasks fwe,niah_multivalue,cwe,niah_multikey_2,logs,code_python,records_j
 $ILRE --tasks fwe,niah_multivalue,cwe,niah_multikey_2,logs,code_python,records_jsonl,records_json,records_csv --lengths 32K --samples 10 --strategies cascade,cascade_units --no-e2e
 # 23. where the default falls back: every cascade record now carries the peak strength it measured and whether
 #     it fell back, and `cascade_candidates` (the default with `deepen_below` 0) the candidates alone; the
-#     page's fallback section replays the threshold with it (evaluation/fallback_report.py). The default's
+#     page's fallback section replays the threshold with it (evaluation/report/fallback.py). The default's
 #     records at 64K and 128K (made before stage 22) were removed and measured again.
 $ILRE --tasks $T4,$NEW --lengths 64K --samples 5 --strategies cascade,cascade_units,cascade_candidates --no-e2e
 $ILRE --tasks $T4,$NEW --lengths 128K --samples 5 --strategies cascade,cascade_units,cascade_candidates --no-e2e
@@ -117,4 +117,4 @@ $ILRE --tasks $NEW --lengths 16K,32K --samples 10 --strategies cascade_candidate
 #     the compressor's dtype); stages 20-21's records moved to real_files_stage20.jsonl, which the page shows for
 #     the cells not yet measured again. The cascade_units records whose time lacks the fallback's pass (stages
 #     22-23, measured before the eval charged it to every row) are marked in raw.jsonl (`timing`), not measured again.
-.venv/bin/python -m ilre.evaluation.real_files --lengths 16K,32K --samples 10
+.venv/bin/python -m ilre.evaluation.report.real_files --lengths 16K,32K --samples 10

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from ilre.evaluation.haystack import shakespeare_text
+from ilre.evaluation.tasks.haystack import shakespeare_text
 
 PROBE = Path(__file__).resolve().parents[2] / "bench" / "rss_probe.py"  # peak RSS beyond the loaded engine
 LONG_CHARS = 400_000  # about 130K tokens of Shakespeare

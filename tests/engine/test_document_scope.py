@@ -20,7 +20,7 @@ from ilre.engine.document_names import DocumentNames
 from ilre.engine.documents import DocumentCache
 from ilre.engine.engine import NOT_FOUND_MESSAGE
 from ilre.engine.messages import CompressRequest, NotFoundError
-from ilre.evaluation.intervals import rank_sum_test
+from ilre.evaluation.report.intervals import rank_sum_test
 from ilre.service.client import Client, ClientError
 from ilre.service.common.errors import ConfigError
 from ilre.service.common.keys import ANONYMOUS, ApiKeys

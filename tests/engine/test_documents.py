@@ -16,7 +16,7 @@ from ilre.engine.document_names import DocumentNames
 from ilre.engine.documents import DocumentCache, state_key
 from ilre.engine.engine import NOT_FOUND_MESSAGE
 from ilre.engine.messages import CompressRequest, CompressResults, InputError, NotFoundError
-from ilre.evaluation.haystack import shakespeare_text
+from ilre.evaluation.tasks.haystack import shakespeare_text
 from ilre.models.loader import load_truncated
 from ilre.service.documents.redis_tier import RedisDocuments
 from tests.tiny_models import N_LAYERS, random_ids, tiny_checkpoint

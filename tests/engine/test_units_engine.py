@@ -64,7 +64,7 @@ def test_the_budget_is_met_with_whole_records(engine):
 def test_a_kept_row_brings_its_table_header(engine):
     """An 8K-token CSV export (the suite's records_csv): the asked row is kept whole with the header row,
     over 2K tokens before it; token selection keeps the row's numbers without their column names."""
-    from ilre.evaluation.ruler import generate_sample
+    from ilre.evaluation.tasks.ruler import generate_sample
 
     sample = generate_sample(engine.tokenizer, "records_csv", 8192, 0, 1)
     lines = sample.context.splitlines(keepends=True)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from ilre.evaluation.depth_report import as_configured, default_against_l_r, depth_section
+from ilre.evaluation.report.depth import as_configured, default_against_l_r, depth_section
 
 
 def record(strategy: str, task: str, index: int, retention: float, length: int = 16384, layer: int = 19,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from ilre.evaluation.fallback_report import (falls_back, fallback_section, replay, seconds_lines, share_table,
+from ilre.evaluation.report.fallback import (falls_back, fallback_section, replay, seconds_lines, share_table,
                                              uncharged_lines)
 
 

@@ -2,10 +2,10 @@
 
 import pytest
 
-from ilre.evaluation.headline import best_ours, comparison, headline, retention_by_sample
-from ilre.evaluation.intervals import paired_difference
-from ilre.evaluation.results import LABELS
-from ilre.evaluation.run_eval import STRATEGIES
+from ilre.evaluation.report.headline import best_ours, comparison, headline, retention_by_sample
+from ilre.evaluation.report.intervals import paired_difference
+from ilre.evaluation.report.page import LABELS
+from ilre.evaluation.running.plan import STRATEGIES
 
 
 def test_paired_difference_on_known_cases():
@@ -61,7 +61,7 @@ def test_headline_states_each_length():
 
 
 def test_a_target_is_met_as_a_lead_only_when_the_interval_excludes_zero():
-    from ilre.evaluation.results import _ahead
+    from ilre.evaluation.report.page import _ahead
 
     lead = comparison({"ilre": {("vt", 0, i): 1.0 for i in range(10)}, "rag": {("vt", 0, i): 0.0 for i in range(10)}},
                       "ilre", "rag")
@@ -72,7 +72,7 @@ def test_a_target_is_met_as_a_lead_only_when_the_interval_excludes_zero():
 
 
 def test_an_option_is_compared_with_the_strategy_without_it():
-    from ilre.evaluation.headline import variant_section
+    from ilre.evaluation.report.headline import variant_section
 
     records = (_records("ilre", [0.0] * 10, task="vt") + _records("ilre_fast_too", [1.0] * 10, task="vt")
                + _records("ilre", [1.0] * 10) + _records("ilre_fast_too", [1.0] * 10)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from ilre.evaluation.baselines import bm25_scores, rag_select, words
-from ilre.evaluation.metrics import retention, score, string_match_all, string_match_part
+from ilre.evaluation.running.baselines import bm25_scores, rag_select, words
+from ilre.evaluation.running.metrics import retention, score, string_match_all, string_match_part
 
 
 def test_string_match_all_and_part_as_ruler_defines_them():
@@ -73,7 +73,7 @@ def test_rag_keeps_best_chunks_within_budget_in_order():
 
 
 def test_separated_puts_the_separator_between_runs_that_are_not_adjacent():
-    from ilre.evaluation.metrics import separated
+    from ilre.evaluation.running.metrics import separated
 
     assert separated([0, 1, 2, 5, 6, 9], list(range(10, 20)), [198]) == [10, 11, 12, 198, 15, 16, 198, 19]
     assert separated([3, 4], list(range(10)), [198]) == [3, 4]
@@ -82,7 +82,7 @@ def test_separated_puts_the_separator_between_runs_that_are_not_adjacent():
 def test_whole_share_counts_the_touched_units_kept_whole_beyond_the_sink():
     import torch
 
-    from ilre.evaluation.metrics import whole_share
+    from ilre.evaluation.running.metrics import whole_share
 
     bounds = torch.tensor([0, 10, 20, 30])
     assert whole_share(bounds, [0, 1, 2, 3, *range(4, 10), 15], 4) == 0.5  # [4, 10) whole, [10, 20) touched once
@@ -93,7 +93,7 @@ def test_whole_share_counts_the_touched_units_kept_whole_beyond_the_sink():
 def test_headed_share_counts_the_whole_rows_kept_with_their_header():
     import torch
 
-    from ilre.evaluation.metrics import headed_share
+    from ilre.evaluation.running.metrics import headed_share
 
     bounds = torch.tensor([0, 4, 10, 20, 30, 40])  # units; [10, 20) a header over the rows [20, 30), [30, 40)
     heads = torch.tensor([[-1, -1], [-1, -1], [10, 20], [10, 20], [10, 20]])

@@ -10,8 +10,9 @@ import torch
 from ilre.compressor.calibration import needle_kept
 from ilre.compressor.strategies import make_strategy
 from ilre.engine.messages import CompressRequest
-from ilre.evaluation.other_corpus import run_other_corpus, section
-from ilre.evaluation.passkey import make_passkey_sample
+from ilre.evaluation.report.other_corpus import section
+from ilre.evaluation.running.other_corpus import run_other_corpus
+from ilre.evaluation.tasks.passkey import make_passkey_sample
 
 
 def test_records_are_the_engines_answers_and_a_rerun_adds_nothing(engine, tmp_path):

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from ilre.evaluation.haystack import NOISE, filler_ids
-from ilre.evaluation.passkey import make_passkey_sample
+from ilre.evaluation.tasks.haystack import NOISE, filler_ids
+from ilre.evaluation.tasks.passkey import make_passkey_sample
 
 
 @pytest.fixture(scope="module")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from ilre.evaluation.real_files import section
+from ilre.evaluation.report.real_files import section
 
 
 def test_each_corpus_and_length_is_a_row_of_tokens_against_units_with_how_often_the_default_fell_back(tmp_path: Path):

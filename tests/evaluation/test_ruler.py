@@ -6,7 +6,8 @@ import re
 
 import pytest
 
-from ilre.evaluation.ruler import TASKS, generate_sample, parse_length
+from ilre.evaluation.tasks.lengths import parse_length
+from ilre.evaluation.tasks.ruler import TASKS, generate_sample
 
 
 @pytest.fixture(scope="module")
@@ -68,7 +69,7 @@ def test_parse_length():
 
 @pytest.mark.parametrize("index", range(6))
 def test_the_paraphrased_needle_shares_no_rare_word_with_the_question(tokenizer, index):
-    from ilre.evaluation import paraphrase
+    from ilre.evaluation.tasks import paraphrase
 
     sample = generate_sample(tokenizer, "niah_paraphrase", 4096, seed=2, index=index)
     assert len(sample.answers) == 1 and sample.answers[0] in sample.context
@@ -83,7 +84,7 @@ def test_the_paraphrased_needle_shares_no_rare_word_with_the_question(tokenizer,
 
 
 def test_no_pair_shares_a_word():
-    from ilre.evaluation.paraphrase import NEEDLE, PAIRS, rare_words
+    from ilre.evaluation.tasks.paraphrase import NEEDLE, PAIRS, rare_words
 
     for word, synonym in PAIRS:
         assert not rare_words(word) & rare_words(synonym), (word, synonym)

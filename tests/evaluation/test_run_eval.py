@@ -10,18 +10,20 @@ from pathlib import Path
 
 import pytest
 
-from ilre.evaluation.generation import new_token_budget
-from ilre.evaluation.plan_notes import caps_notes, plan_caps, widest_caps
-from ilre.evaluation.results import write_report
-from ilre.evaluation.run_eval import ATTENTION, EvalPlan, Evaluator, Record, done_cells, run_timing
+from ilre.evaluation.report.page import write_report
+from ilre.evaluation.running.generation import new_token_budget
+from ilre.evaluation.running.plan import ATTENTION, EvalPlan
+from ilre.evaluation.running.plan_notes import caps_notes, plan_caps, widest_caps
+from ilre.evaluation.running.records import Record, run_timing
+from ilre.evaluation.running.run_eval import Evaluator, done_cells
 
 
 def test_each_engine_row_is_the_engines_answer_to_its_request(engine):
     """run_sample sends each row to the engine as a request (one encoding shared by the rows that read it)
     and records what `Engine.compress` keeps for that request."""
     from ilre.engine.messages import CompressRequest
-    from ilre.evaluation.metrics import retention
-    from ilre.evaluation.ruler import generate_sample
+    from ilre.evaluation.running.metrics import retention
+    from ilre.evaluation.tasks.ruler import generate_sample
 
     sample = generate_sample(engine.tokenizer, "niah_single_2", 2048, seed=1)
     evaluator = Evaluator.__new__(Evaluator)  # the engine only: no generator, no LLMLingua
@@ -43,7 +45,7 @@ def test_each_engine_row_is_the_engines_answer_to_its_request(engine):
 
 
 def test_a_generation_cap_never_cuts_the_gold_answer(engine):
-    from ilre.evaluation.ruler import generate_sample
+    from ilre.evaluation.tasks.ruler import generate_sample
 
     tok = engine.tokenizer
     uuid = generate_sample(tok, "niah_single_3", 2048, seed=0)
@@ -163,7 +165,7 @@ def test_ilre_eval_quick_runs_from_the_command_line(tmp_path):
 
 
 def test_wilson_intervals_on_known_cases():
-    from ilre.evaluation.intervals import wilson
+    from ilre.evaluation.report.intervals import wilson
 
     assert wilson(0.5, 10) == pytest.approx((0.2366, 0.7634), abs=1e-4)
     assert wilson(1.0, 10) == pytest.approx((0.7225, 1.0), abs=1e-4)  # all kept: not a point
@@ -193,7 +195,7 @@ def test_a_results_dir_of_its_own_gets_its_page_beside_it(tmp_path):
 def test_every_row_that_falls_back_is_charged_the_whole_contexts_pass(engine, monkeypatch):
     """The first cascade row that falls back encodes the whole context to l_R; the next reads what it left, and
     is charged that pass too, as rows sharing the coarse layer's encoding each are."""
-    from ilre.evaluation.ruler import generate_sample
+    from ilre.evaluation.tasks.ruler import generate_sample
 
     for name in ("cascade", "cascade_units"):
         monkeypatch.setitem(ATTENTION, name, ("cascade", {"deepen_below": 1.0}))  # always fall back
@@ -221,7 +223,7 @@ def test_the_results_page_opens_with_a_headline_of_at_most_150_lines(tmp_path):
     screen before the analysis begins; every task run has a row there."""
     from pathlib import Path
 
-    from ilre.evaluation.results import ANALYSIS
+    from ilre.evaluation.report.page import ANALYSIS
 
     shipped = Path(__file__).resolve().parents[2] / "results" / "eval"
     lines = write_report(shipped, tmp_path / "results.md", "ilre eval --test").read_text().splitlines()

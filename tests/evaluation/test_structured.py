@@ -1,4 +1,4 @@
-"""Structured-data and code tasks (evaluation/structured.py): sized, deterministic, one answer, the right shape."""
+"""Structured-data and code tasks (evaluation/tasks/structured.py): sized, deterministic, one answer, the right shape."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import re
 
 import pytest
 
-from ilre.evaluation.ruler import TASKS, generate_sample
+from ilre.evaluation.tasks.ruler import TASKS, generate_sample
 
 STRUCTURED = ("records_jsonl", "records_json", "records_csv", "code_python", "logs", "markdown_table")
 

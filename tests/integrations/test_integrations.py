@@ -12,7 +12,7 @@ from langchain_core.runnables import RunnableLambda
 from llama_index.core import SummaryIndex
 from llama_index.core.schema import NodeWithScore, TextNode
 
-from ilre.evaluation.haystack import shakespeare_text
+from ilre.evaluation.tasks.haystack import shakespeare_text
 from ilre.integrations.langchain import IlreCompressor
 from ilre.integrations.llamaindex import IlrePostprocessor
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from ilre.evaluation.haystack import shakespeare_text
+from ilre.evaluation.tasks.haystack import shakespeare_text
 
 from tests.service.conftest import free_port, lines_context, served_by, wait_for
 from tests.service.engines import LlamaServer, RecordingRelay

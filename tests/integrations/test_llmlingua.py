@@ -10,7 +10,7 @@ import re
 
 import pytest
 
-from ilre.evaluation.haystack import shakespeare_text
+from ilre.evaluation.tasks.haystack import shakespeare_text
 from ilre.integrations.llmlingua import PromptCompressor  # was: from llmlingua import PromptCompressor
 
 from tests.service.conftest import LINES_QUERY, lines_context
@@ -192,7 +192,7 @@ def test_sentence_level_filter_keeps_whole_sentences(local_service):
 
 def test_same_keys_types_and_formats_as_llmlingua_itself(local_service, tmp_path):
     """LLMLingua's real answer on the same input (its own environment, counting the model's tokens)."""
-    from ilre.evaluation.lingua import LinguaPeer, lingua_unavailable
+    from ilre.evaluation.running.lingua import LinguaPeer, lingua_unavailable
     from ilre.models.embedded import embedded_checkpoint
 
     reason = lingua_unavailable()

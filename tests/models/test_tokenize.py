@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ilre.evaluation.haystack import shakespeare_text
+from ilre.evaluation.tasks.haystack import shakespeare_text
 from ilre.models.loader import load_tokenizer, resolve_checkpoint
 from ilre.models.tokenize import IncrementalTokenizer, TooManyTokens, safe_cut, tokenize_text
 

@@ -7,7 +7,7 @@ from typing import Any
 
 from ..engine.engine import Engine
 from ..engine.messages import CompressRequest
-from ..evaluation.haystack import filler_ids
+from ..evaluation.tasks.haystack import filler_ids
 from .output import summary
 
 FACT = "\n\nThe secret ingredient of the Duke of Milan's wine is saffron from Valencia.\n"

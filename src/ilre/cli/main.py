@@ -13,28 +13,22 @@ from typing import Any, Callable, Iterator
 
 from ..engine.messages import InputError
 from .output import EXIT_INPUT, CliError, summary
-from .parser import DEEPEN_MODES, build_parser
+from .parser import build_parser
+
+
+def _declared(args: argparse.Namespace, cls: type) -> dict[str, Any]:
+    """The resolved values (cli/parser.py) of the command's settings declared by `cls`."""
+    from ..engine.settings import settings_for
+
+    return {s.name: getattr(args, s.name) for s in settings_for(args.command, cls)}
 
 
 def _engine(args: argparse.Namespace):
-    from ..compressor.prefill import PrefillConfig
     from ..engine.engine import Engine, EngineConfig
+    from ..engine.engine_settings import EngineSettings
 
     try:
-        prefill = PrefillConfig(args.sink, args.window or None, args.chunk)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
-    if args.max_context_tokens < 1:
-        raise CliError(f"max-context-tokens: must be >= 1 (got {args.max_context_tokens})")
-    if args.batch_tokens is not None and args.batch_tokens < 0:
-        raise CliError(f"batch-tokens: must be >= 0 (got {args.batch_tokens})")
-    if args.doc_cache_mb < 0:
-        raise CliError(f"doc-cache-mb: must be >= 0 (got {args.doc_cache_mb})")
-    _check_deepen(args)
-    config = EngineConfig(model=args.model, layer=args.layer, prefill=prefill, max_context_tokens=args.max_context_tokens,
-                          device=args.device, dtype=args.dtype, batch_tokens=args.batch_tokens,
-                          doc_cache_mb=args.doc_cache_mb, deepen=getattr(args, "deepen", "off") == "idle")
-    try:
+        config = EngineConfig.from_settings(EngineSettings(**_declared(args, EngineSettings)))
         return Engine(config)
     except (FileNotFoundError, KeyError, ValueError) as exc:
         raise CliError(str(exc).strip("'\"")) from None
@@ -123,37 +117,24 @@ def _compress_remote(args: argparse.Namespace, request):
         raise CliError(f"tls: cannot read {exc.filename}: {exc.strerror}") from None
 
 
-def _service_config(args: argparse.Namespace, **settings: Any):
-    """ServiceConfig from the environment, the flags winning; CliError naming a bad setting."""
+def _service_config(args: argparse.Namespace):
+    """ServiceConfig of a server command: its resolved settings (cli/parser.py), the rest from the environment;
+    CliError naming a bad setting. Sets torch's thread count when the command gives one."""
     from ..service.common.config import ServiceConfig
 
-    if getattr(args, "threads", None):
+    settings = _declared(args, ServiceConfig)
+    if settings.get("threads"):
         import torch
 
-        torch.set_num_threads(args.threads)
-    names = ("host", "grpc_port", "http_port", "redis_url", "redis_prefix", "max_batch", "max_wait_ms", "max_queue",
-             "max_message_bytes", "tls_cert", "tls_key", "tls_client_ca", "claim_idle_ms", "max_attempts",
-             "doc_cache_shared_mb", "redis_wait_replicas", "redis_wait_ms")
-    flags = {name: getattr(args, name) for name in names if hasattr(args, name)}
-    flags["doc_cache_ttl_s"] = getattr(args, "doc_cache_ttl", None)
-    flags.update(request_timeout_s=getattr(args, "request_timeout", None), shutdown_grace_s=getattr(args, "shutdown_grace", None),
-                 http_keep_alive_s=getattr(args, "http_keep_alive", None),
-                 api_keys_file=getattr(args, "api_keys_file", None))
+        torch.set_num_threads(settings["threads"])
     try:
-        return ServiceConfig.from_env(os.environ, **flags, **settings)
+        return ServiceConfig.from_env(os.environ, **settings, max_context_tokens=args.max_context_tokens)
     except ValueError as exc:
         raise CliError(str(exc)) from None
 
 
-def _check_deepen(args: argparse.Namespace) -> None:
-    """--deepen checked (its ILRE_DEEPEN default is not an argparse choice), also before a server starts."""
-    if getattr(args, "deepen", "off") not in DEEPEN_MODES:
-        raise CliError(f"deepen: must be one of {', '.join(DEEPEN_MODES)} (got {args.deepen!r}; env ILRE_DEEPEN)")
-
-
 def _check_placement(args: argparse.Namespace) -> None:
-    """--device / --dtype (and --deepen) checked before a server starts (its model loads in the background)."""
-    _check_deepen(args)
+    """--device / --dtype checked before a server starts (its model loads in the background)."""
     from ..models.device import resolve_placement
 
     try:
@@ -184,7 +165,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from ..service.server import run_serve as serve
 
     _check_placement(args)
-    config = _service_config(args, max_context_tokens=args.max_context_tokens)
+    config = _service_config(args)
     with _closing_engines(args) as engine:
         try:
             return serve(config, engine, request_defaults(args))
@@ -215,13 +196,9 @@ def run_sidecar(args: argparse.Namespace) -> int:
     from ..service.server import run_serve as serve
 
     _check_placement(args)
-    config = _service_config(args, http_port=args.port, max_context_tokens=args.max_context_tokens)
+    config = _service_config(args)
     try:
-        sidecar = SidecarConfig.from_env(os.environ, engine_url=args.engine_url, engine_api=args.engine_api,
-                                         forward=args.forward, engine_timeout_s=args.engine_timeout,
-                                         connect_timeout_s=args.connect_timeout, query_tokens=args.query_tokens,
-                                         engine_health_interval_s=args.engine_health_interval,
-                                         engine_health_timeout_s=args.engine_health_timeout)
+        sidecar = SidecarConfig.from_env(os.environ, **_declared(args, SidecarConfig))
         tokenizer = load_tokenizer(resolve_checkpoint(args.model).path)
     except (FileNotFoundError, KeyError, ValueError) as exc:
         raise CliError(str(exc).strip("'\"")) from None
@@ -239,7 +216,7 @@ def run_worker(args: argparse.Namespace) -> int:
     if not config.redis_url:
         raise CliError("redis-url: a worker needs --redis-url (or ILRE_REDIS_URL)")
     with _closing_engines(args) as engine:
-        return work(engine(), config, name=args.name, metrics_port=args.metrics_port)
+        return work(engine(), config, name=config.worker_name, metrics_port=config.metrics_port)
 
 
 def run_batch(args: argparse.Namespace) -> int:
@@ -268,9 +245,9 @@ def run_calibrate(args: argparse.Namespace) -> int:
 
     if args.plots:
         _require_eval_extra("calibrate --plots", ("matplotlib",))
-    from ..evaluation.calibrate import QUICK_PLAN, CalibrationPlan, run_calibration
     from ..models.device import resolve_placement
     from ..models.profiles import PROFILE_DIR
+    from ..training.calibrate import QUICK_PLAN, CalibrationPlan, run_calibration
 
     plan = QUICK_PLAN if args.quick else CalibrationPlan()
     lists = (("lengths", args.lengths), ("digits", args.digits), ("long_lengths", args.long_lengths),
@@ -302,9 +279,9 @@ def run_train_locret(args: argparse.Namespace) -> int:
     import shlex
 
     _require_eval_extra("train-locret", ("wonderwords",))
-    from ..evaluation.locret_data import DataPlan
-    from ..evaluation.train_locret import TrainPlan, train_locret
     from ..models.profiles import PROFILE_DIR
+    from ..training.locret_data import DataPlan
+    from ..training.train_locret import TrainPlan, train_locret
 
     try:
         data = {k: v for k, v in (("samples", args.samples), ("seed", args.seed)) if v is not None}
@@ -328,9 +305,10 @@ def run_evaluation(args: argparse.Namespace) -> int:
     import dataclasses
 
     _require_eval_extra("eval")
-    from ..evaluation.results import write_report
-    from ..evaluation.ruler import parse_length
-    from ..evaluation.run_eval import FULL_PLAN, QUICK_PLAN, run_eval
+    from ..evaluation.report.page import write_report
+    from ..evaluation.running.plan import FULL_PLAN, QUICK_PLAN
+    from ..evaluation.running.run_eval import run_eval
+    from ..evaluation.tasks.lengths import parse_length
 
     _check_placement(args)
     plan = QUICK_PLAN if args.quick else FULL_PLAN
@@ -390,8 +368,14 @@ SERVER_MODULES = ("torch", "transformers", "safetensors", "tokenizers", "gguf", 
 
 
 def main(argv: list[str] | None = None) -> int:
+    from ..engine.settings import SettingError
+
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
-    args = build_parser().parse_args(argv)
+    try:
+        args = build_parser().parse_args(argv)
+    except SettingError as exc:  # a setting out of bounds, from a flag or the environment
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_INPUT
     runners = {"compress": run_compress, "batch": run_batch, "demo": run_demo, "serve": _observed(run_serve),
                "sidecar": _observed(run_sidecar), "worker": _observed(run_worker), "calibrate": run_calibrate, "eval": run_evaluation,
                "train-locret": run_train_locret}

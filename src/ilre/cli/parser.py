@@ -5,78 +5,87 @@ from __future__ import annotations
 import argparse
 import os
 
-from ..compressor.defaults import CHUNK, DEFAULT_STRATEGY, SINK, WINDOW
-from ..engine.defaults import AUTO_BATCH_TOKENS, DEFAULT_BUDGET, DOC_CACHE_MB, MAX_CONTEXT_TOKENS, QUERY_TOKENS
-from ..engine.messages import DCA_MODES, GRANULARITIES
+from typing import Any, Sequence
+
+from ..engine.engine_settings import EngineSettings, layer_value
+from ..engine.settings import Setting, SettingError, read_settings, settings_for
+from ..service.common.config import ServiceConfig, SidecarConfig
+
+# the declared settings (engine/settings.py) of each command: its flags, environment names and checks
+COMMAND_SETTINGS: dict[str, tuple[type, ...]] = {
+    "compress": (EngineSettings,), "batch": (EngineSettings,), "demo": (EngineSettings,),
+    "serve": (ServiceConfig, EngineSettings), "sidecar": (SidecarConfig, ServiceConfig, EngineSettings),
+    "worker": (ServiceConfig, EngineSettings),
+}
 
 
-def _placement_options(parser: argparse.ArgumentParser) -> None:
-    """--device and --dtype, shared by every command that loads a model (env ILRE_DEVICE, ILRE_DTYPE)."""
-    from ..models.placement_names import DEVICE_HELP, DTYPE_CHOICES
+class SettingsParser(argparse.ArgumentParser):
+    """An ArgumentParser whose namespace holds every declared setting of the chosen command resolved: the
+    flag when given, else `ILRE_<NAME>`, else the command's default. A value out of bounds raises
+    SettingError naming the setting (and the variable it came from): `main` prints it as one line."""
 
-    parser.add_argument("--device", default=os.environ.get("ILRE_DEVICE", "auto"),
-                        help=f"{DEVICE_HELP}: where the model runs (default auto: a GPU or NPU when present; env ILRE_DEVICE)")
-    parser.add_argument("--dtype", default=os.environ.get("ILRE_DTYPE", "auto"),
-                        help=f"{', '.join(DTYPE_CHOICES)} (default auto: bfloat16 on GPUs, NPUs and CPUs with native "
-                        "bfloat16, else float32; env ILRE_DTYPE)")
+    def parse_known_args(self, args: Sequence[str] | None = None, namespace: Any = None):  # type: ignore[override]
+        namespace, rest = super().parse_known_args(args, namespace)
+        command = getattr(namespace, "command", None)
+        if self.prog == "ilre" and command in COMMAND_SETTINGS:
+            settings = settings_for(command, *COMMAND_SETTINGS[command])
+            values = read_settings(settings, os.environ, vars(namespace), command)
+            for name, value in values.items():
+                setattr(namespace, name, value)
+        return namespace, rest
 
 
-def granularity_arg(value: str) -> str:
-    """--granularity (also its ILRE_GRANULARITY default): token or unit."""
-    if value not in GRANULARITIES:
-        raise argparse.ArgumentTypeError(f"must be one of {', '.join(GRANULARITIES)} (got {value!r})")
+def _flag_value(setting: Setting):
+    """argparse's type for the setting's flag: the value of its text, one of its choices (a usage error naming
+    the flag); its bounds are checked once resolved (SettingsParser)."""
+    def value(text: str) -> Any:
+        try:
+            parsed = setting.from_text(text)
+        except SettingError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+        if setting.choices and parsed not in setting.choices:
+            raise argparse.ArgumentTypeError(setting.problem(parsed))
+        return parsed
+    value.__name__ = setting.name
     return value
 
 
-def layer_arg(value: str) -> int | str:
-    """--layer: a layer number, or a name of the profile's choices (checked when the model is loaded)."""
-    return int(value) if value.strip().lstrip("-").isdigit() else value.strip()
+def setting_help(setting: Setting, command: str) -> str:
+    """A flag's help line: the setting's help, its default and its environment variable."""
+    default = "" if setting.secret else f"default {setting.described_default(command)}; "
+    return f"{setting.help} ({default}env {setting.env})"
 
 
-def _engine_options(parser: argparse.ArgumentParser) -> None:
-    budget = parser.add_mutually_exclusive_group()
-    budget.add_argument("--budget", type=int, help=f"context tokens to keep, sink included (default {DEFAULT_BUDGET})")
-    budget.add_argument("--ratio", type=float, help="share of the context tokens to keep, in (0, 1]")
-    parser.add_argument("--model", default=None, help="checkpoint folder, .gguf file or hub id (default: embedded SmolLM2-135M-Instruct)")
-    parser.add_argument("--layer", type=layer_arg, default=None, help="retrieval layer l_R: a number or a name the model's "
-                        "profile offers (fast, default, robust; default: the profile's default)")
-    parser.add_argument("--strategy", default=None, help=f"{DEFAULT_STRATEGY} (default: ILRe whose coarse layer picks candidates for l_R), ilre, snapkv, streaming_llm, "
-                        "lagkv, reattention, locret, actqkv")
-    parser.add_argument("--strategy-options", default=None, metavar="JSON",
-                        help='the strategy\'s options as a JSON object, e.g. \'{"lag": 256}\' for lagkv')
-    parser.add_argument("--dca", choices=DCA_MODES, default=None, help="dual chunk attention: auto = on beyond the native window")
-    parser.add_argument("--granularity", type=granularity_arg, metavar="|".join(GRANULARITIES),
-                        default=os.environ.get("ILRE_GRANULARITY") or None,
-                        help="keep single tokens, or whole units: sentences, lines, JSON records, messages "
-                        "(default: the model's profile, token where it names none; env ILRE_GRANULARITY)")
-    parser.add_argument("--sink", type=int, default=SINK, help=f"S sink tokens (default {SINK})")
-    parser.add_argument("--window", type=int, default=WINDOW,
-                        help=f"W sliding-window tokens below l_R; 0 = unbounded (default {WINDOW})")
-    parser.add_argument("--chunk", type=int, default=CHUNK, help=f"prefill chunk length (default {CHUNK})")
-    parser.add_argument("--max-context-tokens", type=int, default=int(os.environ.get("ILRE_MAX_CONTEXT_TOKENS", MAX_CONTEXT_TOKENS)),
-                        help=f"reject longer contexts (default {MAX_CONTEXT_TOKENS}, env ILRE_MAX_CONTEXT_TOKENS)")
-    _placement_options(parser)
-    parser.add_argument("--doc-cache-mb", type=int, default=int(os.environ.get("ILRE_DOC_CACHE_MB", DOC_CACHE_MB)),
-                        help="in-process document cache: token IDs and encoded contexts reused by later queries of the "
-                        f"same document, in MiB (default {DOC_CACHE_MB}, 0 = off; env ILRE_DOC_CACHE_MB)")
-    parser.add_argument("--batch-tokens", type=int, default=os.environ.get("ILRE_BATCH_TOKENS") or None,
-                        help="short requests of a queue batch share one prefill, up to this many padded context tokens "
-                        f"(default: {AUTO_BATCH_TOKENS} on GPUs and NPUs, 0 = off on CPUs; env ILRE_BATCH_TOKENS)")
+def add_setting_flags(parser: argparse.ArgumentParser, command: str) -> None:
+    """The flags of every declared setting of `command` (COMMAND_SETTINGS), advanced ones in a group of their
+    own; each flag's default is None (not given): SettingsParser resolves it."""
+    advanced = parser.add_argument_group("advanced settings")
+    exclusive: dict[str, Any] = {}
+    for setting in settings_for(command, *COMMAND_SETTINGS[command]):
+        flag = setting.flag_of(command)
+        if flag is None:
+            continue
+        group: Any = advanced if setting.advanced else parser
+        if setting.exclusive:
+            if setting.exclusive not in exclusive:
+                exclusive[setting.exclusive] = group.add_mutually_exclusive_group()
+            group = exclusive[setting.exclusive]
+        metavar = setting.metavar or ("|".join(setting.choices) if setting.choices
+                                      else flag.lstrip("-").upper().replace("-", "_"))
+        group.add_argument(flag, dest=setting.name, type=_flag_value(setting), default=None, metavar=metavar,
+                           help=setting_help(setting, command))
 
 
-DEEPEN_MODES = ("idle", "off")
-
-
-def _deepen_option(parser: argparse.ArgumentParser, default: str) -> None:
-    """--deepen of the commands that serve many requests (env ILRE_DEEPEN)."""
-    parser.add_argument("--deepen", choices=DEEPEN_MODES, default=os.environ.get("ILRE_DEEPEN") or default,
-                        help="idle: while no request waits, encode each asked document in full to l_R, so its later "
-                        "queries skip the cascade's candidate pass (README, \"Asking a document many questions\"); "
-                        f"off: never (default {default}; env ILRE_DEEPEN)")
+def _placement_options(parser: argparse.ArgumentParser) -> None:
+    """--device and --dtype of the tools that load a model outside the declared commands (env ILRE_DEVICE, ILRE_DTYPE)."""
+    for name in ("device", "dtype"):
+        setting = next(s for s in settings_for("compress", EngineSettings) if s.name == name)
+        parser.add_argument(f"--{name}", default=os.environ.get(setting.env) or setting.default,
+                            help=setting_help(setting, "compress"))
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="ilre", description="Compress long prompts by intermediate layer retrieval.")
+    parser = SettingsParser(prog="ilre", description="Compress long prompts by intermediate layer retrieval.")
     sub = parser.add_subparsers(dest="command", required=True)
     compress = sub.add_parser("compress", help="compress one context for one query")
     source = compress.add_mutually_exclusive_group(required=True)
@@ -91,40 +100,22 @@ def build_parser() -> argparse.ArgumentParser:
     compress.add_argument("--json", action="store_true", help="print the result as one JSON object")
     compress.add_argument("--explain", metavar="OUT.html", help="also write a page showing the kept tokens and every "
                           "token's score (one query)")
-    _engine_options(compress)
+    add_setting_flags(compress, "compress")
     _remote_options(compress)
     batch = sub.add_parser("batch", help="compress every line of a JSONL file with one loaded model")
     batch.add_argument("--input", required=True,
                        help="JSONL: {id, context, query, optional budget|ratio|strategy|granularity}")
     batch.add_argument("--output", required=True, help="JSONL results, one line per input line, same order")
-    _engine_options(batch)
+    add_setting_flags(batch, "batch")
     demo = sub.add_parser("demo", help="compress a generated long document with a planted fact and report")
     demo.add_argument("--tokens", type=int, default=16000, help="length of the generated document")
-    _engine_options(demo)
+    add_setting_flags(demo, "demo")
     serve = sub.add_parser("serve", help="run the gRPC + HTTP service (in-process queue, or Redis with --redis-url)")
-    _service_options(serve)
-    _observability_options(serve)
-    _engine_options(serve)
-    _deepen_option(serve, "idle")
+    add_setting_flags(serve, "serve")
     sidecar = sub.add_parser("sidecar", help="an engine's own HTTP API (SGLang, vLLM/OpenAI, llama.cpp) with long prompts compressed")
-    _sidecar_options(sidecar)
-    _observability_options(sidecar)
-    _engine_options(sidecar)
-    _deepen_option(sidecar, "off")  # each prompt is new (a chat grows): deepening it would only take the device
+    add_setting_flags(sidecar, "sidecar")
     worker = sub.add_parser("worker", help="serve requests queued on Redis by `ilre serve --redis-url`")
-    _queue_options(worker)
-    _observability_options(worker)
-    worker.add_argument("--claim-idle-ms", type=int, help="reclaim entries of a worker silent this long (default 30000)")
-    worker.add_argument("--max-attempts", type=int, help="deliveries before a request goes to the dead letters (default 3)")
-    worker.add_argument("--doc-cache-shared-mb", type=int, help="document cache shared by all workers on Redis, in MiB "
-                        "(default 2048, 0 = off; env ILRE_DOC_CACHE_SHARED_MB)")
-    worker.add_argument("--doc-cache-ttl", type=int, help="a shared document entry expires this many seconds after its "
-                        "last use (default 3600; env ILRE_DOC_CACHE_TTL_S)")
-    worker.add_argument("--name", help="consumer name in the group (default host-pid-random)")
-    worker.add_argument("--metrics-port", type=int, help="serve this worker's Prometheus metrics on this port")
-    worker.add_argument("--host", help="address of --metrics-port (default 127.0.0.1, env ILRE_HOST)")
-    _engine_options(worker)
-    _deepen_option(worker, "idle")
+    add_setting_flags(worker, "worker")
     calibrate = sub.add_parser("calibrate", help="find the model's retrieval layer l_R and write its profile")
     calibrate.add_argument("--model", default=None, help="checkpoint folder, .gguf file or hub id (default: embedded)")
     calibrate.add_argument("--lengths", default=None, help="context lengths, comma-separated (default 2048,6144)")
@@ -169,7 +160,7 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--full-max-length", type=int, help="longest length for full-context generation (0 = no cap)")
     evaluate.add_argument("--lingua-max-length", type=int, help="longest length for LLMLingua (0 = no cap)")
     evaluate.add_argument("--model", default=None, help="checkpoint folder, .gguf file or hub id (default: embedded)")
-    evaluate.add_argument("--layer", type=layer_arg, help="l_R of the attention strategies: a number or a profile choice "
+    evaluate.add_argument("--layer", type=layer_value, help="l_R of the attention strategies: a number or a profile choice "
                           "(fast, default, robust; default: the profile's)")
     evaluate.add_argument("--results-dir", help="raw JSONL + meta (default results/eval, results/eval-quick with --quick)")
     evaluate.add_argument("--output", help="the results page (default docs/results.md; with --quick or --results-dir, "
@@ -189,73 +180,3 @@ def _remote_options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tls-cert", help="PEM client certificate, for mutual TLS")
     parser.add_argument("--tls-key", help="PEM client key, for mutual TLS")
     parser.add_argument("--timeout", type=float, default=300.0, help="deadline of the call in seconds (default 300)")
-
-
-def _observability_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--log-format", choices=("text", "json"), default=os.environ.get("ILRE_LOG_FORMAT", "text"),
-                        help="json: one JSON object per log line, and one line per request (env ILRE_LOG_FORMAT)")
-    parser.add_argument("--log-level", default=os.environ.get("ILRE_LOG_LEVEL") or None,
-                        help="debug, info, warning or error (default: info with json, warning with text; env ILRE_LOG_LEVEL)")
-    parser.add_argument("--tracing", choices=("off", "otlp", "console"), default=os.environ.get("ILRE_TRACING", "off"),
-                        help="OpenTelemetry spans: otlp exports to OTEL_EXPORTER_OTLP_(TRACES_)ENDPOINT, console prints "
-                             "them (default off; env ILRE_TRACING)")
-
-
-def _queue_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--redis-url", help="redis://HOST:PORT/DB, or redis+sentinel://HOST:PORT[,HOST:PORT...]/MASTER[/DB] "
-                        "for a Sentinel-managed master: queue on Redis (env ILRE_REDIS_URL)")
-    parser.add_argument("--redis-prefix", help="key prefix on Redis (default ilre)")
-    parser.add_argument("--max-batch", type=int, help="requests per batch (default 8)")
-    parser.add_argument("--max-wait-ms", type=float, help="how long a batch waits to fill up (default 5)")
-    parser.add_argument("--threads", type=int, help="torch CPU threads (default: torch's choice)")
-
-
-def _service_options(parser: argparse.ArgumentParser) -> None:
-    """Service settings; each also reads ILRE_<NAME> (see service/common/config.py), the flag wins."""
-    parser.add_argument("--host", help="listen address (default 127.0.0.1; 0.0.0.0 in containers)")
-    parser.add_argument("--grpc-port", type=int, help="gRPC port (default 50051; 0 = any free port)")
-    parser.add_argument("--http-port", type=int, help="HTTP port: health, metrics, JSON (default 8080)")
-    _queue_options(parser)
-    parser.add_argument("--max-queue", type=int, help="accepted unfinished requests before RESOURCE_EXHAUSTED (default 256)")
-    parser.add_argument("--redis-wait-replicas", type=int, help="replicas that must hold a request before it is accepted "
-                        "(Redis WAIT; default 1 with redis+sentinel://, else 0)")
-    parser.add_argument("--redis-wait-ms", type=int, help="how long an enqueue waits for those replicas (default 1000)")
-    parser.add_argument("--request-timeout", type=float, help="deadline of requests that bring none, in s (default 300)")
-    parser.add_argument("--max-message-bytes", type=int, help="largest gRPC message / HTTP body (default 16 MiB)")
-    parser.add_argument("--api-keys-file", help="accepted API keys, one per line (also env ILRE_API_KEYS)")
-    parser.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (with --tls-key)")
-    parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
-    parser.add_argument("--tls-client-ca", help="PEM CA of client certificates: mutual TLS")
-    parser.add_argument("--shutdown-grace", type=float, help="seconds in-flight calls get on SIGTERM (default 10)")
-    parser.add_argument("--http-keep-alive", type=float,
-                        help="seconds an idle HTTP client connection stays open (default 75)")
-
-
-def _sidecar_options(parser: argparse.ArgumentParser) -> None:
-    """Sidecar settings; each also reads ILRE_<NAME> (see SidecarConfig in service/common/config.py)."""
-    from ..service.common.config import ENGINE_APIS, FORWARD_MODES
-
-    parser.add_argument("--engine-url", help="the engine's base URL (env ILRE_ENGINE_URL; default http://127.0.0.1:30000)")
-    parser.add_argument("--engine-api", choices=ENGINE_APIS, help="the engine's API (env ILRE_ENGINE_API; default sglang; "
-                        "openai = vLLM or any OpenAI-compatible server)")
-    parser.add_argument("--forward", choices=FORWARD_MODES, help="send the engine token IDs or text; auto = IDs when its "
-                        "tokenizer is ours (env ILRE_FORWARD; default auto)")
-    parser.add_argument("--engine-timeout", type=float, help="deadline of a request without x-request-timeout: "
-                        "compression plus the engine's answer, in s (default 600)")
-    parser.add_argument("--connect-timeout", type=float, help="connecting to the engine, in s (default 5)")
-    parser.add_argument("--engine-health-interval", type=float, help="seconds between health checks of the engine; "
-                        "/ilre/readyz is ready while the latest one passed (default 5)")
-    parser.add_argument("--engine-health-timeout", type=float, help="seconds one health check of the engine may take "
-                        "(default 20: SGLang answers its /health after the running batch's next step)")
-    parser.add_argument("--query-tokens", type=int, help=f"plain prompts: the last N tokens are the query (default {QUERY_TOKENS})")
-    parser.add_argument("--host", help="listen address (default 127.0.0.1; 0.0.0.0 in containers)")
-    parser.add_argument("--port", type=int, help="listen port (env ILRE_HTTP_PORT; default 8080)")
-    _queue_options(parser)
-    parser.add_argument("--max-queue", type=int, help="accepted unfinished compressions before 429 (default 256)")
-    parser.add_argument("--max-message-bytes", type=int, help="largest request body (default 16 MiB)")
-    parser.add_argument("--api-keys-file", help="accepted API keys, one per line (also env ILRE_API_KEYS)")
-    parser.add_argument("--tls-cert", help="PEM certificate chain: serve TLS (with --tls-key)")
-    parser.add_argument("--tls-key", help="PEM private key of --tls-cert")
-    parser.add_argument("--shutdown-grace", type=float, help="seconds in-flight requests get on SIGTERM (default 10)")
-    parser.add_argument("--http-keep-alive", type=float,
-                        help="seconds an idle HTTP client connection stays open (default 75)")

@@ -2,7 +2,7 @@
 ties broken by the recall on long contexts (beyond the native window, DCA on, with distractors).
 
 Pure functions over one streaming pass's keys and queries; the runner that builds samples, loops
-and plots lives in evaluation/calibrate.py.
+and plots lives in training/calibrate.py.
 """
 
 from __future__ import annotations

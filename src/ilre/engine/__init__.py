@@ -1,6 +1,8 @@
 """The engine: a loaded model that turns compression requests into results, below every service layer.
 
     messages.py      the request and result messages, validated once (field names and limits)
+    chat.py          a chat compressed message by message: the query, what stays whole, each message's share
+                     of the budget (the gateway routes' and the LiteLLM hook's rules; importable without torch)
     engine.py        Engine: a request through its stages (prepare, encode, answer, finish); `compress` is the
                      library's call, `run` the service's
     prepared.py      the Prepared stage and the checks of a request's token IDs

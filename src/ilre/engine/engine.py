@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import logging
 import time
-from dataclasses import dataclass, field
 from typing import Callable
 
 import torch
@@ -25,9 +24,9 @@ from ..models.profiles import load_profile
 from ..models.retaining_head import attach_head, head_directories, head_path
 from ..models.token_bytes import context_bytes, token_bytes
 from .deepening import Deepener
-from .defaults import (AUTO_BATCH_TOKENS, DEFAULT_BUDGET, DOC_CACHE_MB, MAX_CONTEXT_TOKENS, MAX_EXPLAIN_TOKENS,
-                       MAX_QUERY_TOKENS)
+from .defaults import AUTO_BATCH_TOKENS, MAX_EXPLAIN_TOKENS
 from .document_names import DocumentNames
+from .engine_config import EngineConfig
 from .documents import DocumentCache, SharedDocuments, state_key
 from .info import ModelInfo
 from .messages import CompressRequest, CompressResult, CompressResults, InputError, NotFoundError
@@ -39,29 +38,6 @@ log = logging.getLogger(__name__)
 # The same words for every miss (the id is not echoed: logs never carry an id another key was given)
 NOT_FOUND_MESSAGE = ("no such document in the cache (unknown, evicted, or stored with another API key): "
                      "send the context again")
-
-
-@dataclass(frozen=True)
-class EngineConfig:
-    """model: reference (folder, .gguf, hub id; None = embedded default); layer: l_R override
-    (None = the model's profile); device/dtype: see models/device.py ("auto" = the fastest that
-    keeps the selections); prefill: S/W/chunk; limits on what one request may carry; doc_cache_mb:
-    the in-process tier of the document cache (engine/documents.py); batch_tokens:
-    how many padded context tokens short requests may share one batched prefill with (None =
-    16384 on GPUs and NPUs, 0 = off on CPUs, where `make bench` measured no gain: the 2 cores are
-    as busy with one 300-token request as with 32 of them, and a batch only delays its first ones)."""
-
-    model: str | None = None
-    layer: int | str | None = None
-    device: str = "auto"
-    dtype: str = "auto"
-    prefill: PrefillConfig = field(default_factory=PrefillConfig)
-    max_context_tokens: int = MAX_CONTEXT_TOKENS
-    max_query_tokens: int = MAX_QUERY_TOKENS
-    default_budget: int = DEFAULT_BUDGET
-    batch_tokens: int | None = None  # padded context tokens per batched prefill; 0 = off, None = auto
-    doc_cache_mb: int = DOC_CACHE_MB  # in-process document cache (IDs and encoded contexts); 0 = off
-    deepen: bool = False  # encode asked documents in full to l_R while idle (engine/deepening.py; the service's default)
 
 
 class Engine:

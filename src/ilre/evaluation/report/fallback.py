@@ -12,7 +12,7 @@ and the `cascade` rows whether they fell back (`fell_back`). Two views:
   coarse layer at half weight, what the fallback runs) where it does not; retention and the share that
   falls back, per threshold and length, on the samples both rows ran.
 
-    python -m ilre.evaluation.fallback_report [--results-dir results/eval] [--thresholds 0,0.4,0.5,0.6,0.7]
+    python -m ilre.evaluation.report.fallback [--results-dir results/eval] [--thresholds 0,0.4,0.5,0.6,0.7]
 """
 
 from __future__ import annotations
@@ -22,8 +22,9 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from statistics import mean
 
-from .ruler import TASKS, length_label
-from .run_eval import load_records
+from ..running.records import load_records
+from ..tasks.lengths import length_label
+from ..tasks.ruler import TASKS
 
 CANDIDATES_ROW = "cascade_candidates"  # the default without its fallback
 WHOLE_ROW = "ilre_fast_half"  # what the fallback runs: the whole context to l_R, the coarse layer at half weight

@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections import defaultdict
 from statistics import mean
 
+from ..tasks.lengths import length_label
 from .intervals import paired_difference, wilson
-from .ruler import length_label
 
 OURS = ("cascade", "cascade_units", "ilre", "ilre_units", "ilre_fast_too", "ilre_fast_half", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto")
 BASELINES = ("rag", "longllmlingua", "llmlingua", "streaming_llm")

@@ -1,7 +1,7 @@
 """LLMLingua / LongLLMLingua peer, run inside its own virtual environment (.venv-lingua).
 
 `llmlingua` 0.2.2 needs transformers 4.x (the legacy tuple KV cache), so it cannot live in the
-main environment (transformers 5). evaluation/lingua.py starts this file as a subprocess with the
+main environment (transformers 5). evaluation/running/lingua.py starts this file as a subprocess with the
 lingua environment's python and talks JSON lines over stdin/stdout:
 
   argv: CHECKPOINT_DIR WORK_DIR [DTYPE: float32 (default) or bfloat16]

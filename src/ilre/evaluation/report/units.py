@@ -11,7 +11,8 @@ from __future__ import annotations
 from statistics import mean
 
 from .headline import comparison, gap, retention_by_sample, why
-from .ruler import TASKS, length_label
+from ..tasks.lengths import length_label
+from ..tasks.ruler import TASKS
 
 UNIT_PAIRS = (("cascade_units", "cascade"), ("cascade_units", "rag"), ("cascade_units_nl", "cascade_units"),
               ("ilre_units", "ilre"))

@@ -27,7 +27,7 @@ from ..compressor.strategies import make_strategy
 from ..models.device import Placement
 from ..models.loader import load_spec, resolve_checkpoint
 from ..models.profiles import EVALUATION_KEYS, PROFILE_DIR, Profile, load_profile, save_profile
-from .passkey import make_passkey_sample
+from ..evaluation.tasks.passkey import make_passkey_sample
 
 
 @dataclass(frozen=True)
@@ -174,7 +174,7 @@ def run_calibration(model: str | None, plan: CalibrationPlan, profile_dir: Path 
           + (f", long {float(long_recall['multi'][layer - 1]):.3f}" if long_recall else "") + f"); profile -> {path}",
           file=sys.stderr)
     if plot_dir is not None:
-        from .plots import calibration_heatmaps
+        from .heatmaps import calibration_heatmaps
 
         written = calibration_heatmaps(checkpoint.name, hits, plan, layers, plot_dir)
         if long_hits:

@@ -6,7 +6,7 @@ row (the default with its fallback off, on the same samples) where measured, and
 (4 x the budget covers a 4K context, so the default runs as ILRe at l_R with the coarse layer blended). It is
 paired with the `ilre` row at l_R of the same sample; the mean difference in retention points and its 95%
 percentile-bootstrap interval (intervals.paired_difference) say whether it leads, ties or trails, per length;
-a per-task table lists where it trails. Usage: python -m ilre.evaluation.depth_report [--results-dir results/eval]
+a per-task table lists where it trails. Usage: python -m ilre.evaluation.report.depth [--results-dir results/eval]
 """
 
 from __future__ import annotations
@@ -14,9 +14,9 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from ..running.records import load_records
+from ..tasks.lengths import length_label
 from .headline import DEFAULT, comparison, gap, retention_by_sample
-from .ruler import length_label
-from .run_eval import load_records
 
 CANDIDATES_ROW, WHOLE_LENGTH = "cascade_candidates", 4096
 

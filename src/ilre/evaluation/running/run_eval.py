@@ -7,7 +7,7 @@ context, query and budget:
   cascade         the default: ILRe at l_R over candidates the profile's coarse layer picks
   cascade_units   the default keeping whole units (sentences, lines, records: `granularity` "unit")
   cascade_candidates  the default without its fallback (`deepen_below` 0: l_R ranks the candidates however
-                  weakly it attends to them; evaluation/fallback_report.py replays the threshold with it)
+                  weakly it attends to them; evaluation/report/fallback.py replays the threshold with it)
   ilre            ILRe as the engine runs it (`--dca auto`: DCA on beyond the native window)
   ilre_units      ILRe keeping whole units
   cascade_units_nl  cascade_units with a line break between kept units that are not adjacent (in the reader's
@@ -39,7 +39,7 @@ end to end = the whole embedded model (all layers) generates greedily from
 string_match_all (string_match_part for QA-like tasks).
 
 Raw records go to `<results_dir>/raw.jsonl` (one line per sample x strategy; a rerun skips what is
-there), the plan and notes to `<results_dir>/meta.json`; evaluation/results.py writes the page.
+there), the plan and notes to `<results_dir>/meta.json`; evaluation/report/page.py writes the page.
 """
 
 from __future__ import annotations
@@ -48,34 +48,25 @@ import json
 import logging
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict
 from pathlib import Path
 
 import torch
 
-from ..compressor.strategies import Strategy, make_strategy
-from ..engine.messages import CompressRequest
+from ...compressor.strategies import Strategy, make_strategy
+from ...engine.messages import CompressRequest
+from ..tasks.lengths import length_label
+from ..tasks.ruler import TASKS, RulerSample, generate_sample
+from ..tasks.structured import BUILDERS as STRUCTURED
 from .baselines import rag_select
 from .generation import Generator, new_token_budget
 from .lingua import METHODS as LINGUA_METHODS
 from .metrics import headed_share, retention, score, separated, whole_share
+from .plan import ATTENTION, EvalPlan
 from .plan_notes import caps_notes, plan_caps, widest_caps
-from .ruler import TASKS, RulerSample, generate_sample, length_label
-from .structured import BUILDERS as STRUCTURED
+from .records import Record, load_records, run_timing
 
 log = logging.getLogger(__name__)
-
-STRATEGIES = ("full", "cascade", "cascade_units", "cascade_candidates", "cascade_units_nl", "ilre", "ilre_units", "ilre_nodca", "ilre_fast_too", "ilre_fast_half", "snapkv", "lagkv", "reattention", "locret", "actqkv", "actqkv_auto",
-              "streaming_llm", "rag", "llmlingua", "longllmlingua")
-# strategies sharing the encoded context (their records depend on l_R and the dtype): name -> (strategy, options)
-# ilre_fast_too / ilre_fast_half: ILRe scoring with layer 8 (the embedded model's `fast` l_R) beside l_R at weight 1 / 0.5
-ATTENTION = {"cascade": ("cascade", {}), "cascade_units": ("cascade", {}), "cascade_candidates": ("cascade", {"deepen_below": 0.0}),
-             "cascade_units_nl": ("cascade", {}), "ilre": ("ilre", {}), "ilre_units": ("ilre", {}), "ilre_nodca": ("ilre", {}), "ilre_fast_too": ("ilre", {"also_layers": (8,), "also_weight": 1.0}),
-             "ilre_fast_half": ("ilre", {"also_layers": (8,), "also_weight": 0.5}),
-             "snapkv": ("snapkv", {}), "lagkv": ("lagkv", {}),
-             "reattention": ("reattention", {}), "locret": ("locret", {}), "actqkv": ("actqkv", {}),
-             "actqkv_auto": ("actqkv", {"auto_budget": True})}
-
 
 GUESSLESS = ("niah", "vt", *STRUCTURED)  # task kinds whose answers (random numbers, UUIDs, names) no reader guesses
 UNIT_ROWS = ("cascade_units", "cascade_units_nl", "ilre_units")  # rows keeping whole units (compressor/units.py)
@@ -92,106 +83,11 @@ def attention_strategy(name: str) -> Strategy:
 RAG_CHUNK = 256
 
 
-@dataclass(frozen=True)
-class EvalPlan:
-    """What to run. Lengths in tokens (context + query + RULER's tokens_to_generate). Caps for CPU:
-    generation runs for lengths <= e2e_max_length, full-context generation (a dense prefill of all
-    layers) only up to full_max_length, LLMLingua (a full-model pass over every chunk) only up to
-    lingua_max_length; 0 = no cap. e2e_tasks: tasks that generate (empty = all).
-    max_new_tokens: cap on RULER's tokens_to_generate (0 = RULER's own)."""
-
-    tasks: tuple[str, ...] = tuple(TASKS)
-    lengths: tuple[int, ...] = (4096, 8192, 16384, 32768, 65536, 131072)
-    strategies: tuple[str, ...] = STRATEGIES
-    samples: int = 3
-    budget: int = 1024
-    seed: int = 0
-    e2e: bool = True
-    e2e_tasks: tuple[str, ...] = ()
-    e2e_max_length: int = 32768
-    full_max_length: int = 16384
-    lingua_max_length: int = 8192
-    max_new_tokens: int = 0
-    chat: bool = True
-    model: str | None = None
-    long_tasks: tuple[str, ...] = ()  # when set, lengths > long_from run only these tasks
-    long_from: int = 0
-    long_samples: int = 0  # samples at lengths > long_from (0 = samples)
-    device: str = "auto"  # where the compressor and the generator run (models/device.py)
-    dtype: str = "auto"  # the compressor's dtype; generation stays float32 on the CPU
-    layer: int | str | None = None  # l_R: a number or a profile choice (fast, default, robust); None = the profile's
-    any_dtype: bool = False  # records measured in another dtype count as done (resuming on a machine without bfloat16)
-
-    def __post_init__(self) -> None:
-        unknown = [t for t in self.tasks + self.e2e_tasks + self.long_tasks if t not in TASKS]
-        if unknown:
-            raise ValueError(f"tasks: unknown {unknown} (known: {', '.join(TASKS)})")
-        bad = [s for s in self.strategies if s not in STRATEGIES]
-        if bad:
-            raise ValueError(f"strategies: unknown {bad} (known: {', '.join(STRATEGIES)})")
-        if self.samples < 1 or self.budget < 8 or not self.lengths or min(self.lengths) < 1024:
-            raise ValueError("samples >= 1, budget >= 8 and lengths >= 1024 are required")
-
-    def cells(self) -> list[tuple[str, int, int]]:
-        """(task, length, index) in run order: short lengths first, so a cut-short run has them all."""
-        out = []
-        for length in sorted(self.lengths):
-            long = self.long_from and length > self.long_from
-            tasks = self.long_tasks if long and self.long_tasks else self.tasks
-            n = self.long_samples if long and self.long_samples else self.samples
-            out += [(t, length, i) for i in range(n) for t in tasks]
-        return out
-
-
-QUICK_PLAN = EvalPlan(tasks=("niah_single_1", "niah_single_2"), lengths=(4096,),
-                      strategies=("ilre", "snapkv", "streaming_llm", "rag"), samples=1, max_new_tokens=16)
-
-# The full run of docs/results.md on a 2-core CPU: every task up to 32K, the four tasks of the
-# retention targets at 64K and 128K; generation on those four tasks up to 32K.
-TARGET_TASKS = ("niah_single_1", "niah_single_2", "niah_single_3", "niah_multikey_1")
-FULL_PLAN = EvalPlan(samples=2, long_tasks=TARGET_TASKS, long_from=32768, long_samples=1,
-                     e2e_tasks=TARGET_TASKS, max_new_tokens=32)
-
-
-@dataclass
-class Record:
-    """One sample x strategy. retention in [0, 1]; e2e in [0, 1] or None when not generated."""
-
-    task: str
-    length: int
-    index: int
-    seed: int
-    strategy: str
-    budget: int
-    context_tokens: int
-    kept_tokens: int
-    retention: float
-    compress_s: float
-    e2e: float | None = None
-    prediction: str | None = None
-    answers: list[str] = field(default_factory=list)
-    layer: int | None = None
-    dca: bool | None = None
-    generate_s: float | None = None
-    note: str | None = None
-    whole_units: float | None = None  # of the units the kept tokens touch (sink aside), the share kept whole
-    headed_rows: float | None = None  # of the table rows kept whole, the share kept with their header
-    new_tokens: int | None = None  # the generation budget used
-    dtype: str | None = None  # the compressor's dtype (None: float32, records from before dtypes)
-    peak: float | None = None  # the cascade's peak strength over its candidates (compressor/strategies/cascade.py)
-    coarse_peak: float | None = None  # and its coarse layer's over the whole context (what `coarse_below` reads)
-    fell_back: bool | None = None  # whether the cascade read the whole context instead (None: not a cascade row)
-    timing: str | None = None  # why compress_s is not this row's whole cost (None: it is)
-
-    def key(self) -> tuple:
-        return (self.task, self.length, self.index, self.seed, self.strategy, self.budget)
-
-
 class Evaluator:
     """Holds the engine, the generator and the lingua peer for one run."""
 
     def __init__(self, plan: EvalPlan, notes: dict[str, str]):
-        from ..engine.engine import Engine, EngineConfig
+        from ...engine.engine import Engine, EngineConfig
 
         self.plan = plan
         self.notes = notes
@@ -213,7 +109,7 @@ class Evaluator:
 
     def lingua(self):
         if self._lingua is None and self._lingua_failed is None:
-            from ..models.embedded import cache_root
+            from ...models.embedded import cache_root
             from .lingua import LinguaPeer, lingua_unavailable
 
             reason = lingua_unavailable()
@@ -344,12 +240,6 @@ class Evaluator:
         return out
 
 
-def load_records(path: Path) -> list[dict]:
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
 def done_cells(records: list[dict], layers: dict[str, int], dtype: str | None, generates) -> set[tuple]:
     """Keys (task, length, index, seed, strategy, budget) of the records this plan need not measure again:
     attention strategies at their layer in `layers` and this dtype, LLMLingua's in this dtype (any dtype
@@ -359,15 +249,6 @@ def done_cells(records: list[dict], layers: dict[str, int], dtype: str | None, g
             if (r["strategy"] not in ATTENTION or r.get("layer") == layers[r["strategy"]])
             and (dtype is None or r["strategy"] not in (*ATTENTION, *LINGUA_METHODS) or (r.get("dtype") or "float32") == dtype)
             and (r.get("e2e") is not None or not generates(r["strategy"], r["task"], r["length"]))}
-
-
-def run_timing(meta: dict) -> dict[str, dict]:
-    """meta.json's summed wall time per placement ("cpu bfloat16" -> {samples, seconds}); an older meta's
-    single {samples, seconds} belongs to its recorded placement."""
-    timing = meta.get("timing") or {}
-    if "samples" in timing:
-        return {meta.get("placement", "?"): dict(timing)}
-    return {placement: dict(spent) for placement, spent in timing.items()}
 
 
 def run_eval(plan: EvalPlan, results_dir: Path, fresh: bool = False, progress=print) -> Path:

@@ -1,6 +1,6 @@
 """`ilre train-locret`: fit Locret's retaining head for one layer of a model on the CPU (section 4.2).
 
-The backbone stays frozen; the examples (evaluation/locret_data.py) are built once, then the head
+The backbone stays frozen; the examples (training/locret_data.py) are built once, then the head
 R(x) = act(x W1) W2 is fitted with AdamW (linear warm-up and decay) on
     SmoothL1(R(x_k), S_k) + alpha * (R(x_{k+1}) - R(x_k))^2,
 averaged over tokens and KV heads, one sample (a whole context, so the smoothness term sees

@@ -1,10 +1,10 @@
 """The record cap of whole units, measured on the service's own path: for each sample, one compression with
 `granularity` token (which encodes the document), then the unit selection redone on the cached encode with
 the units cut at each record cap (compressor/units.py `record_tokens`; 48 = no larger cap for records).
-Tasks: the suite's (evaluation/ruler.py) and `litellm_prices`, the real price table of evaluation/real_files.py.
+Tasks: the suite's (evaluation/tasks/ruler.py) and `litellm_prices`, the real price table of evaluation/tasks/real_files.py.
 
-    python -m ilre.evaluation.record_caps [--tasks records_json,records_jsonl] [--lengths 4K,16K,32K]
-                                          [--samples 10] [--caps 128,160,256]
+    python -m ilre.evaluation.running.record_caps [--tasks records_json,records_jsonl] [--lengths 4K,16K,32K]
+                                                  [--samples 10] [--caps 128,160,256]
 
 Appends one JSON line per sample to results/eval/record_caps.jsonl (the answer kept, 1 or 0, per row) and
 prints the retention per task, length and cap.
@@ -31,14 +31,15 @@ def main() -> None:
 
     import torch
 
-    from ..compressor.defaults import UNIT_TOKENS
-    from ..compressor.units import Units, unit_bounds
-    from ..engine.engine import Engine, EngineConfig
-    from ..engine.messages import CompressRequest
-    from ..models.token_bytes import context_bytes, token_bytes
+    from ...compressor.defaults import UNIT_TOKENS
+    from ...compressor.units import Units, unit_bounds
+    from ...engine.engine import Engine, EngineConfig
+    from ...engine.messages import CompressRequest
+    from ...models.token_bytes import context_bytes, token_bytes
     from .metrics import retention
-    from .real_files import SOURCES, make_sample
-    from .ruler import generate_sample, length_label, parse_length
+    from ..tasks.lengths import length_label, parse_length
+    from ..tasks.real_files import SOURCES, make_sample
+    from ..tasks.ruler import generate_sample
 
     engine = Engine(EngineConfig())
     table = token_bytes(engine.tokenizer)

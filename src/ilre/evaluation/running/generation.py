@@ -7,8 +7,8 @@ from pathlib import Path
 
 import torch
 
-from ..models.device import Placement
-from .ruler import RulerSample
+from ...models.device import Placement
+from ..tasks.ruler import RulerSample
 
 
 def new_token_budget(sample: RulerSample, cap: int, tokenizer) -> int:

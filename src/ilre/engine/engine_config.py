@@ -1,0 +1,47 @@
+"""What an Engine is built from: the model, its placement, the prefill and the limits of one request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..compressor.prefill_config import PrefillConfig
+from .defaults import DEFAULT_BUDGET, DOC_CACHE_MB, MAX_CONTEXT_TOKENS, MAX_QUERY_TOKENS
+from .engine_settings import EngineSettings
+from .settings import declared
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """model: reference (folder, .gguf, hub id; None = embedded default); layer: l_R override
+    (None = the model's profile); device/dtype: see models/device.py ("auto" = the fastest that
+    keeps the selections); prefill: S/W/chunk; limits on what one request may carry; doc_cache_mb:
+    the in-process tier of the document cache (engine/documents.py); batch_tokens:
+    how many padded context tokens short requests may share one batched prefill with (None =
+    16384 on GPUs and NPUs, 0 = off on CPUs, where `make bench` measured no gain: the 2 cores are
+    as busy with one 300-token request as with 32 of them, and a batch only delays its first ones).
+    The bounds are EngineSettings' (engine/engine_settings.py): ValueError naming the setting."""
+
+    model: str | None = None
+    layer: int | str | None = None
+    device: str = "auto"
+    dtype: str = "auto"
+    prefill: PrefillConfig = field(default_factory=PrefillConfig)
+    max_context_tokens: int = MAX_CONTEXT_TOKENS
+    max_query_tokens: int = MAX_QUERY_TOKENS
+    default_budget: int = DEFAULT_BUDGET
+    batch_tokens: int | None = None  # padded context tokens per batched prefill; 0 = off, None = auto
+    doc_cache_mb: int = DOC_CACHE_MB  # in-process document cache (IDs and encoded contexts); 0 = off
+    deepen: bool = False  # encode asked documents in full to l_R while idle (engine/deepening.py; the service's default)
+
+    def __post_init__(self) -> None:
+        for s in declared(EngineSettings):
+            if hasattr(self, s.name):
+                s.check(getattr(self, s.name))
+
+    @classmethod
+    def from_settings(cls, settings: EngineSettings) -> "EngineConfig":
+        """The config the settings describe (a bad sink/window/chunk raises PrefillConfig's ValueError)."""
+        return cls(model=settings.model, layer=settings.layer, device=settings.device, dtype=settings.dtype,
+                   prefill=PrefillConfig(settings.sink, settings.window or None, settings.chunk),
+                   max_context_tokens=settings.max_context_tokens, batch_tokens=settings.batch_tokens,
+                   doc_cache_mb=settings.doc_cache_mb, deepen=settings.deepen == "idle")

@@ -1,0 +1,70 @@
+"""The settings every command that loads the model shares (compress, batch, demo, serve, sidecar, worker):
+the engine's own (model, placement, prefill, limits, caches) and the defaults of requests that leave a
+field out. Declared once here (engine/settings.py); importable without torch."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ..compressor.defaults import CHUNK, DEFAULT_STRATEGY, SINK, WINDOW
+from ..models.placement_names import DEVICE_HELP, DTYPE_CHOICES
+from .defaults import AUTO_BATCH_TOKENS, DEFAULT_BUDGET, DOC_CACHE_MB, MAX_CONTEXT_TOKENS
+from .messages import DCA_MODES, GRANULARITIES
+from .settings import SERVERS, check_settings, setting
+
+DEEPEN_MODES = ("idle", "off")
+
+
+def layer_value(text: str) -> int | str:
+    """A layer number, or a name of the profile's choices (checked when the model is loaded)."""
+    return int(text) if text.strip().lstrip("-").isdigit() else text.strip()
+
+
+@dataclass(frozen=True)
+class EngineSettings:
+    """The model-loading commands' settings; `EngineConfig.from_settings` and `request_defaults()` hand them on."""
+
+    model: str | None = setting(None, "checkpoint folder, .gguf file or hub id", shown_default="embedded "
+                                "SmolLM2-135M-Instruct")
+    layer: int | str | None = setting(None, "retrieval layer l_R: a number or a name the model's profile offers "
+                                      "(fast, default, robust)", parse=layer_value, shown_default="the profile's")
+    strategy: str | None = setting(None, "the strategy of requests that name none: cascade, ilre, snapkv, "
+                                   "streaming_llm, lagkv, reattention, locret, actqkv", shown_default=DEFAULT_STRATEGY)
+    strategy_options: str | None = setting(None, 'the strategy\'s options as a JSON object, e.g. {"lag": 256} for '
+                                           "lagkv", metavar="JSON")
+    budget: int | None = setting(None, "context tokens to keep, sink included, of requests that give neither budget "
+                                 "nor ratio", parse=int, exclusive="budget", shown_default=str(DEFAULT_BUDGET))
+    ratio: float | None = setting(None, "share of the context tokens to keep, in (0, 1], of requests that give "
+                                  "neither", parse=float, exclusive="budget")
+    dca: str | None = setting(None, "dual chunk attention: auto = on beyond the model's native window",
+                              choices=DCA_MODES, shown_default="auto", advanced=True)
+    granularity: str | None = setting(None, "keep single tokens, or whole units: sentences, lines, JSON records, "
+                                      "messages", choices=GRANULARITIES,
+                                      shown_default="the profile's, token where it names none")
+    device: str = setting("auto", f"{DEVICE_HELP}: where the model runs (auto: a GPU or NPU when present)")
+    dtype: str = setting("auto", f"{', '.join(DTYPE_CHOICES)} (auto: bfloat16 on GPUs, NPUs and CPUs with native "
+                         "bfloat16, else float32)")
+    sink: int = setting(SINK, "S sink tokens, always attended", minimum=0, advanced=True)
+    window: int = setting(WINDOW, "W sliding-window tokens below l_R (0 = unbounded)", minimum=0, advanced=True)
+    chunk: int = setting(CHUNK, "prefill chunk length", minimum=1, advanced=True)
+    max_context_tokens: int = setting(MAX_CONTEXT_TOKENS, "reject longer contexts (tokens)", minimum=1)
+    doc_cache_mb: int = setting(DOC_CACHE_MB, "in-process document cache: token IDs and encoded contexts reused by "
+                                "later queries of a document, in MiB (0 = off)", minimum=0)
+    batch_tokens: int | None = setting(None, "short requests of a queue batch share one prefill, up to this many "
+                                       "padded context tokens (0 = off)", SERVERS, parse=int, minimum=0,
+                                       shown_default=f"{AUTO_BATCH_TOKENS} on GPUs and NPUs, 0 on CPUs",
+                                       advanced=True)
+    deepen: str = setting("off", "idle: while no request waits, encode each asked document in full to l_R, so its "
+                          "later queries skip the candidate pass; off: never", SERVERS, choices=DEEPEN_MODES,
+                          default_for=(("serve", "idle"), ("worker", "idle")))  # not the sidecar's: each prompt is
+                          # new (a chat grows), deepening it would only take the device
+
+    def __post_init__(self) -> None:
+        check_settings(self)
+
+    def request_defaults(self) -> dict[str, Any]:
+        """The request fields given as settings: defaults of requests that leave them out (JSON options as text)."""
+        return {"budget": self.budget, "ratio": self.ratio, "strategy": self.strategy, "dca": self.dca,
+                "strategy_options": self.strategy_options, "granularity": self.granularity}
+
