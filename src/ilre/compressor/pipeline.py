@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Protocol
 
 import torch
 
@@ -59,29 +59,68 @@ def select_context(
     budget: int,
     strategy: Strategy,
     config: PrefillConfig,
-    encoded: Callable[[], ContextState] | None = None,
     units: Units | None = None,
-    deepened: Callable[[], ContextState] | None = None,
+    encodings: "Encodings | None" = None,
 ) -> Selection:
     """Choose at most `budget` context tokens for the query: encode_context, then `select_query`.
 
     context_ids: (L,) int64, query_ids: (Lq,) int64. The first S (sink) tokens are always kept
     and count against the budget; the strategy allocates the other budget - S among the rest.
-    `model` may be None for strategies that do not need attention. `encoded` supplies the
-    context's ContextState instead of encoding it (a document cache); it runs only when needed.
+    `model` may be None for strategies that do not need attention.
     `units`: the context's units (compressor/units.py): whole units are kept (compressor/unit_selection.py).
-    `deepened`: the context encoded as the strategy's `deepened()` form reads it, for a strategy that
-    falls back to that form (the cascade); it runs only when needed.
+    `encodings`: where the encoded contexts come from (a document cache: `Encodings`); None = encoded here.
     """
-    return select_context_queries(model, context_ids, [query_ids], budget, strategy, config, encoded, units, deepened)[0]
+    return select_context_queries(model, context_ids, [query_ids], budget, strategy, config, units, encodings)[0]
+
+
+class Encodings(Protocol):
+    """Where one request's encoded contexts come from (the pipeline asks, the owner decides: a document cache,
+    or `FreshEncodings`): the one its strategy reads, and the deeper one its strategy's `deepened()` form
+    reads when a query falls back. Each is made at most once per request."""
+
+    def encoded(self) -> ContextState:
+        """The context encoded as the request's strategy reads it."""
+
+    def deepened(self) -> ContextState:
+        """The context encoded as the strategy's `deepened()` form reads it (asked only when a query needs it)."""
+
+
+class FreshEncodings:
+    """Encodings made now and kept for this request only: the strategy's encoding keeps its resume point when
+    the questions may read the deep encoding (Strategy.reads_deep), which is then taken on from there
+    (layers 1..l_c not run again), else encoded from the start."""
+
+    def __init__(self, model: TruncatedLM, context_ids: torch.Tensor, config: PrefillConfig, strategy: Strategy,
+                 n_queries: int, budget: int):
+        self.model, self.context_ids, self.config, self.strategy = model, context_ids, config, strategy
+        self.n_queries, self.budget = n_queries, budget
+        self._resume: Callable[[], ContextState] | None = None
+        self.encoded = once(self._encode)
+        self.deepened = once(self._deepen)
+
+    def _encode(self) -> ContextState:
+        model, strategy = self.model, self.strategy
+        keep = strategy.reads_deep(self.context_ids.numel(), self.budget, self.n_queries, model.n_layers)
+        state = encode_context(model, self.context_ids, self.config, strategy.encoded_layers(model.n_layers),
+                               parts=strategy.context_parts, keep_hidden=keep)
+        if state.hidden is not None:
+            self._resume = resumed(model, state, strategy.deepened())
+        return state
+
+    def _deepen(self) -> ContextState:
+        if self._resume is not None:
+            return self._resume()
+        deep = self.strategy.deepened()
+        return encode_context(self.model, self.context_ids, self.config, deep.encoded_layers(self.model.n_layers),
+                              parts=deep.context_parts)
 
 
 def select_context_queries(model: TruncatedLM | None, context_ids: torch.Tensor, queries_ids: list[torch.Tensor],
-                           budget: int, strategy: Strategy, config: PrefillConfig,
-                           encoded: Callable[[], ContextState] | None = None, units: Units | None = None,
-                           deepened: Callable[[], ContextState] | None = None) -> list[Selection]:
+                           budget: int, strategy: Strategy, config: PrefillConfig, units: Units | None = None,
+                           encodings: Encodings | None = None) -> list[Selection]:
     """`select_context` for several queries of one context: one encoding, then `select_queries` (which lets the
-    strategy share work between the queries). queries_ids: [(Lq_i,) int64] -> one Selection per query."""
+    strategy share work between the queries). queries_ids: [(Lq_i,) int64] -> one Selection per query.
+    `encodings`: where the encoded contexts come from (None: `FreshEncodings`, made here for this request)."""
     length = context_ids.numel()
     if length <= budget:
         return [Selection(torch.arange(length), passthrough=True) for _ in queries_ids]
@@ -94,15 +133,10 @@ def select_context_queries(model: TruncatedLM | None, context_ids: torch.Tensor,
     if model is None:
         raise ValueError(f"strategy: {strategy.name} needs a model")
     clock = time.perf_counter()
-    layers = strategy.encoded_layers(model.n_layers)
+    encodings = encodings or FreshEncodings(model, context_ids, config, strategy, len(queries_ids), budget)
     with torch.inference_mode():
-        if encoded is not None:
-            state = encoded()
-        else:
-            keep = deepened is None and strategy.reads_deep(length, budget, len(queries_ids), model.n_layers)
-            state = encode_context(model, context_ids, config, layers, parts=strategy.context_parts, keep_hidden=keep)
-            if state.hidden is not None:
-                deepened = resumed(model, state, strategy.deepened())
+        state = encodings.encoded()
+    deepened = encodings.deepened if strategy.deepened() is not None else None
     return select_queries(model, state, queries_ids, budget, strategy, {"prefill": _lap(clock)}, context_ids, units,
                           deepened)
 

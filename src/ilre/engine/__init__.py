@@ -1,10 +1,16 @@
 """The engine: a loaded model that turns compression requests into results, below every service layer.
 
-    messages.py      the request and result messages, validated once (field names and limits)
+    messages.py      the request and result messages, validated once (field names and limits); a request with
+                     its caller's scope (ScopedRequest, what the queues hand the engine)
     chat.py          a chat compressed message by message: the query, what stays whole, each message's share
                      of the budget (the gateway routes' and the LiteLLM hook's rules; importable without torch)
     engine.py        Engine: a request through its stages (prepare, encode, answer, finish); `compress` is the
                      library's call, `run` the service's
+    engine_config.py EngineConfig: what an Engine is built from (model, placement, prefill, limits)
+    encodings.py     the encoding policy: which encoded context a request reads, what the document cache keeps,
+                     what a fallback reads, which documents are offered for deepening (one object to the pipeline)
+    settings.py      how a setting is declared (flag, environment name, default, bounds, help), read and checked
+    engine_settings.py  the settings every model-loading command shares (the CLI's flags, README's table)
     prepared.py      the Prepared stage and the checks of a request's token IDs
     results.py       Selections -> CompressResults (ids, text, spans, timings, the explanation page)
     documents.py     the document cache (IDs and encoded contexts reused by later queries), and its

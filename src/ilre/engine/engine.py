@@ -13,8 +13,8 @@ from typing import Callable
 import torch
 
 from ..compressor.defaults import DEFAULT_STRATEGY
-from ..compressor.pipeline import Selection, joins_a_batch, resumed, select_context_queries, select_contexts
-from ..compressor.prefill import ContextState, PrefillConfig, encode_context, encode_in_steps
+from ..compressor.pipeline import Selection, joins_a_batch, select_context_queries, select_contexts
+from ..compressor.prefill import ContextState, PrefillConfig
 from ..compressor.strategies import STRATEGIES, Strategy
 from ..compressor.units import UNITS_VERSION, Units, document_units
 from ..models.device import resolve_placement
@@ -26,10 +26,11 @@ from ..models.token_bytes import context_bytes, token_bytes
 from .deepening import Deepener
 from .defaults import AUTO_BATCH_TOKENS, MAX_EXPLAIN_TOKENS
 from .document_names import DocumentNames
+from .encodings import EncodingPolicy
 from .engine_config import EngineConfig
 from .documents import DocumentCache, SharedDocuments, state_key
 from .info import ModelInfo
-from .messages import CompressRequest, CompressResult, CompressResults, InputError, NotFoundError
+from .messages import CompressRequest, CompressResult, CompressResults, InputError, NotFoundError, ScopedRequest
 from .prepared import Prepared, checked_ids
 from .results import results_of_job
 
@@ -63,11 +64,21 @@ class Engine:
                         checkpoint.name, self.profile.retrieval_layer)
         self.layer = self.profile.retrieval_layer if config.layer is None else self.resolve_layer(config.layer)
         self.tokenizer = load_tokenizer(checkpoint.path)
-        self.documents = DocumentCache(config.doc_cache_mb << 20, shared_documents)
         self.names = DocumentNames()
         self.deepening = Deepener(config.deepen)  # also whose turn it is: one request at a time
+        self.encodings = EncodingPolicy(DocumentCache(config.doc_cache_mb << 20, shared_documents), self.deepening,
+                                        self.placement.dtype_name)
         self._models: dict[int, TruncatedLM] = {}
         self.model_at(self.layer)
+
+    @property
+    def documents(self) -> DocumentCache:
+        """The document cache (the encoding policy's: engine/encodings.py)."""
+        return self.encodings.documents
+
+    @documents.setter
+    def documents(self, cache: DocumentCache) -> None:
+        self.encodings.documents = cache
 
     @property
     def model_name(self) -> str:
@@ -162,11 +173,19 @@ class Engine:
             return self.config.batch_tokens
         return 0 if self.placement.device.type == "cpu" else AUTO_BATCH_TOKENS
 
-    def compress_many(self, requests: list[CompressRequest],
+    def adopt_secret(self, secret: bytes) -> bool:
+        """Issue document ids under `secret` (the service's, at least MIN_SECRET_CHARS long) from now on; False
+        when it is the one in use already. Ids issued under another secret are then unknown."""
+        if secret == self.names.secret:
+            return False
+        self.names = DocumentNames(secret)
+        return True
+
+    def compress_many(self, requests: list[CompressRequest | ScopedRequest],
                       on_result: Callable[[int, CompressResults | InputError], None] | None = None,
-                      scopes: list[str] | None = None) -> list[CompressResults | InputError]:
-        """Compress a batch: each request's outcome, or the InputError that rejected it (in order);
-        scopes[i]: the scope of request i's caller (None = "" for all).
+                      ) -> list[CompressResults | InputError]:
+        """Compress a batch: each request's outcome, or the InputError that rejected it (in order); a
+        ScopedRequest carries its caller's document scope (a bare request: "").
         Short one-query requests on the same layer and DCA setting share one batched prefill when
         `batch_tokens` allows; the others go through the document cache. The results equal those
         of `run` one by one. `on_result(i, outcome)` is called as soon as request i is done."""
@@ -178,16 +197,16 @@ class Engine:
                 on_result(i, outcome)
 
         with self.deepening.turn():
-            self._run_many(requests, deliver, scopes or [""] * len(requests))
+            self._run_many([r if isinstance(r, ScopedRequest) else ScopedRequest(r) for r in requests], deliver)
         return outcomes  # type: ignore[return-value]
 
-    def _run_many(self, requests: list[CompressRequest], deliver: Callable[[int, CompressResults | InputError], None],
-                  scopes: list[str]) -> None:
+    def _run_many(self, requests: list[ScopedRequest], deliver: Callable[[int, CompressResults | InputError], None]
+                  ) -> None:
         groups: dict[tuple, list[tuple[int, Prepared]]] = {}
         alone: list[tuple[int, Prepared]] = []
-        for i, request in enumerate(requests):
+        for i, asked in enumerate(requests):
             try:
-                job = self.prepare(request, scopes[i])
+                job = self.prepare(asked.request, asked.scope)
             except InputError as exc:
                 deliver(i, exc)
                 continue
@@ -215,117 +234,22 @@ class Engine:
         self.deepening.close()
 
     def answer(self, job: Prepared) -> list[Selection]:
-        """The Selection stage: one selection per query, all against one encoded context from the document cache. With
-        deepening on, a document encoded to full depth (in the background, or by an earlier query whose
-        candidates missed) is served by the strategy's deepened form, and one that was not is offered for
-        it once its queries are answered. With it off, every query runs the strategy itself (a cascade's
-        fallback then reads the full-depth encoding an earlier query left)."""
-        deep = job.strategy.deepened() if self.deepening.enabled else None
-        if deep is not None:
-            held = self.documents.held_state(job.slot, self._state_key(job, deep), self._restore(job))
-            if held is not None:
-                return self._select_queries(job, deep, lambda: held)
-        resume: list[Callable[[], ContextState]] = []  # the coarse encoding's way on to l_R, for this request only
-        selections = self._select_queries(job, job.strategy, self._encoded(job, resume), resume)
-        if deep is not None and not self.documents.holds(job.slot, self._state_key(job, deep)):
-            self._offer(job, deep)
+        """The Selection stage: one selection per query, all against one encoded context, as the encoding policy
+        plans it (engine/encodings.py: the document cache's, deepened documents, the fallback's deep read)."""
+        plan = self.encodings.plan(job)
+        selections = select_context_queries(job.model, job.context_ids, job.queries, job.budget, plan.strategy,
+                                            job.prefill, units=job.units, encodings=plan.encodings)
+        self.encodings.settle(job, plan, selections)
         return selections
-
-    def _select_queries(self, job: Prepared, strategy: Strategy, encoded: Callable[[], ContextState],
-                        resume: list[Callable[[], ContextState]] | None = None) -> list[Selection]:
-        """One selection per query, all from one encoded context; the strategy shares its work between them (a
-        cascade's questions share one candidate pass, or one read of the whole context to l_R when that costs
-        less: Cascade.query_attention_many). The first selection that read the deep encoding carries the
-        milliseconds it took as its "deepen" timing."""
-        deepened, spent = self._deepened(job, strategy, resume)
-        selections = select_context_queries(job.model, job.context_ids, job.queries, job.budget, strategy, job.prefill,
-                                            encoded=encoded, units=job.units, deepened=deepened)
-        if spent:
-            deep = [s for s in selections if s.measured.get("deep")] or selections
-            deep[0].timings_ms["deepen"] = spent[0]
-        return selections
-
-    def _deepened(self, job: Prepared, strategy: Strategy, resume: list[Callable[[], ContextState]] | None = None
-                  ) -> tuple[Callable[[], ContextState] | None, list[float]]:
-        """For a strategy that may fall back to its deepened form (the cascade, when its candidates miss):
-        that form's encoding, from the document cache, else resumed from this request's coarse encoding
-        (`resume`, filled by `_encoded`: layers 1..l_c are not run again) or encoded now, and kept there, in
-        place of the strategy's own when deepening is on (the document's later queries then read it; with
-        deepening off they run the strategy, which needs its own encoding too), and a list that gets the
-        milliseconds it took once it is asked for."""
-        deep, spent = strategy.deepened(), []
-        if deep is None:
-            return None, spent
-        slot, key = job.slot, self._state_key(job, deep)
-        first = self._state_key(job, strategy) if self.deepening.enabled else None
-
-        def state() -> ContextState:  # select_queries runs it once
-            clock = time.perf_counter()
-            held = self.documents.held_state(slot, key, self._restore(job))
-            if held is None:
-                held = resume[0]() if resume else encode_context(job.model, job.context_ids, job.prefill,
-                                                                 deep.encoded_layers(job.layer), parts=deep.context_parts)
-                self.documents.store_state(slot, key, held, replaces=first)
-            spent.append(round((time.perf_counter() - clock) * 1000.0, 3))
-            return held
-
-        return state, spent
 
     def encode(self, job: Prepared) -> ContextState:
         """The job's encoded context as its strategy reads it: the document cache's, or encoded now and kept
         there (what `answer` then reads; the evaluation times the two apart)."""
-        return self._encoded(job)()
+        return self.encodings.encode(job)
 
     def encoding_key(self, job: Prepared) -> str:
         """The document cache's key of the encoding `encode(job)` returns (equal keys: the same encoding)."""
-        return self._state_key(job, job.strategy)
-
-    def _state_key(self, job: Prepared, strategy: Strategy) -> str:
-        """The document cache's key of the encoded context `strategy` reads on this job's layer and prefill."""
-        layers = strategy.encoded_layers(job.layer)
-        top = max(layers)  # the deepest layer encoded: l_R, or a cascade's coarse layer
-        return state_key(top, job.prefill, self.placement.dtype_name, strategy.context_parts,
-                         tuple(l for l in layers if l != top))
-
-    def _restore(self, job: Prepared) -> Callable[[dict[str, torch.Tensor]], ContextState]:
-        return lambda tensors: ContextState.from_tensors(job.model, job.prefill, tensors)
-
-    def _encoded(self, job: Prepared, resume: list[Callable[[], ContextState]] | None = None
-                 ) -> Callable[[], ContextState]:
-        """The job's encoded context, from the document cache or encoded on first use (once per job). When
-        it is encoded here for a strategy that may fall back to its deepened form, the way on to that form's
-        encoding (compressor/pipeline.resumed: it holds the residual stream at the coarse layer, (L, D), for
-        this request only; the document cache keeps the encoding without it) is appended to `resume`."""
-        strategy = job.strategy
-        layers, parts = strategy.encoded_layers(job.layer), strategy.context_parts
-        keep = resume is not None and strategy.for_context(job.context_ids.numel(), job.budget).reads_deep(
-            job.context_ids.numel(), job.budget, len(job.queries), job.layer)
-        encoded: list[ContextState] = []
-
-        def encode() -> ContextState:
-            state = encode_context(job.model, job.context_ids, job.prefill, layers, parts=parts, keep_hidden=keep)
-            if keep:
-                resume.append(resumed(job.model, state, strategy.deepened()))
-            return state
-
-        def state() -> ContextState:
-            if not encoded:
-                encoded.append(self.documents.state(job.slot, self._state_key(job, strategy), encode, self._restore(job)))
-            return encoded[0]
-
-        return state
-
-    def _offer(self, job: Prepared, deep: Strategy) -> None:
-        """Queue the job's document for deepening: the encoding `deep` reads, which then replaces the one
-        the job's strategy read."""
-        slot, key, first = job.slot, self._state_key(job, deep), self._state_key(job, job.strategy)
-        model, context_ids, prefill = job.model, job.context_ids, job.prefill
-        layers = deep.encoded_layers(job.layer)
-        self.deepening.offer(
-            f"{slot}/{key}",
-            start=lambda: encode_in_steps(model, context_ids, prefill, layers, parts=deep.context_parts),
-            store=lambda state: self.documents.store_state(slot, key, state, replaces=first),
-            wanted=lambda: self.documents.holds(slot) and not self.documents.holds(slot, key))
+        return self.encodings.key(job, job.strategy)
 
     def prepare(self, request: CompressRequest, scope: str = "") -> Prepared:
         """The Prepared stage: check and tokenize a request of a caller in `scope`; InputError naming the field when it

@@ -196,6 +196,15 @@ class CompressRequest:
         return cls(**merged)
 
 
+@dataclass(frozen=True)
+class ScopedRequest:
+    """A request with its caller's document scope (engine/document_names.py; "" without API keys): what a
+    queue hands the engine, the scope travelling with the request it belongs to."""
+
+    request: CompressRequest
+    scope: str = ""
+
+
 @dataclass
 class CompressResult:
     """The contract's output fields (README, "Compressing": the CLI's --json line, the HTTP answer,

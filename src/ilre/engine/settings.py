@@ -111,9 +111,10 @@ def setting(default: Any = None, help: str = "", commands: Iterable[str] = MODEL
     if "parse" not in declared and default is not None and type(default) in (int, float, str):
         declared["parse"] = type(default)
     meta = {"setting": {"default": default, "help": help, "commands": tuple(commands), **declared}}
+    shown = not declared.get("secret", False)  # a secret is never in a repr
     if default_factory is not None:
-        return dataclasses.field(default_factory=default_factory, metadata=meta)
-    return dataclasses.field(default=default, metadata=meta)
+        return dataclasses.field(default_factory=default_factory, metadata=meta, repr=shown)
+    return dataclasses.field(default=default, metadata=meta, repr=shown)
 
 
 @functools.lru_cache(maxsize=None)

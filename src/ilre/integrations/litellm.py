@@ -13,11 +13,13 @@ or a file of your own beside config.yaml, `callbacks: my_hooks.ilre` with
 `ilre = IlreCompression(target="127.0.0.1:50051", budget=2048, strict=True)`.
 
 What is compressed: chat messages (`messages`) and completion prompts (`prompt`) longer than the budget.
-- The query ILRe ranks by is the last user message; when it is long itself (a question after pasted
-  documents), its last QUERY_TOKENS tokens are the query and stay whole and the rest is compressed.
-- Messages whose content is a plain string and which are not system messages are compressed, each to
-  its share of the budget (in proportion to its length); system messages, short messages and messages
-  with parts (images, audio, files) stay as they are, as do tools and tool calls.
+- A chat follows engine/chat.py, the rules the gateway routes follow too: the query ILRe ranks by is
+  the last user message (its last QUERY_TOKENS tokens, which stay whole, when it is documents before
+  a question); earlier user messages, tool and function results (text content: a string or text
+  parts) and the rest of a long last user message are compressed, each to its share of what the
+  messages kept whole leave of the budget (in proportion to its tokens). System, developer and
+  assistant messages, messages up to a `cache_control` breakpoint, short messages and messages with
+  images, audio or files stay as they are, as do tools and tool calls.
 - A completion prompt is compressed by its own end (its last QUERY_TOKENS tokens are the query).
 - A prompt that fits the budget passes untouched.
 The facts land in the response headers (`x-ilre-action`: compressed, passthrough or failed;
@@ -31,11 +33,12 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 from litellm.integrations.custom_logger import CustomLogger
 
+from ..engine.chat import is_long_query, share_budget, split_chat
 from ..engine.defaults import DEFAULT_BUDGET, QUERY_TOKENS
 from ..engine.messages import GRANULARITIES
 from .backend import Backend, chosen, compress_by_its_end, count_tokens
@@ -44,7 +47,6 @@ log = logging.getLogger(__name__)
 
 CHAT_CALLS = ("completion", "acompletion")
 TEXT_CALLS = ("text_completion", "atext_completion")
-LONG_QUERY = 2 * QUERY_TOKENS  # a last user message longer than this is a document followed by its question
 
 
 @dataclass
@@ -64,16 +66,6 @@ class Outcome:
         if self.reason:
             out["x-ilre-reason"] = " ".join(self.reason.split())[:200]
         return out
-
-
-@dataclass
-class _Part:
-    """One compressible message: its index, text, tokens and (for the long last user message) its IDs."""
-
-    index: int
-    text: str
-    tokens: int
-    ids: list[int] = field(default_factory=list)
 
 
 class IlreCompression(CustomLogger):
@@ -157,52 +149,35 @@ class IlreCompression(CustomLogger):
 
     def _compress_chat(self, data: dict) -> Outcome:
         messages = data["messages"]
-        texts = {i: m["content"] for i, m in enumerate(messages)
-                 if isinstance(m, dict) and isinstance(m.get("content"), str) and m["content"]}
-        last_user = max((i for i in texts if messages[i].get("role") == "user"), default=None)
-        if last_user is None:
+        split = split_chat(messages)
+        if split.query is None:
             return Outcome("passthrough", reason="no user message with text")
-        if sum(len(t.encode()) for t in texts.values()) <= self.budget:  # a token is at least a byte: no need to ask
+        chat = split.whole_chat()
+        if len(chat.encode()) <= self.budget:  # a token is at least a byte: no need to ask
             return Outcome("passthrough", reason="fits the budget")
-        total, _ = count_tokens(self.backend, "\n\n".join(texts.values()))
+        total, _ = count_tokens(self.backend, chat)
         if total <= self.budget:
             return Outcome("passthrough", total, total, "fits the budget")
-        parts, query = self._parts(messages, texts, last_user)
-        if not parts:
+        counted = {i: count_tokens(self.backend, split.text(i)) for i in split.counted}
+        tokens = {i: n for i, (n, _) in counted.items()}
+        shares = share_budget(split, tokens, total - sum(tokens.values()), self.budget)
+        if not shares:
             return Outcome("passthrough", total, total, "no compressible message")
-        whole = total - sum(p.tokens for p in parts)  # what stays as it is: system, short and multimodal messages
-        room = max(len(parts), self.budget - whole)
-        compressible = sum(p.tokens for p in parts)
-        for part in parts:
-            share = max(1, room * part.tokens // compressible)
-            if part.ids:  # the long last user message: compressed by its own end, which is the query
-                new = compress_by_its_end(self.backend, part.text, share + QUERY_TOKENS, self.strategy, part.ids,
+        length, ids = counted.get(split.last_user, (0, []))  # counted alone when it may be long
+        question = {"query_ids": ids[-QUERY_TOKENS:]} if is_long_query(length) else {"query": split.query}
+        for share in shares:
+            if share.whole:
+                continue
+            text = split.text(share.index)
+            if share.by_its_end:  # the long last user message: its end is the query
+                new = compress_by_its_end(self.backend, text, share.budget, self.strategy, counted[share.index][1],
                                           self.granularity).text
-            elif share >= part.tokens:
-                continue
             else:
-                new = self.backend.compress(context=part.text, query=query, budget=share,
+                new = self.backend.compress(context=text, budget=share.budget, **question,
                                             **chosen(self.strategy, self.granularity)).compressed_context
-            messages[part.index] = {**messages[part.index], "content": new}
-        kept = whole + sum(min(room * p.tokens // compressible, p.tokens) for p in parts)
+            messages[share.index] = {**messages[share.index], "content": new}
+        kept = total - sum(s.tokens for s in shares) + sum(s.kept for s in shares)
         return Outcome("compressed", total, kept)
-
-    def _parts(self, messages: list, texts: dict[int, str], last_user: int) -> tuple[list[_Part], str]:
-        """The compressible messages and the query: the last user message whole when it is short, else
-        its last QUERY_TOKENS tokens (the message itself then becomes a part, compressed by its end)."""
-        length, ids = count_tokens(self.backend, texts[last_user])
-        parts, query = [], texts[last_user]
-        if length > LONG_QUERY:
-            parts.append(_Part(last_user, texts[last_user], length - QUERY_TOKENS, ids))
-            query = self.backend.compress(context_ids=ids[:-QUERY_TOKENS], query_ids=ids[-QUERY_TOKENS:],
-                                          ratio=1.0).query
-        for i, text in texts.items():
-            if i == last_user or messages[i].get("role") == "system":
-                continue
-            tokens, _ = count_tokens(self.backend, text)
-            if tokens > QUERY_TOKENS:
-                parts.append(_Part(i, text, tokens))
-        return sorted(parts, key=lambda p: p.index), query
 
 
 compression = IlreCompression.from_env(os.environ)  # `callbacks: ilre.integrations.litellm.compression`

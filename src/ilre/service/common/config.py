@@ -59,7 +59,7 @@ class ServiceConfig:
                                           "(none: generated, kept on Redis by the workers)", SERVERS, flag=None,
                                           secret=True)
     tls_cert: str | None = setting(None, "PEM certificate chain: serve TLS (with --tls-key)", FRONT_ENDS)
-    tls_key: str | None = setting(None, "PEM private key of --tls-cert", FRONT_ENDS, secret=True)
+    tls_key: str | None = setting(None, "PEM private key of --tls-cert", FRONT_ENDS)
     tls_client_ca: str | None = setting(None, "PEM CA of client certificates: mutual TLS", ("serve",))
     shutdown_grace_s: float = setting(10.0, "seconds in-flight requests get on SIGTERM", FRONT_ENDS, minimum=0)
     http_keep_alive_s: float = setting(75.0, "seconds an idle HTTP client connection stays open (above a load "

@@ -15,11 +15,14 @@ before is unknown (NOT_FOUND: send the context again), and the shared tier's old
 from __future__ import annotations
 
 import logging
+from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 
 from ...engine.document_ids import MIN_SECRET_CHARS
-from ...engine.document_names import DocumentNames
+
+if TYPE_CHECKING:
+    from ...engine.engine import Engine
 
 log = logging.getLogger(__name__)
 
@@ -41,12 +44,9 @@ async def agreed_secret(client: aioredis.Redis, key: str, offered: bytes) -> byt
     return held
 
 
-async def sync_names(client: aioredis.Redis, key: str, names: DocumentNames, worker: str) -> DocumentNames:
-    """`names`, or new DocumentNames when Redis holds another secret (logged by fingerprint)."""
-    held = await agreed_secret(client, key, names.secret)
-    if held == names.secret:
-        return names
-    adopted = DocumentNames(held)
-    log.warning("worker %s: document secret %s from Redis (was %s here); document_ids issued under the old "
-                "one are unknown", worker, adopted.fingerprint(), names.fingerprint())
-    return adopted
+async def sync_secret(client: aioredis.Redis, key: str, engine: "Engine", worker: str) -> None:
+    """Have `engine` issue document ids under the secret Redis holds (a change is logged by fingerprint)."""
+    before = engine.names.fingerprint()
+    if engine.adopt_secret(await agreed_secret(client, key, engine.names.secret)):
+        log.warning("worker %s: document secret %s from Redis (was %s here); document_ids issued under the old "
+                    "one are unknown", worker, engine.names.fingerprint(), before)

@@ -13,7 +13,7 @@ import logging
 from typing import Callable
 
 from ...engine.engine import Engine
-from ...engine.messages import CompressRequest, CompressResults, InputError
+from ...engine.messages import CompressResults, InputError, ScopedRequest
 from ..common.errors import Code, ServiceError
 from ..common.metrics import Metrics
 
@@ -22,10 +22,10 @@ log = logging.getLogger(__name__)
 Deliver = Callable[[int, "CompressResults | ServiceError"], None]
 
 
-def run_batch(engine: Engine, requests: list[CompressRequest], queued_ms: list[float], metrics: Metrics,
-              deliver: Deliver, scopes: list[str]) -> None:
-    """Run `requests` as one batch (call it on the engine thread); never raises. scopes[i]: the
-    document scope of request i's caller (KeyPolicy.document_scope).
+def run_batch(engine: Engine, requests: list[ScopedRequest], queued_ms: list[float], metrics: Metrics,
+              deliver: Deliver) -> None:
+    """Run `requests` as one batch (call it on the engine thread); never raises. Each carries its caller's
+    document scope (KeyPolicy.document_scope).
 
     deliver(i, outcome) is called once per request, in completion order: its result, with
     timings_ms["queue"] = queued_ms[i] and counted in `metrics`, or a ServiceError (bad input:
@@ -44,7 +44,7 @@ def run_batch(engine: Engine, requests: list[CompressRequest], queued_ms: list[f
         deliver(i, answer)
 
     try:
-        engine.compress_many(requests, on_result=ready, scopes=scopes)
+        engine.compress_many(requests, on_result=ready)
     except Exception as exc:  # a bug in the engine: the callers still waiting get INTERNAL
         log.exception("compress failed")
         failure = ServiceError(Code.INTERNAL, f"internal: {type(exc).__name__}: {exc}")

@@ -16,10 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
-from ...engine.document_names import DocumentNames
 from ...engine.engine import Engine
 from ...engine.info import ModelInfo
-from ...engine.messages import CompressRequest, CompressResults
+from ...engine.messages import CompressRequest, CompressResults, ScopedRequest
 from ..common import tracing
 from ..common.errors import Code, ServiceError
 from ..common.keys import ANONYMOUS, KeyPolicy
@@ -85,7 +84,7 @@ class LocalQueue:
         self.metrics.documents = engine.documents
         self.metrics.deepening = engine.deepening
         if self.document_secret:
-            engine.names = DocumentNames(self.document_secret.encode())
+            engine.adopt_secret(self.document_secret.encode())
 
     async def ready(self) -> bool:
         return self.engine is not None and not self._closing
@@ -173,9 +172,9 @@ class LocalQueue:
             return
         jobs = [job for job in batch if self._still_wanted(job)]
         started = time.monotonic()
-        run_batch(self.engine, [job.request for job in jobs], [(started - job.accepted) * 1000.0 for job in jobs],
-                  self.metrics, lambda i, outcome: loop.call_soon_threadsafe(_deliver, jobs[i].future, outcome),
-                  [job.scope for job in jobs])
+        run_batch(self.engine, [ScopedRequest(job.request, job.scope) for job in jobs],
+                  [(started - job.accepted) * 1000.0 for job in jobs], self.metrics,
+                  lambda i, outcome: loop.call_soon_threadsafe(_deliver, jobs[i].future, outcome))
 
     async def close(self) -> None:
         """Stop taking work, fail what is still queued with UNAVAILABLE, stop the loop and thread."""

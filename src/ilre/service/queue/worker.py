@@ -31,13 +31,12 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from redis.exceptions import RedisError, ResponseError
 
-from ...engine.document_names import DocumentNames
 from ...engine.engine import Engine
-from ...engine.messages import CompressRequest, CompressResults, InputError
+from ...engine.messages import CompressRequest, CompressResults, InputError, ScopedRequest
 from ..common import tracing
 from ..common.config import ServiceConfig
 from ..documents.redis_tier import RedisDocuments
-from ..documents.secret import sync_names
+from ..documents.secret import sync_secret
 from ..common.errors import Code, ServiceError
 from ..common.metrics import Metrics
 from ..common.redis_url import parse_redis_url
@@ -70,7 +69,7 @@ class Worker:
         self.metrics.documents = engine.documents
         self.metrics.deepening = engine.deepening
         if config.document_secret:  # else the secret on Redis, agreed before the first entry is read
-            engine.names = DocumentNames(config.document_secret.encode())
+            engine.adopt_secret(config.document_secret.encode())
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ilre-engine")
         self._inflight: set[str] = set()
         self._claim_cursor = "0-0"
@@ -227,12 +226,12 @@ class Worker:
         requests, slots = [], []
         for k, (_, fields) in enumerate(entries):
             try:
-                requests.append(_decode(fields.get("payload", "")))
+                requests.append(ScopedRequest(_decode(fields.get("payload", "")), _scope(fields)))
                 slots.append(k)
             except InputError as exc:
                 hand_back(k, ServiceError.from_input(exc))
         run_batch(self.engine, requests, [now_ms - _enqueued_ms(entries[k]) for k in slots], self.metrics,
-                  lambda j, outcome: hand_back(slots[j], outcome), [_scope(entries[k][1]) for k in slots])
+                  lambda j, outcome: hand_back(slots[j], outcome))
 
     def _record(self, fields: dict[str, str], outcome: CompressResults | ServiceError, seconds: float) -> None:
         """The worker's log line for one request and, with tracing on, its spans (a child of the
@@ -319,7 +318,7 @@ class Worker:
     async def _sync_secret(self) -> None:
         """Name documents under the secret Redis holds (service/documents/secret.py), unless one is configured."""
         if not self.config.document_secret:
-            self.engine.names = await sync_names(self.client, self.keys.document_secret, self.engine.names, self.name)
+            await sync_secret(self.client, self.keys.document_secret, self.engine, self.name)
 
     async def _heartbeat(self, stop: asyncio.Event) -> None:
         """Register this worker (its ModelInfo, with a TTL) and follow the document secret, until stopped."""

@@ -12,6 +12,8 @@ import uuid
 from dataclasses import dataclass
 from typing import Any, AsyncIterator, Callable
 
+from ...engine.chat import message_text
+
 
 @dataclass(frozen=True)
 class Prompt:
@@ -91,7 +93,7 @@ class OpenAIChat(RouteFormat):
         for i, message in enumerate(messages):
             if not isinstance(message, dict) or not isinstance(message.get("role"), str):
                 return None  # the engine reports malformed messages in its own words
-            content = _text_content(message.get("content"))
+            content = message_text(message.get("content"))
             if content is None:
                 return None  # images, audio, tool calls: forwarded as they are
             plain.append({**message, "content": content})
@@ -120,16 +122,6 @@ FORMATS: tuple[RouteFormat, ...] = (SGLangGenerate(), OpenAICompletions(), OpenA
 def _ids_prompt(value: Any) -> Prompt | None:
     if isinstance(value, list) and value and all(type(i) is int for i in value):
         return Prompt(ids=value)
-    return None
-
-
-def _text_content(content: Any) -> str | None:
-    """A message content as one string: a string, or a list of text parts; None otherwise."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
-                                         and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
     return None
 
 

@@ -16,6 +16,8 @@ from typing import Any
 
 import numpy as np
 
+from ...engine.chat import last_user_index
+
 MAX_CHAT_QUERY_TOKENS = 1024
 
 
@@ -75,7 +77,7 @@ class PromptSplitter:
                                                           **template_kwargs)
         except Exception as exc:  # jinja errors, templates that refuse a role order, ...
             raise ChatTemplateError(f"messages: the chat template cannot render them ({exc})") from None
-        last_user = max((i for i, m in enumerate(messages) if m.get("role") == "user"), default=None)
+        last_user = last_user_index(messages)
         spans = _content_spans(rendered, messages)
         if last_user is None:
             query_start = len(rendered)

@@ -5,16 +5,20 @@ This is the compression contract LiteLLM's `headroom` guardrail (and gateways li
 proxy reaches ilre by its URL alone (`api_base`). What a call does:
 
 - The request: {"messages": [OpenAI chat messages], "model"?: str} plus ilre's optional "query"
-  (what to rank by), "budget" (context tokens over all compressed messages; default the service's)
-  and "granularity" (default "unit": whole sentences, lines, records, never across a message).
-- Compressed: tool and function results and user messages other than the last, whose content is a
-  string or text parts only (an image part leaves its message as it came). Kept as they are: system
-  and assistant messages, the last user message, anything that is not text. Each compressed message
-  gets its share of the budget, in proportion to its length; one that fits its share, or is at most
-  QUERY_TOKENS tokens long, passes whole.
-- The query: "query" when given, else the last user message. With neither (a gateway that withholds
-  the live turn, as `headroom` does), each message is ranked by its own last QUERY_TOKENS tokens,
-  which it keeps (ILRe's rule for a prompt with no separate question).
+  (what to rank by), "budget" (tokens of all the text messages after compression; default the
+  service's) and "granularity" (default "unit": whole sentences, lines, records, never across a message).
+- Which messages are compressed, to what share of the budget, and what the query is: engine/chat.py,
+  the rules the LiteLLM hook follows too. In short: tool and function results and user messages other
+  than the last are compressed when their content is text (a string or text parts), and so is a last
+  user message of documents before a question (over LONG_QUERY tokens) but for its last QUERY_TOKENS
+  tokens; system, developer and assistant messages, the last user message otherwise, messages up to a
+  `cache_control` breakpoint, anything of at most QUERY_TOKENS tokens and anything that is not text
+  are kept as they are. Each compressed message gets its share of what the kept ones leave of the
+  budget, in proportion to its tokens; one that fits its share passes whole.
+- The query: "query" when given, else the last user message (its last QUERY_TOKENS tokens when it is
+  long). With neither (a gateway that withholds the live turn, as `headroom` does), each message is
+  ranked by its own last QUERY_TOKENS tokens, which it keeps (ILRe's rule for a prompt with no separate
+  question).
 - A compressed message starts with a marker naming its hash (`HASH_CHARS` hex digits: the first
   digits of the document id of the whole message, in the caller's document scope), listed in
   `ccr_hashes`. The answer also carries tokens_before, tokens_after (markers included),
@@ -34,6 +38,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ...engine.chat import ChatSplit, Share, is_long_query, share_budget, split_chat
 from ...engine.defaults import QUERY_TOKENS
 from ...engine.document_ids import HASH_CHARS, is_hex, retrieve_hash
 from ...engine.messages import GRANULARITIES, CompressResult, InputError
@@ -44,7 +49,6 @@ from .frontend import Frontend
 NOT_FOUND = "hash: no such document in the cache (expired, evicted, or made with another API key)"
 GATEWAY, RETRIEVE = "http.gateway", "http.retrieve"  # the methods their requests are counted and logged under
 RETRIEVE_BUDGET = 1024  # tokens of the original a query-aware retrieve returns when the caller sets none
-COMPRESSED_ROLES = ("tool", "function", "user")  # the last user message excepted
 MARKER = ("[ilre kept {kept} of {original} tokens of this message for the current question. To read more of it, "
           "call headroom_retrieve with hash \"{hash}\" and a query saying what you need.]\n")
 
@@ -61,25 +65,16 @@ class Call:
 
 
 @dataclass
-class _Message:
-    """A text message of the request: its index, text, and whether it may be compressed."""
+class _Outcome:
+    """One compressed message: its index, its new text (the marker, then what was kept), its tokens
+    before and after (marker left out), its hash and its marker."""
 
     index: int
     text: str
-    compressible: bool
-
-
-@dataclass
-class _Outcome:
-    """What became of one compressible message: its text, its tokens before and after, and when it was
-    compressed, its hash and the marker its text starts with."""
-
-    message: _Message
-    text: str
     before: int
     after: int
-    hash: str | None = None
-    marker: str = ""
+    hash: str
+    marker: str
 
 
 def is_gateway_request(data: Any) -> bool:
@@ -88,18 +83,8 @@ def is_gateway_request(data: Any) -> bool:
         k in data for k in ("context", "context_ids", "document_id"))
 
 
-def message_text(content: Any) -> str | None:
-    """A message content's text: a string, or text parts only joined; None when it holds anything else."""
-    if isinstance(content, str):
-        return content
-    if isinstance(content, list) and content and all(
-            isinstance(p, dict) and p.get("type") == "text" and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
-    return None
-
-
-def _messages(data: dict[str, Any]) -> tuple[list[dict[str, Any]], list[_Message], str | None]:
-    """(the request's messages, their text ones, the query) or InputError naming the field."""
+def _messages(data: dict[str, Any]) -> tuple[list[dict[str, Any]], str | None]:
+    """(the request's messages, its "query" or None) or InputError naming the field."""
     messages = data["messages"]
     if not isinstance(messages, list) or not messages:
         raise InputError("messages", "must be a non-empty list of chat messages")
@@ -118,16 +103,7 @@ def _messages(data: dict[str, Any]) -> tuple[list[dict[str, Any]], list[_Message
     query = data.get("query")
     if query is not None and (not isinstance(query, str) or not query.strip()):
         raise InputError("query", "must be a non-empty string")
-    users = [i for i, m in enumerate(messages) if m["role"] == "user"]
-    last_user = users[-1] if users else None
-    texts = []
-    for i, message in enumerate(messages):
-        text = message_text(message.get("content"))
-        if text:
-            texts.append(_Message(i, text, message["role"] in COMPRESSED_ROLES and i != last_user))
-    if query is None and last_user is not None:
-        query = message_text(messages[last_user].get("content")) or None
-    return messages, texts, query
+    return messages, query
 
 
 def _budget(data: dict[str, Any], default: int) -> int:
@@ -142,6 +118,24 @@ def _granularity(data: dict[str, Any]) -> str:
     if granularity not in GRANULARITIES:
         raise InputError("granularity", f"must be one of {', '.join(GRANULARITIES)} (got {granularity!r})")
     return granularity
+
+
+def _whole(text: str) -> dict[str, Any]:
+    """The pass-through request of `text`: its tokens counted and its document cached, nothing computed."""
+    return {"context": text, "query": ".", "ratio": 1.0}
+
+
+def _question(split: ChatSplit, whole: dict[int, CompressResult], query: str | None) -> dict[str, Any]:
+    """What the compressed messages are ranked by: the request's "query", else the last user message
+    (its last QUERY_TOKENS tokens when it is long); {} when there is neither."""
+    if query is not None:
+        return {"query": query}
+    if split.query is None:
+        return {}
+    asked = whole.get(split.last_user)  # counted alone when it may be long
+    if asked is not None and is_long_query(asked.original_tokens):
+        return {"query_ids": asked.token_ids[:asked.original_tokens][-QUERY_TOKENS:]}
+    return {"query": split.query}
 
 
 def _retrieve_fields(hash_: str, query: str | None, budget: str | None) -> dict[str, Any]:
@@ -173,7 +167,7 @@ class Gateway:
         """The model's tokens in `text` (a pass-through request: tokenized, nothing computed)."""
         if not text:
             return 0
-        return (await self._call({"context": text, "query": ".", "ratio": 1.0}, call)).original_tokens
+        return (await self._call(_whole(text), call)).original_tokens
 
     def _refused(self, method: str, exc: InputError) -> ServiceError:
         """A request refused before any call reached the front end, counted as the front end counts its own."""
@@ -184,41 +178,42 @@ class Gateway:
     async def compress(self, data: dict[str, Any], call: Call) -> dict[str, Any]:
         """The gateway answer to `data` (see the module docstring); ServiceError as any request."""
         try:
-            messages, texts, query = _messages(data)
+            messages, query = _messages(data)
             budget, granularity = _budget(data, self.budget), _granularity(data)
         except InputError as exc:
             raise self._refused(GATEWAY, exc) from None
-        parts = [m for m in texts if m.compressible]
-        total = sum(len(m.text) for m in parts) or 1
+        split = split_chat(messages)
+        counted = split.counted
+        *counts, rest = await asyncio.gather(*(self._call(_whole(split.text(i)), call) for i in counted),
+                                             self._count(split.joined(split.kept), call))  # in the model's tokens
+        whole = dict(zip(counted, counts))
+        shares = share_budget(split, {i: w.original_tokens for i, w in whole.items()}, rest, budget)
+        question = _question(split, whole, query)
 
-        async def one(message: _Message) -> _Outcome:
-            share = max(1, budget * len(message.text) // total)
-            whole = await self._call({"context": message.text, "query": ".", "ratio": 1.0}, call)
-            if whole.original_tokens <= max(share, QUERY_TOKENS):  # fits, or too short to be worth a marker
-                return _Outcome(message, message.text, whole.original_tokens, whole.original_tokens)
-            if query is not None:
-                short = await self._call({"document_id": whole.document_id, "query": query, "budget": share,
+        async def one(share: Share) -> _Outcome:
+            full = whole[share.index]
+            if question and not share.by_its_end:
+                short = await self._call({"document_id": full.document_id, **question, "budget": share.budget,
                                           "granularity": granularity}, call)
                 kept_text, kept = short.compressed_context, short.compressed_tokens
-            else:  # no question: the message's own end is the query, and stays (within the share)
-                ids = whole.token_ids[:whole.original_tokens]
+            else:  # the long last user message, or no question: its own last QUERY_TOKENS tokens are the
+                # query, and stay (within the share)
+                ids = full.token_ids[:full.original_tokens]
                 short = await self._call({"context_ids": ids[:-QUERY_TOKENS], "query_ids": ids[-QUERY_TOKENS:],
-                                          "budget": max(1, share - QUERY_TOKENS), "granularity": granularity}, call)
+                                          "budget": max(1, share.budget - QUERY_TOKENS), "granularity": granularity}, call)
                 kept_text, kept = short.compressed_context + short.query, short.compressed_tokens + QUERY_TOKENS
-            hash_ = retrieve_hash(whole.document_id)
-            marker = MARKER.format(kept=kept, original=whole.original_tokens, hash=hash_)
-            return _Outcome(message, marker + kept_text, whole.original_tokens, kept, hash_, marker)
+            hash_ = retrieve_hash(full.document_id)
+            marker = MARKER.format(kept=kept, original=full.original_tokens, hash=hash_)
+            return _Outcome(share.index, marker + kept_text, full.original_tokens, kept, hash_, marker)
 
-        done = await asyncio.gather(*(one(m) for m in parts))
+        done = await asyncio.gather(*(one(s) for s in shares if not s.whole))
         out = [dict(m) for m in messages]
         for outcome in done:
-            out[outcome.message.index]["content"] = outcome.text
-        hashes = [o.hash for o in done if o.hash is not None]
-        others = "".join(m.text for m in texts if not m.compressible)
-        rest, marked = await asyncio.gather(self._count(others, call),  # in the model's tokens
-                                            self._count("".join(o.marker for o in done), call))
-        before = sum(o.before for o in done) + rest
-        after = sum(o.after for o in done) + rest + marked
+            out[outcome.index]["content"] = outcome.text
+        hashes = [o.hash for o in done]
+        marked = await self._count("".join(o.marker for o in done), call)
+        before = sum(w.original_tokens for w in whole.values()) + rest
+        after = before - sum(o.before - o.after for o in done) + marked
         transforms = [f"ilre:{granularity}"] if hashes else []
         return {"messages": out, "tokens_before": before, "tokens_after": after, "tokens_saved": before - after,
                 "compression_ratio": round(after / before, 6) if before else 1.0,
