@@ -1,7 +1,10 @@
-"""The `ilre` CLI as a user runs it: a real process, the embedded model, the JSON contract."""
+"""The `ilre` CLI as a user runs it: a real process, the embedded model, the JSON contract. The error messages
+of many bad inputs are checked in this process (`cli`: `main()` as the console script calls it), one of
+them also through a real process."""
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import subprocess
@@ -24,6 +27,26 @@ QUERY = " What is the vault code of the museum? The vault code is"
 def run(*args: str, stdin: bytes | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
     return subprocess.run([*ILRE, *args], input=stdin, capture_output=True, timeout=300,
                           env={**os.environ, **(env or {})})
+
+
+@pytest.fixture
+def cli(monkeypatch, capsys):
+    """`ilre ARGS` run in this process by `main()`, the console script's call: (exit status, stderr)."""
+    from ilre.cli.main import main
+
+    def call(*args: str, stdin: bytes | None = None, env: dict | None = None) -> tuple[int, str]:
+        for name, value in (env or {}).items():
+            monkeypatch.setenv(name, value)
+        if stdin is not None:
+            monkeypatch.setattr(sys, "stdin", io.TextIOWrapper(io.BytesIO(stdin)))
+        capsys.readouterr()
+        try:
+            status = main(list(args))
+        except SystemExit as exc:  # argparse's usage errors
+            status = exc.code
+        return status, capsys.readouterr().err
+
+    return call
 
 
 def test_compress_json_has_contract_fields_and_consistent_ids(tmp_path: Path):
@@ -77,35 +100,36 @@ def test_passthrough_when_context_fits():
          "argument --granularity: must be one of token, unit (got 'sentence')"),
     ],
 )
-def test_bad_input_names_field_without_traceback(args, stdin, message):
-    proc = run("compress", "--query", "q", *args, stdin=stdin)
-    err = proc.stderr.decode()
-    assert proc.returncode == 2, err
+def test_bad_input_names_field_without_traceback(args, stdin, message, cli):
+    status, err = cli("compress", "--query", "q", *args, stdin=stdin)
+    assert status == 2, err
     assert message in err
     assert "Traceback" not in err
+
+
+def test_a_real_process_prints_the_same_one_line():
+    proc = run("compress", "--query", "q", "--context", "abc", "--ratio", "1.5")
+    assert proc.returncode == 2 and proc.stderr.decode().strip() == "error: ratio: must be a number in (0, 1] (got 1.5)"
 
 
 @pytest.mark.parametrize("command", [["serve", "--grpc-port", "0", "--http-port", "0"],
                                      ["sidecar", "--port", "0"], ["worker", "--redis-url", "redis://127.0.0.1:1"],
                                      ["calibrate", "--quick"], ["eval", "--quick"]])
-def test_every_model_command_checks_device_and_dtype(command):
-    proc = run(*command, "--device", "npu", env={"ILRE_DTYPE": "float32"})
-    err = proc.stderr.decode()
-    assert proc.returncode == 2 and "device: npu needs the torch_npu package" in err and "Traceback" not in err
-    proc = run(*command, env={"ILRE_DTYPE": "double"})  # the environment variable is read too
-    err = proc.stderr.decode()
-    assert proc.returncode == 2 and "dtype: 'double' is not one of" in err, err
+def test_every_model_command_checks_device_and_dtype(command, cli):
+    status, err = cli(*command, "--device", "npu", env={"ILRE_DTYPE": "float32"})
+    assert status == 2 and "device: npu needs the torch_npu package" in err and "Traceback" not in err
+    status, err = cli(*command, env={"ILRE_DTYPE": "double"})  # the environment variable is read too
+    assert status == 2 and "dtype: 'double' is not one of" in err, err
 
 
 @pytest.mark.parametrize("command", [["serve", "--grpc-port", "0", "--http-port", "0"], ["sidecar", "--port", "0"],
                                      ["worker", "--redis-url", "redis://127.0.0.1:1"]])
-def test_every_server_checks_deepen(command):
-    proc = run(*command, env={"ILRE_DEEPEN": "always"})
-    err = proc.stderr.decode()
-    assert proc.returncode == 2 and "deepen: must be one of idle, off (got 'always'; env ILRE_DEEPEN)" in err, err
+def test_every_server_checks_deepen(command, cli):
+    status, err = cli(*command, env={"ILRE_DEEPEN": "always"})
+    assert status == 2 and "deepen: must be one of idle, off (got 'always'; env ILRE_DEEPEN)" in err, err
     assert "Traceback" not in err
-    proc = run(*command, "--deepen", "later")
-    assert proc.returncode == 2 and "argument --deepen: must be one of idle, off (got 'later')" in proc.stderr.decode()
+    status, err = cli(*command, "--deepen", "later")
+    assert status == 2 and "argument --deepen: must be one of idle, off (got 'later')" in err
 
 
 def test_batch_keeps_going_past_bad_lines(tmp_path: Path):

@@ -39,14 +39,21 @@ def deepening_on(engine, shared=None):
         engine.documents = kept
 
 
+_FROM_SCRATCH: dict[tuple[int, str], dict] = {}  # (engine, request) -> its result: computed once per session
+
+
 def uncached(engine, request: CompressRequest) -> dict:
-    """The request's result from scratch (the session engine: no deepening, its cache off)."""
-    kept = engine.documents
-    engine.documents = DocumentCache(0)
-    try:
-        return comparable(engine.compress(request))
-    finally:
-        engine.documents = kept
+    """The request's result from scratch (the session engine: no deepening, its cache off), computed once per
+    request (float32: the same answer each time) and handed out as a copy."""
+    key = (id(engine), repr(request))
+    if key not in _FROM_SCRATCH:
+        kept = engine.documents
+        engine.documents = DocumentCache(0)
+        try:
+            _FROM_SCRATCH[key] = comparable(engine.compress(request))
+        finally:
+            engine.documents = kept
+    return dict(_FROM_SCRATCH[key])
 
 
 def full_depth_reference(engine, query: str, context: str | None = None) -> dict:
