@@ -26,6 +26,20 @@ def engine():
     return Engine(EngineConfig(dtype=DTYPE))
 
 
+@pytest.fixture(scope="session")
+def built_package(tmp_path_factory):
+    """(source, wheel): the tracked files copied alone (what a clone holds), then `python -m build` of them (the
+    sdist, then the wheel from it), built once for the wheel's and the thin client's tests."""
+    import sys
+
+    from tests.test_wheel import run, tracked_copy
+
+    root = tmp_path_factory.mktemp("package")
+    source = tracked_copy(root / "source")
+    run(sys.executable, "-m", "build", "--outdir", str(root / "dist"), str(source))
+    return source, next((root / "dist").glob("ilre-*.whl"))
+
+
 # The service's fixtures (a redis-server per module, the in-process service, an OTLP receiver) serve the tests of
 # every folder: the engine's, the CLI's and the integrations' start real servers too.
 from tests.service.conftest import local_service, otlp, redis_server  # noqa: E402,F401

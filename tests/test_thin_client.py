@@ -15,7 +15,7 @@ import zipfile
 import httpx
 import pytest
 
-from tests.test_wheel import run, serving, tracked_copy
+from tests.test_wheel import run, serving
 
 CLIENT_SCRIPT = textwrap.dedent('''
     import asyncio, json, sys, time
@@ -50,10 +50,8 @@ CLIENT_SCRIPT = textwrap.dedent('''
 
 
 @pytest.mark.slow
-def test_thin_install_compresses_through_a_running_service(tmp_path):
-    source = tracked_copy(tmp_path / "source")
-    run(sys.executable, "-m", "build", "--wheel", "--outdir", str(tmp_path / "dist"), str(source))
-    wheel = next((tmp_path / "dist").glob("ilre-*.whl"))
+def test_thin_install_compresses_through_a_running_service(tmp_path, built_package):
+    _, wheel = built_package  # the wheel's test's own build (tests/conftest.py)
     assert "ilre/service/client.py" in zipfile.ZipFile(wheel).namelist()
 
     run(sys.executable, "-m", "venv", str(tmp_path / "thin"))

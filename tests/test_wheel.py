@@ -53,11 +53,9 @@ def tracked_copy(target: Path) -> Path:
 
 
 @pytest.mark.slow
-def test_wheel_installs_into_a_fresh_environment_and_serves(tmp_path):
-    source = tracked_copy(tmp_path / "source")
+def test_wheel_installs_into_a_fresh_environment_and_serves(tmp_path, built_package):
+    source, wheel = built_package  # the sdist, then a wheel from it (tests/conftest.py)
     assert not (source / ".venv").exists() and (source / "src/ilre/v1/compressor.proto").is_file()
-    run(sys.executable, "-m", "build", "--outdir", str(tmp_path / "dist"), str(source))  # the sdist, then a wheel from it
-    wheel = next((tmp_path / "dist").glob("ilre-*.whl"))
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"ilre/v1/__init__.py", "ilre/v1/compressor_pb2.py", "ilre/v1/compressor_pb2_grpc.py",
             "ilre/models/profiles/smollm2-135m-instruct.json",

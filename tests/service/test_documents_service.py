@@ -99,10 +99,12 @@ def test_a_second_worker_process_serves_a_document_the_first_encoded(redis_serve
     ports = [free_port(), free_port()]
     with ServiceThread(config) as front, grpc_client(front) as grpc_api:
         first = WorkerProcess(redis_server.url, "shared-docs", "w-a", "--metrics-port", str(ports[0]))
-        first.wait_registered(client)
-        result = grpc_api.compress(context(5, repeats=30), QUERY, budget=64, strategy_options=CANDIDATES)
-        assert result.original_tokens > 2048 and result.timings_ms["prefill"] > 0
-        first.stop()
+        try:  # a failing assertion must not leave the worker process running
+            first.wait_registered(client)
+            result = grpc_api.compress(context(5, repeats=30), QUERY, budget=64, strategy_options=CANDIDATES)
+            assert result.original_tokens > 2048 and result.timings_ms["prefill"] > 0
+        finally:
+            first.stop()
         second = WorkerProcess(redis_server.url, "shared-docs", "w-b", "--metrics-port", str(ports[1]))
         try:
             second.wait_registered(client)

@@ -30,9 +30,11 @@ def worker(redis_server):
     """One `ilre worker` process on prefix "rq", with its metrics on a free port."""
     proc = WorkerProcess(redis_server.url, "rq", "w-main", "--metrics-port", str(free_port()), "--max-batch", "8")
     proc.metrics_port = int(proc.proc.args[proc.proc.args.index("--metrics-port") + 1])
-    proc.wait_registered(redis_server.client())
-    yield proc
-    proc.stop()
+    try:  # stopped even when it never registers
+        proc.wait_registered(redis_server.client())
+        yield proc
+    finally:
+        proc.stop()
 
 
 @pytest.fixture(scope="module")
