@@ -28,7 +28,7 @@ from .defaults import AUTO_BATCH_TOKENS, MAX_EXPLAIN_TOKENS
 from .document_names import DocumentNames
 from .encodings import EncodingPolicy
 from .engine_config import EngineConfig
-from .documents import DocumentCache, SharedDocuments, state_key
+from .documents import DocumentCache, SharedDocuments
 from .info import ModelInfo
 from .messages import CompressRequest, CompressResult, CompressResults, InputError, NotFoundError, ScopedRequest
 from .prepared import Prepared, checked_ids
