@@ -104,7 +104,9 @@ def test_query_agnostic_scores_are_computed_once_per_context():
 def test_encoded_state_holds_exactly_the_live_entries(config, length):
     """A cached document costs what a later query reads: per layer below l_R min(L, S) sink plus
     min(L - S, W) window entries (and the sink's unmoved keys), the l_R keys of all L tokens; no chunk
-    slot, no holes. Restored from its tensors, it serves the same queries as a fresh prefill."""
+    slot, no holes; plus, where the context ends inside a chunk, the same window entries as they stood before
+    it (the resume point, tests/compressor/test_extend.py). Restored from its tensors, it serves the same
+    queries as a fresh prefill."""
     context = random_ids(length, seed=40 + length)
     state = encode_context(model(), context, config, score_layers=(2, N_LAYERS))
     live = min(length, config.sink) + min(max(0, length - config.sink), config.window)
@@ -113,9 +115,11 @@ def test_encoded_state_holds_exactly_the_live_entries(config, length):
         assert cache.k.shape[1] == cache.v.shape[1] == live
     keys = sum(k.numel() * k.element_size() for k in state.keys.values())
     sinks = sum(c.sink_raw.numel() * c.sink_raw.element_size() for c in state.caches)
-    assert state.nbytes == keys + len(state.caches) * live * entry + sinks
+    resume = state.resume.nbytes if state.resume is not None else 0
+    assert state.nbytes == keys + len(state.caches) * live * entry + sinks + resume
     tensors = {name: t.clone() for name, t in state.to_tensors().items()}
-    assert sum(t.numel() * t.element_size() for t in tensors.values()) - tensors["meta"].nbytes \
+    counts = ("meta", "resume")
+    assert sum(t.numel() * t.element_size() for t in tensors.values()) - sum(tensors[n].nbytes for n in counts if n in tensors) \
         - sum(t.nbytes for n, t in tensors.items() if n.endswith("counters")) == state.nbytes
     restored = ContextState.from_tensors(model(), config, tensors)
     for query in (random_ids(3, seed=50), random_ids(12, seed=51)):

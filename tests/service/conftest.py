@@ -90,10 +90,11 @@ def wait_for(predicate, timeout: float = 60.0, what: str = "condition", interval
 
 
 def comparable(result) -> dict:
-    """A result without its timings (which differ from run to run) and its document_id (keyed by a
-    secret each process holds unless Redis or the configuration gives one: compare ids on their own)."""
+    """A result without its timings (which differ from run to run), how much of its prefill was taken on from a
+    cached prefix (what the cache held, like the timings) and its document_id (keyed by a secret each process
+    holds unless Redis or the configuration gives one: compare ids on their own)."""
     data = result if isinstance(result, dict) else result.to_dict()
-    return {k: v for k, v in data.items() if k not in ("timings_ms", "id", "document_id")}
+    return {k: v for k, v in data.items() if k not in ("timings_ms", "id", "document_id", "resumed_tokens")}
 
 
 def redis_server_binary() -> str | None:

@@ -17,7 +17,8 @@ import torch
 
 from ..models.llama import TruncatedLM
 from .batched_prefill import batched_prefill, fits_one_chunk
-from .prefill import ContextState, PrefillConfig, RetrievalState, encode_context, prefill_query, resume_context
+from .prefill import (ContextState, PrefillConfig, RetrievalState, encode_context, prefill_query, resume_context,
+                      score_keys)
 from .strategies import ScoreInputs, Strategy
 from .strategies.base import QueryPass
 from .unit_selection import select_units
@@ -189,7 +190,7 @@ def select_queries(model: TruncatedLM, state: ContextState, queries_ids: list[to
     if lacking:
         raise ValueError(f"strategy: {strategy.name} reads layers {sorted(lacking)} that the encoded context lacks")
     if not strategy.needs_query:  # scores from the context alone: computed once, memoised on the state
-        return [_score_and_allocate(model, RetrievalState(state.keys, {}, dict(state.parts)), state.length, budget,
+        return [_score_and_allocate(model, RetrievalState(score_keys(model, state), {}, dict(state.parts)), state.length, budget,
                                     strategy, state.config.sink, dict(timings or {}), memo=state.scores, units=units)
                 for _ in queries_ids]
     deep = strategy.deepened()

@@ -18,138 +18,20 @@ window_cache.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from typing import Callable, Generator
 
 import torch
 
-from ..kernels.rope import rerotate
 from ..models.llama import RETRIEVAL_PARTS, TruncatedLM
+from .context_state import (CONTEXT_PARTS, HEAD_INPUTS, QUERY_PARTS, ContextState, ResumePoint, RetrievalState,
+                            chunk_bounds, empty_part, part_shape, score_keys)
 from .prefill_config import PrefillConfig
 from .window_cache import WindowCache
 
-
-# per-token extras of the context a strategy may ask for at l_R: values and raw_keys (kv_heads, L, d) and
-# raw_queries (heads, L, d) in the model's dtype; retaining (kv_heads, L, 1) float32, the predictions of
-# the model's Locret retaining head (the others are what that head reads, and trains on)
-CONTEXT_PARTS = ("values", "raw_keys", "raw_queries", "retaining")
-QUERY_PARTS = ("raw_queries",)  # and of the query
-HEAD_INPUTS = ("raw_queries", "raw_keys", "values")  # what the retaining head reads
-
-
-def part_shape(name: str, model: TruncatedLM, length: int) -> tuple[tuple[int, int, int], torch.dtype]:
-    """(shape, dtype) of a context part's cache for a context of `length` tokens."""
-    spec = model.spec
-    if name == "retaining":
-        return (spec.num_kv_heads, length, 1), torch.float32
-    heads = spec.num_heads if name == "raw_queries" else spec.num_kv_heads
-    return (heads, length, spec.head_dim), model.dtype
-
-
-def empty_part(name: str, model: TruncatedLM, length: int) -> torch.Tensor:
-    """An uninitialised cache for a context part ("keys" or one of CONTEXT_PARTS) of `length` tokens."""
-    shape, dtype = part_shape(name, model, length)
-    return torch.empty(shape, dtype=dtype, device=model.device)
-
-
-@dataclass
-class RetrievalState:
-    """keys[l]: (kv_heads, L, d) context keys at score layer l (re-rotated if DCA);
-    queries[l]: (heads, Lq, d) query states at score layer l; parts: the extras asked for at l_R:
-    values, raw_keys (kv_heads, L, d: before RoPE, so never moved by DCA), raw_queries (heads, Lq, d)."""
-
-    keys: dict[int, torch.Tensor]
-    queries: dict[int, torch.Tensor]
-    parts: dict[str, torch.Tensor] = field(default_factory=dict)
-
-
-def chunk_bounds(length: int, config: PrefillConfig) -> list[tuple[int, int]]:
-    """[start, end) of each context chunk: the first holds chunk + sink tokens, the rest chunk."""
-    bounds, start = [], 0
-    end = min(length, config.chunk + config.sink)
-    while start < length:
-        bounds.append((start, end))
-        start, end = end, min(length, end + config.chunk)
-    return bounds
-
-
-@dataclass
-class ContextState:
-    """The query-independent part of the prefill, as it stands at the end of the context.
-
-    keys[l]: (kv_heads, L, d) context keys at each score layer l (re-rotated if DCA); caches[l-1]:
-    the sink and window K/V of layer l < top, frozen once the context is encoded (`WindowCache.freeze`:
-    the live entries only; a query attends through a copy of them plus its own K/V); length: L;
-    n_chunks: N_C. Any number of queries can be run against it one after another (`prefill_query`);
-    a query pass may re-rotate the sink keys in place (DCA), so passes run one at a time.
-    parts: the CONTEXT_PARTS encoded at l_R (shapes: `part_shape`); scores: (L,) scores of
-    query-agnostic strategies, memoised by `Strategy.memo_key`; hidden: (L, D) in the model's dtype, the
-    residual stream entering the top layer for every context token, kept only when asked
-    (`encode_context(keep_hidden=True)`): from it `resume_context` takes the encoding deeper without
-    layers 1..top-1 (never stored: `to_tensors` leaves it out).
-    """
-
-    length: int
-    n_chunks: int
-    config: PrefillConfig
-    keys: dict[int, torch.Tensor]
-    caches: list[WindowCache]
-    parts: dict[str, torch.Tensor] = field(default_factory=dict)
-    scores: dict[str, torch.Tensor] = field(default_factory=dict)
-    hidden: torch.Tensor | None = None
-
-    @property
-    def top(self) -> int:
-        """The deepest layer encoded: l_R, or the top of a shallower encoding (a cascade's coarse layer)."""
-        return max(self.keys)
-
-    @property
-    def nbytes(self) -> int:
-        """Memory held: the key caches, the extra parts, the window buffers, the memoised scores and the
-        resume point (`hidden`) where kept."""
-        tensors = list(self.keys.values()) + list(self.parts.values()) + list(self.scores.values())
-        tensors += [self.hidden] if self.hidden is not None else []
-        return sum(t.numel() * t.element_size() for t in tensors) + sum(c.nbytes for c in self.caches)
-
-    def take_hidden(self) -> torch.Tensor | None:
-        """The resume point, removed from the state (which a document cache may then keep without it)."""
-        hidden, self.hidden = self.hidden, None
-        return hidden
-
-    def to_tensors(self) -> dict[str, torch.Tensor]:
-        """What a later query reads, as named contiguous tensors (a document store saves them):
-        "meta" (length, n_chunks); "keys.{l}" (kv_heads, L, d); "part.{name}"; per cache i below l_R
-        "cache.{i}.k|v" (kv_heads, n_sink + n_window, d): the live entries, "cache.{i}.sink_raw" and
-        "cache.{i}.counters" (n_sink, n_window, ring_at, sink_shift). Memoised scores are left out
-        (cheap to redo)."""
-        out = {"meta": torch.tensor([self.length, self.n_chunks], dtype=torch.int64)}
-        out.update({f"keys.{layer}": k.contiguous() for layer, k in self.keys.items()})
-        out.update({f"part.{name}": t.contiguous() for name, t in self.parts.items()})
-        for i, cache in enumerate(self.caches):
-            cache.freeze()
-            out[f"cache.{i}.k"] = cache.k.contiguous()
-            out[f"cache.{i}.v"] = cache.v.contiguous()
-            out[f"cache.{i}.sink_raw"] = cache.sink_raw.contiguous()
-            shift = -1 if cache.sink_shift is None else cache.sink_shift
-            out[f"cache.{i}.counters"] = torch.tensor([cache.n_sink, cache.n_window, cache.ring_at, shift])
-        return out
-
-    @classmethod
-    def from_tensors(cls, model: TruncatedLM, config: PrefillConfig, tensors: dict[str, torch.Tensor]) -> "ContextState":
-        """The inverse of `to_tensors`, placed on the model's device and dtype. `config` must be the
-        one the state was encoded with (a document store keys states by it)."""
-        length, n_chunks = (int(x) for x in tensors["meta"].tolist())
-        place = {"device": model.device, "dtype": model.dtype}
-        keys = {int(name.split(".")[1]): t.to(**place) for name, t in tensors.items() if name.startswith("keys.")}
-        parts = {name: t.to(device=model.device, dtype=part_shape(name, model, length)[1])
-                 for name, t in ((n.split(".", 1)[1], t) for n, t in tensors.items() if n.startswith("part."))}
-        caches = []
-        while f"cache.{len(caches)}.k" in tensors:
-            i = len(caches)
-            caches.append(WindowCache.restored(config, model, tensors[f"cache.{i}.k"], tensors[f"cache.{i}.v"],
-                                               tensors[f"cache.{i}.sink_raw"],
-                                               [int(x) for x in tensors[f"cache.{i}.counters"].tolist()]))
-        return cls(length, n_chunks, config, keys, caches, parts)
+__all__ = ["CONTEXT_PARTS", "HEAD_INPUTS", "QUERY_PARTS", "ContextState", "PrefillConfig", "ResumePoint",
+           "RetrievalState", "chunk_bounds", "empty_part", "encode_context", "encode_in_steps", "extend_context",
+           "extend_in_steps", "part_shape", "prefill_query", "resume_context", "resume_in_steps", "run_steps",
+           "score_keys", "streaming_prefill"]
 
 
 def encode_context(
@@ -161,8 +43,8 @@ def encode_context(
     score_layers: 1-based layers whose context keys are kept (default: l_R, the model's last layer);
     parts: CONTEXT_PARTS also kept at l_R (values, raw_keys, raw_queries, retaining), for the strategies
     that read them (and for training Locret's head).
-    DCA (eq. 7): at score layers the keys of chunk i < N_C - 1 are moved to chunk N_C - 1's start,
-    so every query-key distance stays under two chunk lengths.
+    DCA (eq. 7) moves the keys at score layers when a query reads them (`score_keys`); the state keeps each
+    at its own position.
     keep_hidden: also keep the residual stream entering the top score layer, (L, D) (`ContextState.hidden`),
     so that `resume_context` can take the encoding deeper from there.
     """
@@ -192,7 +74,7 @@ def encode_in_steps(
 
     keys = {l: empty_part("keys", model, length) for l in score_layers}
     bounds = chunk_bounds(length, config)
-    caches = [WindowCache(config, length, config.chunk, model) for _ in range(score_layers[-1] - 1)]
+    caches = [WindowCache(config, config.chunk, model) for _ in range(score_layers[-1] - 1)]
     state = ContextState(length, len(bounds), config, keys, caches, {name: empty_part(name, model, length) for name in parts})
     if keep_hidden:
         state.hidden = torch.empty(length, model.spec.hidden_size, dtype=model.dtype, device=model.device)
@@ -221,12 +103,48 @@ def resume_in_steps(model: TruncatedLM, state: ContextState, score_layers: tuple
         raise ValueError("parts: context parts are kept at l_R only: score layers must end at it")
     length, hidden = state.length, state.hidden
     keys = {l: state.keys[l] if l in state.keys else empty_part("keys", model, length) for l in score_layers}
-    caches = list(state.caches) + [WindowCache(state.config, length, state.config.chunk, model)
+    caches = list(state.caches) + [WindowCache(state.config, state.config.chunk, model)
                                    for _ in range(state.top, score_layers[-1])]
     deeper = ContextState(length, state.n_chunks, state.config, keys, caches,
                           {name: empty_part(name, model, length) for name in parts})
     return _encode_chunks(model, deeper, chunk_bounds(length, state.config), lambda start, end: hidden[start:end],
-                          first=state.top)
+                          first=state.top, below=state.resume)
+
+
+def extend_context(model: TruncatedLM, state: ContextState, context_ids: torch.Tensor,
+                   keep_hidden: bool = False) -> ContextState:
+    """The encoding of a longer context whose first `state.resume.at` tokens are the ones `state` was encoded
+    from: what `encode_context(model, context_ids, state.config, <state's layers>, <state's parts>, keep_hidden)`
+    returns, running only the chunks after the resume point. context_ids: (L',) int64, L' > resume.at (the
+    caller checks that the tokens agree). keep_hidden needs a state that kept its own (`hidden`)."""
+    return run_steps(extend_in_steps(model, state, context_ids, keep_hidden))
+
+
+def extend_in_steps(model: TruncatedLM, state: ContextState, context_ids: torch.Tensor,
+                    keep_hidden: bool = False) -> Generator[None, None, ContextState]:
+    """`extend_context` one layer of one chunk at a time (as `encode_in_steps`)."""
+    point, length = state.resume, context_ids.numel()
+    if point is None or point.at == 0 or length <= point.at:
+        raise ValueError(f"context: nothing to extend (resume point {point and point.at}, {length} tokens)")
+    if keep_hidden and state.hidden is None:
+        raise ValueError("state: no stream at the top to extend (encode with keep_hidden=True)")
+    bounds = chunk_bounds(length, state.config)
+    if bounds[point.n_chunks - 1][1] != point.at:
+        raise ValueError(f"context: the resume point {point.at} is not a chunk boundary of {length} tokens")
+
+    def grown(name: str, held: torch.Tensor) -> torch.Tensor:
+        out = empty_part(name, model, length)
+        out[:, : point.at] = held[:, : point.at]
+        return out
+
+    keys = {layer: grown("keys", k) for layer, k in state.keys.items()}
+    caches = [cache.thawed(state.config, model) for cache in (point.caches or state.caches)]
+    longer = ContextState(length, len(bounds), state.config, keys, caches,
+                          {name: grown(name, part) for name, part in state.parts.items()})
+    if keep_hidden:
+        longer.hidden = torch.empty(length, model.spec.hidden_size, dtype=model.dtype, device=model.device)
+        longer.hidden[: point.at] = state.hidden[: point.at]
+    return _encode_chunks(model, longer, bounds, lambda start, end: context_ids[start:end], skip=point.n_chunks)
 
 
 def run_steps(steps: Generator[None, None, ContextState]) -> ContextState:
@@ -239,14 +157,27 @@ def run_steps(steps: Generator[None, None, ContextState]) -> ContextState:
 
 
 def _encode_chunks(model: TruncatedLM, state: ContextState, bounds: list[tuple[int, int]],
-                   inputs: Callable[[int, int], torch.Tensor], first: int = 1) -> Generator[None, None, ContextState]:
-    """The context chunks through layers first..top, a step (one layer of one chunk) per `next`; inputs(start,
-    end): the chunk's ids (T,) when first = 1, else its residual stream entering layer `first` (T, D)."""
+                   inputs: Callable[[int, int], torch.Tensor], first: int = 1, skip: int = 0,
+                   below: ResumePoint | None = None) -> Generator[None, None, ContextState]:
+    """The context chunks from number `skip` on through layers first..top, a step (one layer of one chunk) per
+    `next`; inputs(start, end): the chunk's ids (T,) when first = 1, else its residual stream entering layer
+    `first` (T, D), whose lower layers' resume point is `below` (the state's resume point is then made of it and
+    of the layers run here; None there: the state has none). Before a last chunk cut short, the window caches
+    are copied: that is where a longer context takes the prefill on."""
     config = state.config
-    base = bounds[-2][0] if len(bounds) >= 2 else 0  # start of chunk N_C - 1 (eq. 7 anchor)
+    full = config.chunk + (config.sink if len(bounds) == 1 else 0)  # the last chunk's length, were it not cut
+    ends_short = bool(bounds) and bounds[-1][1] - bounds[-1][0] < full
+    lower = first == 1 or below is not None
     for index, (start, end) in enumerate(bounds):
-        key_shift = base - start if config.dca and index < len(bounds) - 2 else 0
-        yield from _context_chunk(model, state, inputs(start, end), start, index, key_shift, first)
+        if index < skip:
+            continue
+        if ends_short and index == len(bounds) - 1 > 0 and lower:
+            held = (below.caches or state.caches[: first - 1]) if below is not None else []
+            state.resume = ResumePoint(start, index, [*(c.snapshot() for c in held),
+                                                      *(c.snapshot() for c in state.caches[first - 1:])])
+        yield from _context_chunk(model, state, inputs(start, end), start, index, first)
+    if bounds and not ends_short and lower:
+        state.resume = ResumePoint(state.length, len(bounds))
     for window_cache in state.caches:
         window_cache.freeze()  # what a query reads and nothing more: a cached document holds only this
     return state
@@ -261,7 +192,7 @@ def prefill_query(model: TruncatedLM, state: ContextState, query_ids: torch.Tens
     if set(parts) & set(state.parts):
         raise ValueError(f"parts: {sorted(set(parts) & set(state.parts))} asked of both the context and the query")
     queries, found = _query_chunk(model, state, query_ids, tuple(parts))
-    return RetrievalState(keys=state.keys, queries=queries, parts={**state.parts, **found})
+    return RetrievalState(keys=score_keys(model, state), queries=queries, parts={**state.parts, **found})
 
 
 def streaming_prefill(
@@ -291,10 +222,10 @@ def _chunk_inputs(model: TruncatedLM, state: ContextState, ids: torch.Tensor, st
 
 
 def _context_chunk(model: TruncatedLM, state: ContextState, ids: torch.Tensor, start: int, index: int,
-                   key_shift: int, first: int = 1) -> Generator[None, None, None]:
+                   first: int = 1) -> Generator[None, None, None]:
     """Context chunk number `index` (ids (T,) at positions start.., or with first > 1 its residual stream
     entering layer `first`, (T, D)) through layers first..top, yielding after each layer: writes its keys at
-    every score layer (moved by `key_shift`, eq. 7) and, at l_R, the parts the state keeps; appends its K/V
+    every score layer and, at l_R, the parts the state keeps; appends its K/V
     to the window cache of every layer below the top; keeps the stream entering the top in `state.hidden`
     where the state keeps one."""
     l_r, top, end = model.n_layers, max(state.keys), start + ids.shape[0]
@@ -307,7 +238,7 @@ def _context_chunk(model: TruncatedLM, state: ContextState, ids: torch.Tensor, s
             head = "retaining" in state.parts
             wanted = {"keys", *state.parts, *(HEAD_INPUTS if head else ())} - {"retaining"}
             got = layer.parts(h, cos, sin, tuple(p for p in RETRIEVAL_PARTS if p in wanted))
-            state.keys[l][:, start:end] = rerotate(got.pop("keys"), model.inv_freq, key_shift)
+            state.keys[l][:, start:end] = got.pop("keys")
             if head:
                 got["retaining"] = model.retaining_head.score(*(got[p] for p in HEAD_INPUTS))
             for name in state.parts:
@@ -315,7 +246,7 @@ def _context_chunk(model: TruncatedLM, state: ContextState, ids: torch.Tensor, s
             return
         q, k, v = layer.qkv(h, cos, sin)  # (H, T, d), (KV, T, d), (KV, T, d)
         if l in state.keys and not (first > 1 and l == first):  # a resumed pass keeps its first layer's keys
-            state.keys[l][:, start:end] = rerotate(k, model.inv_freq, key_shift)
+            state.keys[l][:, start:end] = k
         if l == top:
             return
         cache = state.caches[l - 1]

@@ -10,6 +10,14 @@ from ..models.llama import TruncatedLM
 from .prefill_config import PrefillConfig
 
 
+def ring_size(held: int, chunk: int) -> int:
+    """The ring of an unbounded window (W = None) holding `held` tokens: one chunk, doubled until they fit."""
+    size = chunk
+    while size < held:
+        size *= 2
+    return size
+
+
 class WindowCache:
     """Sink and sliding-window K/V of one layer below l_R, in one preallocated buffer per tensor.
 
@@ -17,13 +25,18 @@ class WindowCache:
     does not depend on the order of the keys it sees, so the window is a ring: a chunk overwrites
     the oldest entries in place and nothing is re-concatenated. The chunk (or the query) is
     written behind the ring, so attention reads one contiguous view. With W = None the ring holds
-    the whole context. `sink_raw` keeps the sink keys at their own positions (DCA moves a copy).
-    Once the context is encoded, `freeze` keeps only the live entries: (kv_heads, n_sink + n_window, d).
+    the whole context: it starts at one chunk and doubles when full (`ring_size`), so what a chunk
+    computes depends on the tokens before it only, never on how long the context will be (a longer
+    context's prefill goes on from a shorter one's). `sink_raw` keeps the sink keys at their own positions
+    (DCA moves a copy). Once the context is encoded, `freeze` keeps only the live entries:
+    (kv_heads, n_sink + n_window, d).
     """
 
-    def __init__(self, config: PrefillConfig, length: int, slot: int, model: TruncatedLM):
+    def __init__(self, config: PrefillConfig, slot: int, model: TruncatedLM, held: int = 0):
         spec = model.spec
-        self.sink, self.window = config.sink, max(1, config.window or length)
+        self.growing = config.window is None
+        self.chunk = config.chunk
+        self.sink, self.window = config.sink, config.window or ring_size(held, config.chunk)
         shape = (spec.num_kv_heads, self.sink + self.window + slot, spec.head_dim)
         self.k = torch.zeros(shape, dtype=model.dtype, device=model.device)  # zeros: masked holes
         self.v = torch.zeros(shape, dtype=model.dtype, device=model.device)  # must not carry NaNs
@@ -49,13 +62,43 @@ class WindowCache:
         self.v = torch.cat((self.v[:, : self.n_sink], self.v[:, ring]), dim=1)
         self.frozen = True
 
+    def snapshot(self) -> "WindowCache":
+        """A frozen copy of the live entries as they are now (the cache itself goes on unchanged)."""
+        if self.sink_raw is None:
+            raise RuntimeError("an empty window cache has nothing to copy")
+        ring = slice(self.sink, self.sink + self.n_window)
+        live_k = self.k if self.frozen else torch.cat((self.k[:, : self.n_sink], self.k[:, ring]), dim=1)
+        live_v = self.v if self.frozen else torch.cat((self.v[:, : self.n_sink], self.v[:, ring]), dim=1)
+        copy = WindowCache.__new__(WindowCache)
+        copy.sink, copy.window, copy.n_sink, copy.n_window = self.sink, self.window, self.n_sink, self.n_window
+        copy.growing, copy.chunk = self.growing, self.chunk
+        copy.ring_at, copy.sink_shift, copy.frozen = self.ring_at, self.sink_shift, True
+        copy.k, copy.v, copy.sink_raw = live_k.clone(), live_v.clone(), self.sink_raw.clone()
+        return copy
+
+    def thawed(self, config: PrefillConfig, model: TruncatedLM) -> "WindowCache":
+        """This frozen cache opened again for the chunks of a longer context: a new cache laid out as the encoding
+        of that context has it at this point ([sink | ring | chunk slot], holes zero), so that the next chunks
+        compute exactly what they compute there."""
+        opened = WindowCache(config, config.chunk, model, held=self.n_window)
+        opened.k[:, : self.n_sink] = self.k[:, : self.n_sink]
+        opened.v[:, : self.n_sink] = self.v[:, : self.n_sink]
+        ring = slice(opened.sink, opened.sink + self.n_window)
+        opened.k[:, ring] = self.k[:, self.n_sink : self.n_sink + self.n_window]
+        opened.v[:, ring] = self.v[:, self.n_sink : self.n_sink + self.n_window]
+        opened.sink_raw = self.sink_raw.clone()
+        opened.n_sink, opened.n_window, opened.ring_at, opened.sink_shift = (self.n_sink, self.n_window, self.ring_at,
+                                                                             self.sink_shift)
+        return opened
+
     @classmethod
     def restored(cls, config: PrefillConfig, model: TruncatedLM, k: torch.Tensor, v: torch.Tensor,
                  sink_raw: torch.Tensor, counters: list[int]) -> "WindowCache":
         """A frozen cache from stored tensors: k/v (kv_heads, n_sink + n_window, d) as `freeze` left them
         (or, as stored before, (kv_heads, S + W, d) with holes), counters (n_sink, n_window, ring_at, sink_shift)."""
         cache = cls.__new__(cls)
-        cache.sink, cache.window = config.sink, max(1, config.window or 1)
+        cache.sink, cache.growing, cache.chunk = config.sink, config.window is None, config.chunk
+        cache.window = config.window or ring_size(counters[1], config.chunk)
         cache.n_sink, cache.n_window, cache.ring_at, shift = counters
         cache.sink_shift = None if shift < 0 else shift
         if k.shape[1] != cache.n_sink + cache.n_window:  # the older layout: [sink | ring] with holes
@@ -104,6 +147,8 @@ class WindowCache:
             self.v[:, : self.n_sink] = v[:, : self.sink]
             self.sink_shift = 0
             k, v = k[:, self.sink :], v[:, self.sink :]
+        if self.growing and self.n_window + k.shape[1] > self.window:
+            self._grow(ring_size(self.n_window + k.shape[1], self.chunk))
         k, v = k[:, -self.window :], v[:, -self.window :]
         n, at = k.shape[1], self.ring_at
         head = min(n, self.window - at)  # entries before the ring wraps
@@ -114,3 +159,13 @@ class WindowCache:
         self.v[:, ring][:, : n - head] = v[:, head:]
         self.ring_at = (at + n) % self.window
         self.n_window = min(self.window, self.n_window + n)
+
+    def _grow(self, size: int) -> None:
+        """An unbounded window's ring widened to `size` entries, the live ones where they were (no wrap yet)."""
+        slot = self.k.shape[1] - self.sink - self.window
+        grown = (self.k.shape[0], self.sink + size + slot, self.k.shape[2])
+        for name in ("k", "v"):
+            old, new = getattr(self, name), torch.zeros(grown, dtype=self.k.dtype, device=self.k.device)
+            new[:, : self.sink + self.n_window] = old[:, : self.sink + self.n_window]
+            setattr(self, name, new)
+        self.window, self.ring_at = size, self.n_window  # a full ring's next entry had wrapped to 0

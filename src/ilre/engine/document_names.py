@@ -49,6 +49,19 @@ class DocumentNames:
         message = _field(b"slot") + _field(scope.encode()) + document_id[:HASH_CHARS].encode()
         return hmac.new(self.secret, message, hashlib.sha256).hexdigest()[:DOCUMENT_ID_CHARS]
 
+    def prefix_slots(self, scope: str, model: str, ids: torch.Tensor, ends: list[int]) -> list[str]:
+        """The slots the first `end` tokens of `ids` would have as a document of `scope`, for each of `ends`
+        (ascending): `slot(scope, document_id(scope, model, ids[:end]))`, the digest taken on token by token
+        (one pass over the IDs, however many ends)."""
+        mac = hmac.new(self.secret, _field(b"id") + _field(scope.encode()) + _field(model.encode()), hashlib.sha256)
+        raw = ids.to(torch.int64).cpu().contiguous().numpy().astype("<i8")
+        slots, done = [], 0
+        for end in ends:
+            mac.update(raw[done:end].tobytes())
+            done = end
+            slots.append(self.slot(scope, mac.copy().hexdigest()[:DOCUMENT_ID_CHARS]))
+        return slots
+
     def fingerprint(self) -> str:
         """8 hex digits that tell two secrets apart in logs, without revealing either."""
         return hashlib.sha256(b"ilre-document-secret\0" + self.secret).hexdigest()[:8]

@@ -39,7 +39,8 @@ def state_key(layer: int, prefill: PrefillConfig, dtype: str, parts: tuple[str, 
     """The prefill settings a ContextState depends on besides the IDs (and the extra parts and
     lower layers' keys it holds for some strategies, e.g. values for lagkv), as one string."""
     extra = "".join(f"-{part}" for part in sorted(parts)) + "".join(f"-k{l}" for l in sorted(also_layers))
-    return f"l{layer}-s{prefill.sink}-w{prefill.window or 0}-c{prefill.chunk}-dca{int(prefill.dca)}-{dtype}{extra}"
+    dca = f"dca{int(prefill.dca)}" + ("u" if prefill.dca else "")  # u: DCA's keys kept unmoved (extendable)
+    return f"l{layer}-s{prefill.sink}-w{prefill.window or 0}-c{prefill.chunk}-{dca}-{dtype}{extra}"
 
 
 class SharedDocuments(Protocol):
@@ -49,6 +50,8 @@ class SharedDocuments(Protocol):
     def put_ids(self, slot: str, ids: torch.Tensor) -> None: ...
     def get_state(self, slot: str, key: str) -> dict[str, torch.Tensor] | None: ...
     def put_state(self, slot: str, key: str, tensors: dict[str, torch.Tensor]) -> None: ...
+    def put_prefix(self, prefix: str, slot: str) -> None: ...
+    def get_prefixes(self, prefixes: list[str]) -> list[str | None]: ...
 
 
 @dataclass
@@ -68,6 +71,7 @@ class _Document:
     states: dict[str, ContextState] = field(default_factory=dict)
     uses: int = 1  # requests that named it (its context again, or its id)
     units: dict[str, Units] = field(default_factory=dict)  # units per segmentation setting
+    prefixes: set[str] = field(default_factory=set)  # the prefix slots naming it (`DocumentCache.name_prefix`)
 
     @property
     def nbytes(self) -> int:
@@ -83,6 +87,7 @@ class DocumentCache:
         self.shared = shared
         self.stats = CacheStats()
         self._docs: collections.OrderedDict[str, _Document] = collections.OrderedDict()
+        self._prefixes: dict[str, str] = {}  # prefix slot -> the slot of the document whose encoding it takes on
         self._lock = threading.RLock()
 
     def ids(self, slot: str) -> torch.Tensor | None:
@@ -145,6 +150,47 @@ class DocumentCache:
             self.shared.put_state(slot, key, state.to_tensors())
         return self._keep(slot, key, lambda entry: entry.states, state)
 
+    def name_prefix(self, prefix: str, slot: str) -> None:
+        """Record that the document in `slot` can be taken on by a longer context whose first tokens have the slot
+        `prefix` (its states' resume point: `ContextState.resume`), in both tiers."""
+        with self._lock:
+            entry = self._docs.get(slot)
+            if entry is None:
+                return
+            entry.prefixes.add(prefix)
+            self._prefixes[prefix] = slot
+        if self.shared is not None:
+            self.shared.put_prefix(prefix, slot)
+
+    def resumable(self, prefixes: list[tuple[int, str]], key: str,
+                  restore: Callable[[dict[str, torch.Tensor]], ContextState]) -> ContextState | None:
+        """The longest encoding under `key` that a context can take on: prefixes [(at, prefix slot)], longest
+        first, are the context's chunk boundaries and the slots its first `at` tokens would have as a document;
+        the first one some held document's state resumes at (`ContextState.resume.at == at`) is returned, from
+        this process, else from the shared store (restored, not kept: it is another document's). None: none.
+        A prefix slot is a keyed digest of the caller's scope and the exact IDs, so only the caller's own
+        documents answer, and only for the same tokens."""
+        with self._lock:
+            for at, prefix in prefixes:
+                entry = self._docs.get(self._prefixes.get(prefix, ""))
+                state = entry.states.get(key) if entry is not None else None
+                if state is not None and state.resume is not None and state.resume.at == at:
+                    self._docs.move_to_end(self._prefixes[prefix])
+                    self.stats.hits["prefix", "local"] += 1
+                    return state
+        self.stats.misses["prefix", "local"] += 1
+        if self.shared is None or not prefixes:
+            return None
+        for (at, _), slot in zip(prefixes, self.shared.get_prefixes([p for _, p in prefixes])):
+            tensors = self.shared.get_state(slot, key) if slot is not None else None
+            if tensors is not None:
+                state = restore(tensors)
+                if state.resume is not None and state.resume.at == at:
+                    self.stats.hits["prefix", "shared"] += 1
+                    return state
+        self.stats.misses["prefix", "shared"] += 1
+        return None
+
     def holds(self, slot: str, key: str | None = None) -> bool:
         """Whether this process holds the document in `slot` (with `key`: and its state under that key);
         touches nothing."""
@@ -198,10 +244,16 @@ class DocumentCache:
             self._fit(keep=slot)
             return True
 
+    def _forget(self, entry: _Document) -> None:
+        """Drop the prefix slots naming an evicted document."""
+        for prefix in entry.prefixes:
+            self._prefixes.pop(prefix, None)
+
     def clear(self) -> None:
         """Forget every document this process holds (the shared tier is left as it is)."""
         with self._lock:
             self._docs.clear()
+            self._prefixes.clear()
             self.stats.bytes = self.stats.documents = 0
 
     def _insert(self, slot: str, entry: _Document) -> None:
@@ -225,7 +277,7 @@ class DocumentCache:
                     continue
                 total -= entry.nbytes
                 if whole:
-                    self._docs.pop(slot)
+                    self._forget(self._docs.pop(slot))
                     self.stats.evictions += 1
                 else:
                     self.stats.evictions += len(entry.states)
@@ -237,7 +289,7 @@ class DocumentCache:
             total -= entry.nbytes
             entry.states.clear()
             if entry.nbytes > self.max_bytes:
-                self._docs.pop(keep)
+                self._forget(self._docs.pop(keep))
                 self.stats.evictions += 1
             else:
                 total += entry.nbytes

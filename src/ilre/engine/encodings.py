@@ -6,18 +6,23 @@ held deep) and hands the pipeline one `DocumentEncodings` (compressor/pipeline.E
 strategy reads, from the cache or encoded now and kept, and the deeper one its fallback reads, from the
 cache, else taken on from this request's coarse encoding (layers 1..l_c not run again), else encoded now.
 `settle` then records what the fallback cost and offers the document for deepening.
+
+Every encoding made here is taken on from the longest of the caller's own cached encodings of a prefix of the
+context (a conversation one turn longer, a tool result appended): `EncodingPolicy.steps` finds it by the slots
+the context's chunk boundaries would have as documents (engine/document_names.py: keyed digests of the scope and
+the exact IDs) and runs the new chunks only (compressor/prefill.extend_context).
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Callable
+from typing import Callable, Generator
 
 import torch
 
 from ..compressor.pipeline import Selection, once, resumed
-from ..compressor.prefill import ContextState, encode_context, encode_in_steps
+from ..compressor.prefill import ContextState, chunk_bounds, encode_in_steps, extend_in_steps, run_steps
 from ..compressor.strategies import Strategy
 from .deepening import Deepener
 from .documents import DocumentCache, state_key
@@ -34,6 +39,7 @@ class DocumentEncodings:
                  held: ContextState | None = None):
         self.policy, self.job, self.strategy, self.keep_resume = policy, job, strategy, keep_resume
         self.deepen_ms: float | None = None
+        self.resumed_tokens = 0  # of the context, taken on from a cached prefix's encoding by this request
         self._resume: Callable[[], ContextState] | None = None
         self.encoded = once(lambda: held if held is not None else self._cached())
         self.deepened = once(self._deep)
@@ -45,13 +51,20 @@ class DocumentEncodings:
             length, job.budget, len(job.queries), job.layer)
 
         def encode() -> ContextState:
-            state = encode_context(job.model, job.context_ids, job.prefill, strategy.encoded_layers(job.layer),
-                                   parts=strategy.context_parts, keep_hidden=keep)
-            if keep:
+            state = self._encode(strategy, keep)
+            if state.hidden is not None:
                 self._resume = resumed(job.model, state, strategy.deepened())
             return state
 
         return self.policy.documents.state(job.slot, self.policy.key(job, strategy), encode, self.policy.restore(job))
+
+    def _encode(self, strategy: Strategy, keep_hidden: bool = False) -> ContextState:
+        """The encoding `strategy` reads, made now (taken on from a cached prefix where the caller holds one), its
+        resume point named in the cache."""
+        steps, self.resumed_tokens = self.policy.steps(self.job, strategy, keep_hidden)
+        state = run_steps(steps)
+        self.policy.name_prefix(self.job, state)
+        return state
 
     def _deep(self) -> ContextState:
         """The deep encoding, kept in the cache (in place of the strategy's own when deepening is on: the
@@ -61,8 +74,7 @@ class DocumentEncodings:
         key = policy.key(job, deep)
         held = policy.documents.held_state(job.slot, key, policy.restore(job))
         if held is None:
-            held = self._resume() if self._resume is not None else encode_context(
-                job.model, job.context_ids, job.prefill, deep.encoded_layers(job.layer), parts=deep.context_parts)
+            held = self._resume() if self._resume is not None else self._encode(deep)
             replaces = policy.key(job, self.strategy) if policy.deepening.enabled else None
             policy.documents.store_state(job.slot, key, held, replaces=replaces)
         self.deepen_ms = round((time.perf_counter() - clock) * 1000.0, 3)
@@ -94,6 +106,27 @@ class EncodingPolicy:
     def restore(self, job: Prepared) -> Callable[[dict[str, torch.Tensor]], ContextState]:
         return lambda tensors: ContextState.from_tensors(job.model, job.prefill, tensors)
 
+    def steps(self, job: Prepared, strategy: Strategy, keep_hidden: bool = False
+              ) -> tuple[Generator[None, None, ContextState], int]:
+        """The steps that encode the context `strategy` reads (prefill.encode_in_steps), and how many of its tokens
+        they take on from the longest cached encoding of a prefix in the caller's scope (0: from the start).
+        keep_hidden: keep the stream at the top, where the prefix's encoding kept its own (else it is left out)."""
+        length = job.context_ids.numel()
+        ends = [end for _, end in chunk_bounds(length, job.prefill)[:-1]]
+        if job.prefix_slots is not None and ends:
+            found = self.documents.resumable(list(zip(ends, job.prefix_slots(ends)))[::-1], self.key(job, strategy),
+                                             self.restore(job))
+            if found is not None:
+                keep = keep_hidden and found.hidden is not None
+                return extend_in_steps(job.model, found, job.context_ids, keep), found.resume.at
+        return encode_in_steps(job.model, job.context_ids, job.prefill, strategy.encoded_layers(job.layer),
+                               parts=strategy.context_parts, keep_hidden=keep_hidden), 0
+
+    def name_prefix(self, job: Prepared, state: ContextState) -> None:
+        """Name the job's document, in the cache, as the one a longer context takes `state` on from."""
+        if job.prefix_slots is not None and state.resume is not None:
+            self.documents.name_prefix(job.prefix_slots([state.resume.at])[0], job.slot)
+
     def plan(self, job: Prepared) -> EncodingPlan:
         """With deepening on, a document encoded to full depth (in the background, or by an earlier query whose
         candidates missed) is served by the strategy's deepened form, and one that was not is offered for it
@@ -109,6 +142,8 @@ class EncodingPolicy:
     def settle(self, job: Prepared, plan: EncodingPlan, selections: list[Selection]) -> None:
         """After the queries: the first selection that read the deep encoding carries what it took ("deepen"
         timing), and a document not yet held deep is offered for deepening."""
+        for selection in selections:
+            selection.measured["resumed_tokens"] = plan.encodings.resumed_tokens
         spent = plan.encodings.deepen_ms
         if spent is not None:
             deep = [s for s in selections if s.measured.get("deep")] or selections
@@ -124,10 +159,14 @@ class EncodingPolicy:
         """Queue the job's document for deepening: the encoding `deep` reads, which then replaces the one the
         job's strategy read."""
         slot, key, first = job.slot, self.key(job, deep), self.key(job, job.strategy)
-        model, context_ids, prefill = job.model, job.context_ids, job.prefill
-        layers = deep.encoded_layers(job.layer)
+
+        def store(state: ContextState) -> bool:
+            stored = self.documents.store_state(slot, key, state, replaces=first)
+            self.name_prefix(job, state)
+            return stored
+
         self.deepening.offer(
             f"{slot}/{key}",
-            start=lambda: encode_in_steps(model, context_ids, prefill, layers, parts=deep.context_parts),
-            store=lambda state: self.documents.store_state(slot, key, state, replaces=first),
+            start=lambda: self.steps(job, deep)[0],
+            store=store,
             wanted=lambda: self.documents.holds(slot) and not self.documents.holds(slot, key))

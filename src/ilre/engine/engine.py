@@ -300,7 +300,8 @@ class Engine:
             raise InputError("strategy", f"{strategy.name} needs a retaining head for {self.model_name} at layer {layer}: "
                              f"train one with `ilre train-locret --layer {layer}` (heads found: {self._heads_found()})")
         return Prepared(request, doc, slot, context_ids, queries, budget, strategy, layer, prefill, model, dca,
-                        start, round((time.perf_counter() - start) * 1000.0, 3), granularity, units)
+                        start, round((time.perf_counter() - start) * 1000.0, 3), granularity, units,
+                        lambda ends: names.prefix_slots(scope, self.model_name, context_ids, ends))
 
     def finish(self, job: Prepared, selections: list[Selection]) -> CompressResults:
         """The last stage: kept indices -> token ids, detokenized text and timings, one result per query."""

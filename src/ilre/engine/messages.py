@@ -230,6 +230,7 @@ class CompressResult:
     granularity: str = "token"  # what was kept whole: single tokens, or units (sentences, lines, records)
     kept_spans: list[list[int]] | None = None  # with units: [start, end) characters of each kept unit in the context
     fell_back: bool = False  # the whole context was read to l_R for this query (the cascade's fallback, or one deep pass for many questions)
+    resumed_tokens: int = 0  # context tokens whose prefill was taken on from the caller's cached encoding of them (a grown context)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)

@@ -7,6 +7,7 @@ when it cannot.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 
@@ -40,6 +41,8 @@ class Prepared:
     tokenize_ms: float
     granularity: str = "token"
     units: Units | None = None  # the context's units when granularity is "unit"
+    # the slots the context's first `end` tokens would have as a document of the caller's scope, per end (ascending)
+    prefix_slots: Callable[[list[int]], list[str]] | None = None
 
     def selection(self, index: int) -> SelectionJob:
         """Query `index` as a SelectionJob of the pipeline."""

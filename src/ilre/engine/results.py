@@ -38,6 +38,7 @@ def _result(tokenizer, model_name: str, sink: int, job: Prepared, index: int, se
         strategy=job.strategy.name, dca=job.dca, passthrough=selection.passthrough, timings_ms=timings,
         document_id=job.document_id, budget=job.budget if selection.passthrough else len(kept),
         granularity=job.granularity, fell_back=bool(selection.measured.get("deep")),
+        resumed_tokens=int(selection.measured.get("resumed_tokens", 0)),
     )
     if job.units is not None and not selection.passthrough:
         result.kept_spans = kept_spans(job.units.bounds, selection.kept, context_bytes(token_bytes(tokenizer), context_ids))

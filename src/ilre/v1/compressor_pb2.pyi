@@ -62,7 +62,7 @@ class CompressStreamRequest(_message.Message):
     def __init__(self, request: _Optional[_Union[CompressRequest, _Mapping]] = ..., context_text: _Optional[str] = ..., context_ids: _Optional[_Union[TokenIds, _Mapping]] = ...) -> None: ...
 
 class CompressResponse(_message.Message):
-    __slots__ = ("id", "token_ids", "kept_indices", "compressed_context", "query", "original_tokens", "compressed_tokens", "ratio", "model", "layer", "strategy", "dca", "passthrough", "timings_ms", "document_id", "explanation", "budget", "granularity", "kept_spans", "fell_back")
+    __slots__ = ("id", "token_ids", "kept_indices", "compressed_context", "query", "original_tokens", "compressed_tokens", "ratio", "model", "layer", "strategy", "dca", "passthrough", "timings_ms", "document_id", "explanation", "budget", "granularity", "kept_spans", "fell_back", "resumed_tokens")
     class TimingsMsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -90,6 +90,7 @@ class CompressResponse(_message.Message):
     GRANULARITY_FIELD_NUMBER: _ClassVar[int]
     KEPT_SPANS_FIELD_NUMBER: _ClassVar[int]
     FELL_BACK_FIELD_NUMBER: _ClassVar[int]
+    RESUMED_TOKENS_FIELD_NUMBER: _ClassVar[int]
     id: str
     token_ids: _containers.RepeatedScalarFieldContainer[int]
     kept_indices: _containers.RepeatedScalarFieldContainer[int]
@@ -110,7 +111,8 @@ class CompressResponse(_message.Message):
     granularity: str
     kept_spans: _containers.RepeatedCompositeFieldContainer[Span]
     fell_back: bool
-    def __init__(self, id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., kept_indices: _Optional[_Iterable[int]] = ..., compressed_context: _Optional[str] = ..., query: _Optional[str] = ..., original_tokens: _Optional[int] = ..., compressed_tokens: _Optional[int] = ..., ratio: _Optional[float] = ..., model: _Optional[str] = ..., layer: _Optional[int] = ..., strategy: _Optional[str] = ..., dca: _Optional[bool] = ..., passthrough: _Optional[bool] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., document_id: _Optional[str] = ..., explanation: _Optional[str] = ..., budget: _Optional[int] = ..., granularity: _Optional[str] = ..., kept_spans: _Optional[_Iterable[_Union[Span, _Mapping]]] = ..., fell_back: _Optional[bool] = ...) -> None: ...
+    resumed_tokens: int
+    def __init__(self, id: _Optional[str] = ..., token_ids: _Optional[_Iterable[int]] = ..., kept_indices: _Optional[_Iterable[int]] = ..., compressed_context: _Optional[str] = ..., query: _Optional[str] = ..., original_tokens: _Optional[int] = ..., compressed_tokens: _Optional[int] = ..., ratio: _Optional[float] = ..., model: _Optional[str] = ..., layer: _Optional[int] = ..., strategy: _Optional[str] = ..., dca: _Optional[bool] = ..., passthrough: _Optional[bool] = ..., timings_ms: _Optional[_Mapping[str, float]] = ..., document_id: _Optional[str] = ..., explanation: _Optional[str] = ..., budget: _Optional[int] = ..., granularity: _Optional[str] = ..., kept_spans: _Optional[_Iterable[_Union[Span, _Mapping]]] = ..., fell_back: _Optional[bool] = ..., resumed_tokens: _Optional[int] = ...) -> None: ...
 
 class Span(_message.Message):
     __slots__ = ("start", "end")

@@ -31,6 +31,8 @@ class Metrics:
                                  registry=registry)
         self.tokens_in = Counter("ilre_tokens_in", "Context tokens received", registry=registry)
         self.tokens_out = Counter("ilre_tokens_out", "Context tokens kept", registry=registry)
+        self.tokens_resumed = Counter("ilre_tokens_resumed", "Context tokens whose prefill was taken on from the "
+                                      "caller's cached encoding of a prefix (a grown context)", registry=registry)
         self.dropped = Counter("ilre_dropped", "Queued requests dropped (caller gone or deadline passed)",
                                registry=registry)
         self.ready = Gauge("ilre_ready", "1 when requests can be served (model loaded / worker alive)",
@@ -51,7 +53,7 @@ class Metrics:
         self.deepening: Any = None  # and its background deepening (engine/deepening.py)
         registry.register(_DocumentCacheCollector(self))
 
-    def observe_result(self, timings_ms: dict[str, float], tokens_in: int, tokens_out: int) -> None:
+    def observe_result(self, timings_ms: dict[str, float], tokens_in: int, tokens_out: int, resumed: int = 0) -> None:
         """Record one finished compression."""
         if "queue" in timings_ms:
             self.queue_wait.observe(timings_ms["queue"] / 1000.0)
@@ -59,6 +61,7 @@ class Metrics:
             self.compute.observe(timings_ms["total"] / 1000.0)
         self.tokens_in.inc(tokens_in)
         self.tokens_out.inc(tokens_out)
+        self.tokens_resumed.inc(resumed)
 
     def render(self) -> bytes:
         return generate_latest(self.registry)
@@ -80,7 +83,7 @@ class _DocumentCacheCollector:
         stats = cache.stats
         for name, counts, what in (("hits", stats.hits, "found"), ("misses", stats.misses, "did not find")):
             family = CounterMetricFamily(f"ilre_doc_cache_{name}", f"Document cache lookups that {what} the entry, "
-                                         "by kind (ids, state) and tier (local, shared)", labels=["kind", "tier"])
+                                         "by kind (ids, state; prefix: a cached encoding a longer context takes on) and tier (local, shared)", labels=["kind", "tier"])
             for (kind, tier), n in sorted(counts.items()):
                 family.add_metric([kind, tier], n)
             yield family

@@ -89,6 +89,23 @@ class RedisDocuments:
     def put_state(self, doc: str, key: str, tensors: dict[str, torch.Tensor]) -> None:
         self._put(self._state_key(doc, key), {name: t.cpu() for name, t in tensors.items()})
 
+    def put_prefix(self, prefix: str, doc: str) -> None:
+        """Name `doc` as the document whose encoding a longer context with the prefix `prefix` (a slot) takes on
+        (a few bytes, outside the byte cap, expiring with the documents)."""
+        try:
+            self.client.set(f"{self.prefix}:prefix:{prefix}", doc, ex=self.ttl_s)
+        except RedisError as exc:
+            log.warning("shared document cache: cannot store prefix %s (%s)", prefix, exc)
+
+    def get_prefixes(self, prefixes: list[str]) -> list[str | None]:
+        """The documents `put_prefix` named for each of `prefixes`, in one round trip (None: none)."""
+        try:
+            found = self.client.mget([f"{self.prefix}:prefix:{p}" for p in prefixes]) if prefixes else []
+        except RedisError as exc:
+            log.warning("shared document cache: cannot read prefixes (%s)", exc)
+            return [None] * len(prefixes)
+        return [None if doc is None else (doc.decode() if isinstance(doc, bytes) else doc) for doc in found]
+
     def _get(self, name: str) -> dict[str, torch.Tensor] | None:
         try:
             with self.client.pipeline(transaction=False) as pipe:

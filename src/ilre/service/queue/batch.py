@@ -38,7 +38,7 @@ def run_batch(engine: Engine, requests: list[ScopedRequest], queued_ms: list[flo
         else:
             for one in outcome.results:
                 one.timings_ms["queue"] = round(max(0.0, queued_ms[i]), 3)
-                metrics.observe_result(one.timings_ms, one.original_tokens, one.compressed_tokens)
+                metrics.observe_result(one.timings_ms, one.original_tokens, one.compressed_tokens, one.resumed_tokens)
             answer = outcome
         delivered.add(i)
         deliver(i, answer)

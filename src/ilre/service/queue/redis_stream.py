@@ -249,7 +249,7 @@ class RedisQueue:
                 self._spawn(self._cancel(rid, deadline))  # caller gone or gave up: workers drop it
             raise
         for one in outcome.results:  # a worker counted it in its own registry; this is the front end's
-            self.metrics.observe_result(one.timings_ms, one.original_tokens, one.compressed_tokens)
+            self.metrics.observe_result(one.timings_ms, one.original_tokens, one.compressed_tokens, one.resumed_tokens)
         return outcome
 
     async def _add(self, rid: str, payload: str, deadline: float, caller: KeyPolicy, extra: list[str]) -> tuple[list, int]:

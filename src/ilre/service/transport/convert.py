@@ -99,7 +99,7 @@ def result_to_proto(result: CompressResult) -> "pb.CompressResponse":
         dca=result.dca, passthrough=result.passthrough, timings_ms=result.timings_ms,
         document_id=result.document_id or "", explanation=result.explanation or "", budget=result.budget or 0,
         granularity=result.granularity, kept_spans=[pb.Span(start=s, end=e) for s, e in result.kept_spans or ()],
-        fell_back=result.fell_back,
+        fell_back=result.fell_back, resumed_tokens=result.resumed_tokens,
     )
 
 
@@ -111,7 +111,7 @@ def result_from_proto(msg: "pb.CompressResponse") -> CompressResult:
         strategy=msg.strategy, dca=msg.dca, passthrough=msg.passthrough, timings_ms=dict(msg.timings_ms),
         document_id=msg.document_id or None, explanation=msg.explanation or None, budget=msg.budget or None,
         granularity=msg.granularity or "token", kept_spans=[[s.start, s.end] for s in msg.kept_spans] or None,
-        fell_back=msg.fell_back,
+        fell_back=msg.fell_back, resumed_tokens=msg.resumed_tokens,
     )
 
 
