@@ -61,7 +61,7 @@ demo: setup         ## compress a generated 16K-token document with a planted fa
 	$(VENV)/bin/ilre demo
 
 test: setup engine lingua litellm  ## everything: the real-model needle test, the sidecar in front of a real llama-server, LLMLingua beside its compatible API
-	ILRE_REQUIRE_LINGUA=1 $(PY) -m pytest -q -ra -n 2 --dist loadfile
+	ILRE_REQUIRE_LINGUA=1 $(PY) -m pytest -q -ra
 
 test-fast: setup engine   ## skip the tests marked slow
 	$(PY) -m pytest -q -m "not slow"
@@ -75,6 +75,7 @@ bench: setup engine litellm ## latency and peak memory; per dtype up to 1M token
 	$(PY) bench/speed_bench.py
 	$(PY) bench/attention_kernels.py
 	$(PY) bench/document_bench.py
+	$(PY) bench/growing_bench.py        # resumable: results/bench/growing.jsonl
 	$(PY) bench/scope_bench.py
 	$(PY) bench/service_bench.py
 	$(PY) bench/sidecar_bench.py

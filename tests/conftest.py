@@ -16,14 +16,6 @@ os.environ.setdefault("ILRE_DTYPE", DTYPE)
 # (and it would take the 2 cores from the next test). tests/engine/test_deepening.py and the gateway's
 # retrieve test turn it on.
 os.environ.setdefault("ILRE_DEEPEN", "off")
-# `make test` runs two pytest workers, one test file each at a time (pytest-xdist, --dist loadfile): one torch
-# thread per worker, so that two workers computing at once share the 2 cores instead of oversubscribing them.
-if os.environ.get("PYTEST_XDIST_WORKER"):
-    import torch
-
-    torch.set_num_threads(1)
-
-
 @pytest.fixture(scope="session")
 def engine():
     """An Engine on the embedded SmolLM2-135M-Instruct at its profiled retrieval layer, in float32."""

@@ -212,12 +212,12 @@ def test_evaluation_commands_name_the_missing_extra(monkeypatch, capsys, argv, m
     assert f"needs the `eval` extra (missing: {missing}): pip install 'ilre[eval]'" in err and "Traceback" not in err
 
 
-def test_deepening_is_on_for_servers_and_off_for_the_sidecar_by_default():
+def test_deepening_is_on_by_default_for_every_server():
     from ilre.cli.parser import build_parser
 
     env = {k: v for k, v in os.environ.items() if k != "ILRE_DEEPEN"}
     script = ("from ilre.cli.parser import build_parser; p = build_parser(); "
               "print([p.parse_args(a).deepen for a in (['serve'], ['worker'], ['sidecar'])])")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
-    assert out.stdout.strip() == "['idle', 'idle', 'off']", out.stderr
-    assert build_parser().parse_args(["sidecar", "--deepen", "idle"]).deepen == "idle"
+    assert out.stdout.strip() == "['idle', 'idle', 'idle']", out.stderr  # the sidecar's: a chat one turn longer
+    assert build_parser().parse_args(["sidecar", "--deepen", "off"]).deepen == "off"  # takes its deepened prefix on

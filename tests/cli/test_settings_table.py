@@ -59,7 +59,7 @@ def test_a_flag_wins_over_its_variable_which_wins_over_the_default(monkeypatch):
     monkeypatch.delenv("ILRE_DEEPEN", raising=False)
     args = build_parser().parse_args(["serve", "--sink", "2"])
     assert (args.max_queue, args.sink, args.max_batch, args.deepen) == (17, 2, 8, "idle")
-    assert build_parser().parse_args(["sidecar"]).deepen == "off"
+    assert build_parser().parse_args(["sidecar"]).deepen == "idle"
 
 
 @pytest.mark.parametrize("words, message", [

@@ -221,6 +221,7 @@ def test_a_request_with_many_questions_shares_one_candidate_pass_or_reads_the_co
         few = engine.compress(CompressRequest(context=long_text() + " ", queries=ASKED[:3], budget=BUDGET))
         assert passes == [1] and resumes == [] and not any(r.fell_back for r in few.results)
         assert "deepen" not in few.results[0].timings_ms
+        engine.documents = DocumentCache(1 << 30)  # not the first context's (which this one's prefill would take on)
         many = engine.compress(CompressRequest(context=long_text(), queries=ASKED, budget=BUDGET,
                                                strategy_options={"candidates": 15}))
     finally:
@@ -315,7 +316,9 @@ def work():
         yield
 d = deepening.Deepener(True)
 d.offer("forever", work, lambda state: None, lambda: True)
-time.sleep(0.3)
+deadline = time.monotonic() + 30  # until it has started (a loaded machine starts it late), then exit at once
+while d.stats.steps == 0 and time.monotonic() < deadline:
+    time.sleep(0.05)
 print("steps", d.stats.steps, flush=True)
 """
 

@@ -312,11 +312,14 @@ def test_bad_queries_name_their_index(engine):
 
 def live_kv_bytes(engine, state) -> int:
     """What a later query reads: per layer below the state's top layer min(L, S + W) K and V entries,
-    and the top layer's keys of all L tokens (and a lower score layer's, where the strategy keeps one)."""
+    and the top layer's keys of all L tokens (and a lower score layer's, where the strategy keeps one); and what a
+    longer context takes on: where the context ends inside a chunk, those windows as they stood before it."""
     spec, config = engine.spec, state.config
     entry = spec.num_kv_heads * spec.head_dim * next(iter(state.keys.values())).element_size()
     window = min(state.length, config.sink + config.window)
-    return (max(state.keys) - 1) * window * 2 * entry + len(state.keys) * state.length * entry
+    windows = (max(state.keys) - 1) * window * 2 * entry
+    resume = windows if state.resume is not None and state.resume.caches is not None else 0
+    return windows + len(state.keys) * state.length * entry + resume
 
 
 @pytest.mark.parametrize("chars", [3_000, 30_000])  # ~700 and ~7,000 tokens

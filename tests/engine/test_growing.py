@@ -15,6 +15,8 @@ from ilre.evaluation.tasks.haystack import shakespeare_text
 from ilre.service.documents.redis_tier import RedisDocuments
 from tests.service.conftest import comparable
 
+from .test_documents import CANDIDATES
+
 QUERY = " Question: who speaks of the crown? Answer:"
 CHUNK = PrefillConfig().chunk
 C_MID, C_EDGE = 1500, 1028  # C ends inside its second chunk; C ends on the boundary of its first (1024 + 4)
@@ -111,3 +113,40 @@ def test_a_worker_takes_on_a_prefix_another_worker_encoded_through_the_shared_ti
         store.close()
     assert later.resumed_tokens == resume_at(C_MID) and comparable(later) == comparable(fresh)
     assert worker_b.stats.hits["prefix", "shared"] == 1 and worker_b.stats.misses["prefix", "local"] == 1
+
+
+def test_a_chat_one_turn_longer_takes_its_deepened_prefix_on(engine):
+    """With deepening on, C is deepened once asked; C + D then takes C's deep encoding on (its coarse one was
+    dropped) and is answered by the deepened path: what a fresh full-depth read of C + D answers."""
+    from tests.engine.test_deepening import deepening_on, uncached
+
+    context = ids(engine)[: C_MID + 700]
+    ask = dict(query=QUERY, budget=256, strategy_options=CANDIDATES)
+    options = engine.profile.strategy_options("cascade")
+    blended = {"also_layers": [options["coarse_layer"]], "also_weight": options.get("coarse_weight", 0.5)}
+    reference = uncached(engine, CompressRequest(context_ids=context, query=QUERY, budget=256, strategy="ilre",
+                                                 strategy_options=blended))
+    with deepening_on(engine):
+        engine.compress(CompressRequest(context_ids=context[:C_MID], **ask))
+        assert engine.deepening.wait_idle(120) and engine.deepening.stats.finished == 1
+        later = engine.compress(CompressRequest(context_ids=context, **ask))
+        cache = engine.documents
+    assert later.resumed_tokens == resume_at(C_MID) and cache.stats.hits["prefix", "local"] >= 1
+    drop = ("strategy", "fell_back")
+    assert {k: v for k, v in comparable(later).items() if k not in drop} == {k: v for k, v in reference.items()
+                                                                              if k not in drop}
+
+
+def test_with_resuming_off_nothing_is_taken_on_and_no_resume_point_is_kept(engine):
+    context = ids(engine)[: C_MID + 300]
+    kept = engine.documents
+    try:
+        engine.documents = DocumentCache(1 << 30)
+        engine.encodings.resume = False
+        engine.compress(CompressRequest(context_ids=context[:C_MID], query=QUERY, budget=256))
+        later = engine.compress(CompressRequest(context_ids=context, query=QUERY, budget=256))
+        held = [state for entry in engine.documents._docs.values() for state in entry.states.values()]
+    finally:
+        engine.encodings.resume = True
+        engine.documents = kept
+    assert later.resumed_tokens == 0 and held and all(state.resume is None for state in held)

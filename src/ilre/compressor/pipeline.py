@@ -146,7 +146,8 @@ def resumed(model: TruncatedLM, state: ContextState, deep: Strategy) -> Callable
     """The encoding `deep` reads, taken on from `state` (encoded with keep_hidden, whose resume point it takes)
     on first call and kept: layers 1..state.top are not run again (prefill.resume_context)."""
     hidden = state.take_hidden()
-    shallow = ContextState(state.length, state.n_chunks, state.config, state.keys, state.caches, hidden=hidden)
+    shallow = ContextState(state.length, state.n_chunks, state.config, state.keys, state.caches, hidden=hidden,
+                           resume=state.resume)
     return once(lambda: resume_context(model, shallow, deep.encoded_layers(model.n_layers), deep.context_parts))
 
 

@@ -61,7 +61,8 @@ class DocumentEncodings:
     def _encode(self, strategy: Strategy, keep_hidden: bool = False) -> ContextState:
         """The encoding `strategy` reads, made now (taken on from a cached prefix where the caller holds one), its
         resume point named in the cache."""
-        steps, self.resumed_tokens = self.policy.steps(self.job, strategy, keep_hidden)
+        steps, resumed = self.policy.steps(self.job, strategy, keep_hidden)
+        self.resumed_tokens = max(self.resumed_tokens, resumed)
         state = run_steps(steps)
         self.policy.name_prefix(self.job, state)
         return state
@@ -74,7 +75,11 @@ class DocumentEncodings:
         key = policy.key(job, deep)
         held = policy.documents.held_state(job.slot, key, policy.restore(job))
         if held is None:
-            held = self._resume() if self._resume is not None else self._encode(deep)
+            if self._resume is not None:
+                held = self._resume()
+                policy.name_prefix(job, held)
+            else:
+                held = self._encode(deep)
             replaces = policy.key(job, self.strategy) if policy.deepening.enabled else None
             policy.documents.store_state(job.slot, key, held, replaces=replaces)
         self.deepen_ms = round((time.perf_counter() - clock) * 1000.0, 3)
@@ -94,8 +99,8 @@ class EncodingPlan:
 class EncodingPolicy:
     """The engine's encoding policy over its document cache and its background deepening."""
 
-    def __init__(self, documents: DocumentCache, deepening: Deepener, dtype_name: str):
-        self.documents, self.deepening, self.dtype_name = documents, deepening, dtype_name
+    def __init__(self, documents: DocumentCache, deepening: Deepener, dtype_name: str, resume: bool = True):
+        self.documents, self.deepening, self.dtype_name, self.resume = documents, deepening, dtype_name, resume
 
     def key(self, job: Prepared, strategy: Strategy) -> str:
         """The document cache's key of the encoded context `strategy` reads on this job's layer and prefill."""
@@ -111,32 +116,43 @@ class EncodingPolicy:
         """The steps that encode the context `strategy` reads (prefill.encode_in_steps), and how many of its tokens
         they take on from the longest cached encoding of a prefix in the caller's scope (0: from the start).
         keep_hidden: keep the stream at the top, where the prefix's encoding kept its own (else it is left out)."""
-        length = job.context_ids.numel()
-        ends = [end for _, end in chunk_bounds(length, job.prefill)[:-1]]
-        if job.prefix_slots is not None and ends:
-            found = self.documents.resumable(list(zip(ends, job.prefix_slots(ends)))[::-1], self.key(job, strategy),
-                                             self.restore(job))
-            if found is not None:
-                keep = keep_hidden and found.hidden is not None
-                return extend_in_steps(job.model, found, job.context_ids, keep), found.resume.at
+        found = self.prefix(job, strategy)
+        if found is not None:
+            keep = keep_hidden and found.hidden is not None
+            return extend_in_steps(job.model, found, job.context_ids, keep), found.resume.at
         return encode_in_steps(job.model, job.context_ids, job.prefill, strategy.encoded_layers(job.layer),
                                parts=strategy.context_parts, keep_hidden=keep_hidden), 0
 
+    def prefix(self, job: Prepared, strategy: Strategy) -> ContextState | None:
+        """The longest cached encoding `strategy` reads of a prefix of the job's context in the caller's scope, that
+        the context's prefill can take on from (None: none, or resuming is off)."""
+        ends = [end for _, end in chunk_bounds(job.context_ids.numel(), job.prefill)[:-1]]
+        if not self.resume or job.prefix_slots is None or not ends:
+            return None
+        return self.documents.resumable(list(zip(ends, job.prefix_slots(ends)))[::-1], self.key(job, strategy),
+                                        self.restore(job))
+
     def name_prefix(self, job: Prepared, state: ContextState) -> None:
-        """Name the job's document, in the cache, as the one a longer context takes `state` on from."""
-        if job.prefix_slots is not None and state.resume is not None:
+        """Name the job's document, in the cache, as the one a longer context takes `state` on from (with resuming
+        off, the state keeps no resume point instead)."""
+        if not self.resume:
+            state.resume = None
+        elif job.prefix_slots is not None and state.resume is not None:
             self.documents.name_prefix(job.prefix_slots([state.resume.at])[0], job.slot)
 
     def plan(self, job: Prepared) -> EncodingPlan:
         """With deepening on, a document encoded to full depth (in the background, or by an earlier query whose
         candidates missed) is served by the strategy's deepened form, and one that was not is offered for it
-        once its queries are answered. With it off, every query runs the strategy itself (a cascade's
+        once its queries are answered; a context whose prefix is held deep (a chat one turn longer) takes that deep
+        encoding on and is served the same way. With it off, every query runs the strategy itself (a cascade's
         fallback then reads the full-depth encoding an earlier query left)."""
         deep = job.strategy.deepened() if self.deepening.enabled else None
         if deep is not None:
             held = self.documents.held_state(job.slot, self.key(job, deep), self.restore(job))
             if held is not None:
                 return EncodingPlan(deep, DocumentEncodings(self, job, deep, held=held))
+            if self.prefix(job, deep) is not None:  # a prefix held deep (a chat one turn longer): take that on
+                return EncodingPlan(deep, DocumentEncodings(self, job, deep))
         return EncodingPlan(job.strategy, DocumentEncodings(self, job, job.strategy, keep_resume=True), deep)
 
     def settle(self, job: Prepared, plan: EncodingPlan, selections: list[Selection]) -> None:

@@ -67,7 +67,7 @@ class Engine:
         self.names = DocumentNames()
         self.deepening = Deepener(config.deepen)  # also whose turn it is: one request at a time
         self.encodings = EncodingPolicy(DocumentCache(config.doc_cache_mb << 20, shared_documents), self.deepening,
-                                        self.placement.dtype_name)
+                                        self.placement.dtype_name, config.resume)
         self._models: dict[int, TruncatedLM] = {}
         self.model_at(self.layer)
 

@@ -32,6 +32,7 @@ class EngineConfig:
     batch_tokens: int | None = None  # padded context tokens per batched prefill; 0 = off, None = auto
     doc_cache_mb: int = DOC_CACHE_MB  # in-process document cache (IDs and encoded contexts); 0 = off
     deepen: bool = False  # encode asked documents in full to l_R while idle (engine/deepening.py; the service's default)
+    resume: bool = True  # a context that extends a cached one takes its encoding on (engine/encodings.py)
 
     def __post_init__(self) -> None:
         for s in declared(EngineSettings):
@@ -44,4 +45,5 @@ class EngineConfig:
         return cls(model=settings.model, layer=settings.layer, device=settings.device, dtype=settings.dtype,
                    prefill=PrefillConfig(settings.sink, settings.window or None, settings.chunk),
                    max_context_tokens=settings.max_context_tokens, batch_tokens=settings.batch_tokens,
-                   doc_cache_mb=settings.doc_cache_mb, deepen=settings.deepen == "idle")
+                   doc_cache_mb=settings.doc_cache_mb, deepen=settings.deepen == "idle",
+                   resume=settings.resume == "on")

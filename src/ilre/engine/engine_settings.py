@@ -57,8 +57,11 @@ class EngineSettings:
                                        advanced=True)
     deepen: str = setting("off", "idle: while no request waits, encode each asked document in full to l_R, so its "
                           "later queries skip the candidate pass; off: never", SERVERS, choices=DEEPEN_MODES,
-                          default_for=(("serve", "idle"), ("worker", "idle")))  # not the sidecar's: each prompt is
-                          # new (a chat grows), deepening it would only take the device
+                          default_for=(("serve", "idle"), ("worker", "idle"), ("sidecar", "idle")))
+    resume: str = setting("on", "on: a context that extends one the caller sent before (a chat one turn longer, an "
+                          "appended tool result) takes its cached encoding on, the new chunks only; each cached "
+                          "encoding then also keeps its window caches as they stood before a last chunk cut short. "
+                          "off: every new context is encoded whole", choices=("on", "off"), advanced=True)
 
     def __post_init__(self) -> None:
         check_settings(self)
