@@ -11,7 +11,9 @@ Data flow for one request, all on one device:
 window caches at the end of the context); `prefill_query` runs a query against it, as often as
 wanted. `resume_context` takes an encoding kept with its resume point (the residual stream entering its
 top layer, `keep_hidden`) deeper, running only the layers below l_R that it lacks: a shallow encoding and
-its resumption cost one deep encoding plus the shallow top layer's projections again. The prefill knows
+its resumption cost one deep encoding plus the shallow top layer's projections again. `extend_context` takes
+an encoding on to a longer context sharing its tokens (ContextState.resume), running only the new chunks; for
+that, DCA's key moves are made when a query reads the keys (`score_keys`). The prefill knows
 nothing about strategies: it returns keys and queries, a strategy scores them. The window caches live in
 window_cache.py.
 """

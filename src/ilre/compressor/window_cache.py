@@ -55,20 +55,23 @@ class WindowCache:
         """The context is done: keep only what a query reads, [sink | window] without the chunk slot
         or a short context's holes, (kv_heads, n_sink + n_window, d). A frozen cache takes no more
         context chunks; a query attends through a copy (the prefix plus its own K/V)."""
+        if not self.frozen:
+            self.k, self.v = self._live()
+            self.frozen = True
+
+    def _live(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The live K and V, [sink | window] without slot or holes: (kv_heads, n_sink + n_window, d) each (the
+        buffers themselves once frozen)."""
         if self.frozen:
-            return
+            return self.k, self.v
         ring = slice(self.sink, self.sink + self.n_window)
-        self.k = torch.cat((self.k[:, : self.n_sink], self.k[:, ring]), dim=1)
-        self.v = torch.cat((self.v[:, : self.n_sink], self.v[:, ring]), dim=1)
-        self.frozen = True
+        return tuple(torch.cat((t[:, : self.n_sink], t[:, ring]), dim=1) for t in (self.k, self.v))
 
     def snapshot(self) -> "WindowCache":
         """A frozen copy of the live entries as they are now (the cache itself goes on unchanged)."""
         if self.sink_raw is None:
             raise RuntimeError("an empty window cache has nothing to copy")
-        ring = slice(self.sink, self.sink + self.n_window)
-        live_k = self.k if self.frozen else torch.cat((self.k[:, : self.n_sink], self.k[:, ring]), dim=1)
-        live_v = self.v if self.frozen else torch.cat((self.v[:, : self.n_sink], self.v[:, ring]), dim=1)
+        live_k, live_v = self._live()
         copy = WindowCache.__new__(WindowCache)
         copy.sink, copy.window, copy.n_sink, copy.n_window = self.sink, self.window, self.n_sink, self.n_window
         copy.growing, copy.chunk = self.growing, self.chunk

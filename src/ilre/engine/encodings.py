@@ -36,8 +36,9 @@ class DocumentEncodings:
     encoding, already taken from the cache. `deepen_ms`: what making the deep encoding took, once asked."""
 
     def __init__(self, policy: "EncodingPolicy", job: Prepared, strategy: Strategy, keep_resume: bool = False,
-                 held: ContextState | None = None):
+                 held: ContextState | None = None, prefix: ContextState | None = None):
         self.policy, self.job, self.strategy, self.keep_resume = policy, job, strategy, keep_resume
+        self.prefix = prefix  # the cached encoding of a prefix the strategy's encoding takes on, already found
         self.deepen_ms: float | None = None
         self.resumed_tokens = 0  # of the context, taken on from a cached prefix's encoding by this request
         self._resume: Callable[[], ContextState] | None = None
@@ -61,7 +62,8 @@ class DocumentEncodings:
     def _encode(self, strategy: Strategy, keep_hidden: bool = False) -> ContextState:
         """The encoding `strategy` reads, made now (taken on from a cached prefix where the caller holds one), its
         resume point named in the cache."""
-        steps, resumed = self.policy.steps(self.job, strategy, keep_hidden)
+        found = self.prefix if strategy is self.strategy else None
+        steps, resumed = self.policy.steps(self.job, strategy, keep_hidden, found)
         self.resumed_tokens = max(self.resumed_tokens, resumed)
         state = run_steps(steps)
         self.policy.name_prefix(self.job, state)
@@ -111,12 +113,13 @@ class EncodingPolicy:
     def restore(self, job: Prepared) -> Callable[[dict[str, torch.Tensor]], ContextState]:
         return lambda tensors: ContextState.from_tensors(job.model, job.prefill, tensors)
 
-    def steps(self, job: Prepared, strategy: Strategy, keep_hidden: bool = False
+    def steps(self, job: Prepared, strategy: Strategy, keep_hidden: bool = False, found: ContextState | None = None
               ) -> tuple[Generator[None, None, ContextState], int]:
         """The steps that encode the context `strategy` reads (prefill.encode_in_steps), and how many of its tokens
         they take on from the longest cached encoding of a prefix in the caller's scope (0: from the start).
-        keep_hidden: keep the stream at the top, where the prefix's encoding kept its own (else it is left out)."""
-        found = self.prefix(job, strategy)
+        keep_hidden: keep the stream at the top, where the prefix's encoding kept its own (else it is left out);
+        found: that prefix's encoding, where the caller has looked it up already."""
+        found = found if found is not None else self.prefix(job, strategy)
         if found is not None:
             keep = keep_hidden and found.hidden is not None
             return extend_in_steps(job.model, found, job.context_ids, keep), found.resume.at
@@ -151,8 +154,9 @@ class EncodingPolicy:
             held = self.documents.held_state(job.slot, self.key(job, deep), self.restore(job))
             if held is not None:
                 return EncodingPlan(deep, DocumentEncodings(self, job, deep, held=held))
-            if self.prefix(job, deep) is not None:  # a prefix held deep (a chat one turn longer): take that on
-                return EncodingPlan(deep, DocumentEncodings(self, job, deep))
+            prefix = self.prefix(job, deep)
+            if prefix is not None:  # a prefix held deep (a chat one turn longer): take that on
+                return EncodingPlan(deep, DocumentEncodings(self, job, deep, prefix=prefix))
         return EncodingPlan(job.strategy, DocumentEncodings(self, job, job.strategy, keep_resume=True), deep)
 
     def settle(self, job: Prepared, plan: EncodingPlan, selections: list[Selection]) -> None:
