@@ -1,22 +1,25 @@
 """What a growing context costs, with and without taking its cached prefix on (`--resume on|off`), in one run.
 
 Two conversations on the embedded model (float32 on this CPU, the default cascade, budget 1024):
-  chat   a 32K-token document in the system message, then 20 turns, each adding a ~300-token question and
-         answer; every turn's prompt is rendered by the model's chat template (as the sidecar renders it), the
-         context is everything before the last user turn (the sidecar's split) and the query that turn
-  agent  a 16K-token history, then 20 steps, each appending a ~1K-token tool result; the query is fixed
-Each turn is compressed twice, in the same process:
+  chat   through the sidecar (in this process, in front of llama.cpp's llama-server serving the same model): a
+         32K-token document in the system message, then 20 turns, each adding a ~300-token question and answer;
+         each turn is one POST /v1/chat/completions (one new token); the sidecar renders the chat with the
+         model's template and compresses everything before the last user turn
+  agent  in process: a 16K-token history, then 20 steps, each appending a ~1K-token tool result; the query is fixed
+Each turn is sent twice, in the same process:
   resuming  the cache holds the earlier turns, resuming and deepening on (the sidecar's defaults); between turns
             (while the engine downstream answers) the turn's document is deepened in the background, which takes
             the deepened prefix on: that time is printed apart, it is not the request's
-  whole     resuming off and an empty cache each turn: the context is encoded whole (what every turn cost
-            before), the cascade with its candidate pass
-Printed per turn: the request's milliseconds both ways, the tokens taken on, the background deepening's, and
-whether both kept the same tokens; then turns 2-20 summed, and their ratio. The two ways keep the same tokens
-where they read the same encoding; a turn answered from a deepened document reads full depth (plain ILRe at l_R
-with the coarse layer blended), so it is also compared with that, computed whole.
+  whole     resuming and deepening off and an empty cache each turn: the context is encoded whole (what every
+            turn cost before), the cascade with its candidate pass
+Printed per turn: the compression's milliseconds both ways (through the sidecar: its x-ilre-compress-ms), the
+tokens taken on, the background deepening's, and whether both sent on the same tokens (through the sidecar: the
+bytes llama-server received, read by a recording relay). The two ways send the same tokens where they read the
+same encoding; a turn answered from a deepened document reads full depth (plain ILRe at l_R with the coarse layer
+blended), so it is compared with that, computed whole. Then turns 2-20 summed, and their ratio.
 
-Rows go to --rows as they finish; a rerun skips the conversations already there (--fresh starts over).
+Rows go to --rows as each turn finishes; a rerun goes on from the turn after the last one there (it first sends
+that turn again, untimed, to hold what the earlier turns left in the cache); --fresh starts over.
 
     .venv/bin/python bench/growing_bench.py [--turns 20] [--kinds chat,agent]
 """
@@ -28,6 +31,9 @@ import json
 import sys
 import time
 from pathlib import Path
+from typing import Callable
+
+import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
@@ -35,9 +41,15 @@ from ilre.engine.documents import DocumentCache  # noqa: E402
 from ilre.engine.engine import Engine, EngineConfig  # noqa: E402
 from ilre.engine.messages import CompressRequest  # noqa: E402
 from ilre.evaluation.tasks.haystack import shakespeare_text  # noqa: E402
+from ilre.service.common.config import ServiceConfig, SidecarConfig  # noqa: E402
+from ilre.service.server import ServiceThread  # noqa: E402
+from ilre.service.sidecar.prompt import PromptSplitter  # noqa: E402
+from tests.service.engines import LlamaServer, RecordingRelay  # noqa: E402
 
 ROWS = Path(__file__).resolve().parents[1] / "results" / "bench" / "growing.jsonl"
 BUDGET = 1024
+Turn = tuple[list[int], list[int], object]  # context IDs, query IDs, what is sent (messages or the IDs)
+Send = Callable[[object], tuple[float, list[int], int]]  # -> (compression ms, tokens sent on, tokens resumed)
 
 
 def words(engine: Engine, start: int, tokens: int) -> str:
@@ -49,70 +61,158 @@ def words(engine: Engine, start: int, tokens: int) -> str:
     return engine.tokenizer.decode(engine.tokenizer(piece).input_ids[:tokens])
 
 
-def chat_turns(engine: Engine, turns: int) -> list[tuple[list[int], str]]:
-    """(context IDs, query) per turn: the rendered chat before the last user turn, and that turn's question."""
-    messages = [{"role": "system", "content": "Answer from this document.\n\n" + words(engine, 0, 32000)}]
+def chat_turns(engine: Engine, turns: int, document: int = 32000) -> list[Turn]:
+    """Per turn: the sidecar's split of the chat (context before the last user turn, that turn as the query)
+    and the messages sent."""
+    splitter = PromptSplitter(engine.tokenizer)
+    messages = [{"role": "system", "content": "Answer from this document.\n\n" + words(engine, 0, document)}]
     out = []
     for turn in range(turns):
-        question = f"Question {turn + 1}: what does the speaker say about {words(engine, 900_000 + turn * 997, 8)}?"
-        rendered = engine.tokenizer.apply_chat_template(messages, tokenize=False)
-        out.append((engine.tokenizer(rendered).input_ids, question))
-        messages += [{"role": "user", "content": question + " " + words(engine, 500_000 + turn * 2000, 130)},
-                     {"role": "assistant", "content": words(engine, 700_000 + turn * 2000, 150)}]
+        question = (f"Question {turn + 1}: what does the speaker say about {words(engine, 900_000 + turn * 997, 8)}? "
+                    + words(engine, 500_000 + turn * 2000, 130))
+        sent = messages + [{"role": "user", "content": question}]
+        split = splitter.chat(sent, 64, {})
+        out.append((split.context, split.query, sent))
+        messages = sent + [{"role": "assistant", "content": words(engine, 700_000 + turn * 2000, 150)}]
     return out
 
 
-def agent_steps(engine: Engine, turns: int) -> list[tuple[list[int], str]]:
-    history = engine.tokenizer(words(engine, 0, 16000)).input_ids
+def agent_steps(engine: Engine, turns: int, document: int = 16000) -> list[Turn]:
+    history = engine.tokenizer(words(engine, 0, document)).input_ids
+    query = engine.tokenizer("Which tool result names the crown?", add_special_tokens=False).input_ids
     out = []
     for step in range(turns):
-        out.append((list(history), "Which tool result names the crown?"))
+        out.append((list(history), query, list(history)))
         history += engine.tokenizer(f"\n<tool_result step={step + 1}>\n" + words(engine, 300_000 + step * 5000, 1000)
                                     + "\n</tool_result>\n").input_ids
     return out
 
 
-def compress(engine: Engine, cache: DocumentCache, resume: bool, ids: list[int], query: str,
-             **options) -> tuple[float, dict]:
+def set_way(engine: Engine, cache: DocumentCache, resume: bool) -> None:
+    """Resuming (and deepening) on or off, reading `cache`."""
     engine.documents, engine.encodings.resume, engine.deepening.enabled = cache, resume, resume
-    clock = time.perf_counter()
-    result = engine.compress(CompressRequest(context_ids=ids, query=query, budget=BUDGET, **options)).to_dict()
-    return (time.perf_counter() - clock) * 1000.0, result
 
 
-def full_depth(engine: Engine, ids: list[int], query: str) -> dict:
-    """What a deepened document answers, computed whole: plain ILRe at l_R with the coarse layer blended."""
+def in_process(engine: Engine, query: list[int]) -> Send:
+    def send(ids: object) -> tuple[float, list[int], int]:
+        clock = time.perf_counter()
+        result = engine.compress(CompressRequest(context_ids=ids, query_ids=query, budget=BUDGET))
+        return (time.perf_counter() - clock) * 1000.0, result.token_ids, result.resumed_tokens
+    return send
+
+
+class ThroughSidecar:
+    """The sidecar (a ServiceThread over `engine`) in front of llama-server, a recording relay between them."""
+
+    def __init__(self, engine: Engine):
+        self.server = LlamaServer(4096, 2)
+        self.relay = RecordingRelay(self.server.port)
+        sidecar = SidecarConfig(engine_url=self.relay.url, engine_api="llamacpp", engine_timeout_s=3600)
+        self.service = ServiceThread(ServiceConfig(host="127.0.0.1", grpc_port=0, http_port=0), engine,
+                                     sidecar=sidecar, tokenizer=engine.tokenizer).__enter__()
+        self.url = f"http://127.0.0.1:{self.service.http_port}"
+        self.send(self.chat([{"role": "user", "content": "Hello."}]))  # the forwarding mode is probed once
+
+    @staticmethod
+    def chat(messages: list[dict]) -> dict:
+        return {"model": "smollm2", "messages": messages, "max_tokens": 1, "temperature": 0}
+
+    def resumed_total(self) -> float:
+        """The service's ilre_tokens_resumed_total (its /metrics; the sidecar's own port relays the engine's)."""
+        return self.service.service.metrics.tokens_resumed._value.get()
+
+    def send(self, body: dict) -> httpx.Response:
+        reply = httpx.post(self.url + "/v1/chat/completions", json=body, headers={"x-ilre-budget": str(BUDGET)},
+                           timeout=3600)
+        if reply.status_code != 200:
+            raise SystemExit(f"sidecar: {reply.status_code} {reply.text[:300]}")
+        return reply
+
+    def __call__(self, messages: object) -> tuple[float, list[int], int]:
+        before = self.resumed_total()
+        reply = self.send(self.chat(messages))
+        if reply.headers.get("x-ilre-action") != "compressed":
+            raise SystemExit(f"sidecar did not compress: {dict(reply.headers)}")
+        sent_on = self.relay.last("/v1/completions").json()["prompt"]
+        return float(reply.headers["x-ilre-compress-ms"]), sent_on, int(self.resumed_total() - before)
+
+    def close(self) -> None:
+        self.service.__exit__(None, None, None)
+        self.server.stop()
+
+
+def full_depth(engine: Engine, context: list[int], query: list[int]) -> list[int]:
+    """What a deepened document sends on, computed whole: plain ILRe at l_R with the coarse layer blended."""
     options = engine.profile.strategy_options("cascade")
     blended = {"also_layers": [options["coarse_layer"]], "also_weight": options.get("coarse_weight", 0.5)}
-    return compress(engine, DocumentCache(0), False, ids, query, strategy="ilre", strategy_options=blended)[1]
+    set_way(engine, DocumentCache(0), False)
+    return engine.compress(CompressRequest(context_ids=context, query_ids=query, budget=BUDGET, strategy="ilre",
+                                           strategy_options=blended)).token_ids
 
 
-def run(engine: Engine, kind: str, turns: int) -> dict:
-    conversation = (chat_turns if kind == "chat" else agent_steps)(engine, turns)
+def one_turn(engine: Engine, send: Send, resuming: DocumentCache, whole: DocumentCache, turn: Turn) -> dict:
+    context, query, sent = turn
+    set_way(engine, resuming, True)
+    on_ms, on_ids, resumed = send(sent)
+    clock = time.perf_counter()
+    engine.deepening.wait_idle(3600)  # the background deepening, while the engine downstream answers
+    deepen_ms = (time.perf_counter() - clock) * 1000.0
+    whole.clear()  # nothing of the earlier turns: the context is encoded whole, as before resuming existed
+    set_way(engine, whole, False)
+    off_ms, off_ids, _ = send(sent)
+    deep = on_ids != off_ids
+    same = on_ids == (full_depth(engine, context, query) if deep else off_ids)
+    return {"tokens": len(context), "resume_ms": round(on_ms, 1), "whole_ms": round(off_ms, 1),
+            "deepen_ms": round(deepen_ms, 1), "resumed_tokens": resumed, "same_sent": same,
+            "read": "full depth" if deep else "the same encoding"}
+
+
+def run(engine: Engine, kind: str, turns: int, rows: Path, document: int | None) -> None:
+    done = [r for r in read_rows(rows) if r["kind"] == kind and "turn" in r]
+    if any(r["kind"] == kind and "ratio" in r for r in read_rows(rows)):
+        print(f"{kind}: already in {rows}")
+        return
+    make = chat_turns if kind == "chat" else agent_steps
+    conversation = make(engine, turns) if document is None else make(engine, turns, document)
+    sidecar = ThroughSidecar(engine) if kind == "chat" else None
+    send = sidecar or in_process(engine, conversation[0][1])
     resuming, whole = DocumentCache(4 << 30), DocumentCache(4 << 30)
-    rows = []
-    for turn, (ids, query) in enumerate(conversation, 1):
-        on_ms, on = compress(engine, resuming, True, ids, query)
-        clock = time.perf_counter()
-        engine.deepening.wait_idle(3600)  # the background deepening, while the engine downstream answers
-        deepen_ms = (time.perf_counter() - clock) * 1000.0
-        whole.clear()  # nothing of the earlier turns: the context is encoded whole, as before resuming existed
-        off_ms, off = compress(engine, whole, False, ids, query)
-        deep = on["strategy"] == "cascade" and on["kept_indices"] != off["kept_indices"]
-        same = on["kept_indices"] == (full_depth(engine, ids, query)["kept_indices"] if deep else off["kept_indices"])
-        rows.append({"turn": turn, "tokens": len(ids), "resume_ms": round(on_ms, 1), "whole_ms": round(off_ms, 1),
-                     "deepen_ms": round(deepen_ms, 1), "resumed_tokens": on["resumed_tokens"], "same_kept": same,
-                     "read": "full depth" if deep else "the same encoding"})
-        print(f"{kind:5} turn {turn:2}  {len(ids):6} tokens  resumed {on['resumed_tokens']:6}  "
-              f"{on_ms:9.1f} ms  whole {off_ms:9.1f} ms  (deepening after it {deepen_ms:8.1f} ms)  "
-              f"same kept as {'full depth' if deep else 'whole'}: {same}", flush=True)
-    later_on = sum(r["resume_ms"] for r in rows[1:])
-    later_off = sum(r["whole_ms"] for r in rows[1:])
+    try:
+        if done:  # hold what the earlier turns left: the last one sent again, untimed
+            set_way(engine, resuming, True)
+            send(conversation[len(done) - 1][2])
+            engine.deepening.wait_idle(3600)
+        for number in range(len(done) + 1, turns + 1):
+            row = {"kind": kind, "turn": number, **one_turn(engine, send, resuming, whole, conversation[number - 1])}
+            append(rows, row)
+            print(f"{kind:5} turn {number:2}  {row['tokens']:6} tokens  resumed {row['resumed_tokens']:6}  "
+                  f"{row['resume_ms']:9.1f} ms  whole {row['whole_ms']:9.1f} ms  (deepening after it "
+                  f"{row['deepen_ms']:8.1f} ms)  same sent as {'full depth' if row['read'] == 'full depth' else 'whole'}: "
+                  f"{row['same_sent']}", flush=True)
+    finally:
+        if sidecar is not None:
+            sidecar.close()
+    summarize(kind, turns, [r for r in read_rows(rows) if r["kind"] == kind and "turn" in r], rows)
+
+
+def summarize(kind: str, turns: int, done: list[dict], rows: Path) -> None:
+    later_on = sum(r["resume_ms"] for r in done[1:])
+    later_off = sum(r["whole_ms"] for r in done[1:])
     summary = {"kind": kind, "turns": turns, "later_resume_ms": round(later_on, 1), "later_whole_ms": round(later_off, 1),
-               "ratio": round(later_on / later_off, 3), "all_same_kept": all(r["same_kept"] for r in rows), "rows": rows}
+               "ratio": round(later_on / later_off, 3), "all_same_sent": all(r["same_sent"] for r in done)}
+    append(rows, summary)
     print(f"{kind}: turns 2-{turns} {later_on / 1000:.1f} s resuming vs {later_off / 1000:.1f} s whole "
-          f"({summary['ratio']:.3f}x); every turn kept the same: {summary['all_same_kept']}", flush=True)
-    return summary
+          f"({summary['ratio']:.3f}x); every turn sent the same: {summary['all_same_sent']}", flush=True)
+
+
+def read_rows(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.is_file() else []
+
+
+def append(path: Path, row: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("a") as out:
+        out.write(json.dumps(row) + "\n")
 
 
 def main() -> None:
@@ -121,20 +221,14 @@ def main() -> None:
     parser.add_argument("--kinds", default="chat,agent")
     parser.add_argument("--rows", type=Path, default=ROWS)
     parser.add_argument("--fresh", action="store_true")
+    parser.add_argument("--document-tokens", type=int, help="a shorter start (a quick look): chat 32000, agent 16000")
     args = parser.parse_args()
     if args.fresh and args.rows.exists():
         args.rows.unlink()
-    done = {json.loads(line)["kind"] for line in args.rows.open()} if args.rows.exists() else set()
     engine = Engine(EngineConfig(dtype="float32"))
     print(f"{engine.model_name}, layer {engine.layer}, float32, budget {BUDGET}", flush=True)
     for kind in args.kinds.split(","):
-        if kind in done:
-            print(f"{kind}: already in {args.rows}")
-            continue
-        summary = run(engine, kind, args.turns)
-        args.rows.parent.mkdir(parents=True, exist_ok=True)
-        with args.rows.open("a") as out:
-            out.write(json.dumps(summary) + "\n")
+        run(engine, kind, args.turns, args.rows, args.document_tokens)
 
 
 if __name__ == "__main__":
