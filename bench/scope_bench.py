@@ -7,7 +7,10 @@
 2. Over HTTP (`ilre serve`'s in-process queue on loopback, keys on): the same two kinds of probe.
 3. The text Alice sent, sent again by Bob (computed afresh: nothing is shared under the hood),
    against a text nobody sent and against Alice sending it again (a cache hit).
-Usage: bench/scope_bench.py [--probes 1000] [--tokens 2048] [--output results/bench/scope.txt]
+4. A context that grows Alice's text, sent by keys that never sent anything (no prefix of theirs is held),
+   against one that grows a text nobody sent, interleaved at random (--grown probes each); beside it,
+   Alice growing her own text (her prefix is taken on), to show what resuming would give away.
+Usage: bench/scope_bench.py [--probes 1000] [--grown 20] [--tokens 2048] [--output results/bench/scope.txt]
 """
 
 from __future__ import annotations
@@ -133,9 +136,32 @@ def same_text(engine: Engine, text: str, other: str) -> str:
     return "one text, two keys: " + ", ".join(f"{label} {1e3 * s:.0f} ms" for label, s in seconds.items())
 
 
+def grown(engine: Engine, ids: list[int], tokens: int, probes: int) -> list[str]:
+    """Alice's text + a new tail, sent by a new key each time, vs a new text + a new tail (both resume nothing)."""
+    engine.documents = DocumentCache(1 << 30)
+    alice = ids[:tokens]
+    engine.compress(CompressRequest(context_ids=alice, query=QUERY, budget=64), "key:alice")
+    tails = iter(ids[tokens * 3 + 300 * n: tokens * 3 + 300 * (n + 1)] for n in range(3 * probes))
+    news = iter(ids[tokens * 3 + 900 * probes + tokens * n:][:tokens] for n in range(probes))
+    keys = iter(f"key:new-{n}" for n in range(3 * probes))
+
+    def send(prefix: Callable[[], list[int]], scope: Callable[[], str], resumed: bool) -> Callable[[], None]:
+        def call() -> None:
+            result = engine.compress(CompressRequest(context_ids=prefix() + next(tails), query=QUERY, budget=64),
+                                     scope())
+            assert (result.resumed_tokens > 0) == resumed, result.resumed_tokens
+        return call
+    across = interleaved({"Alice's text grown": send(lambda: alice, lambda: next(keys), False),
+                          "a new text grown": send(lambda: next(news), lambda: next(keys), False)}, probes)
+    own = interleaved({"Alice's text grown": send(lambda: alice, lambda: next(keys), False),
+                       "by Alice": send(lambda: alice, lambda: "key:alice", True)}, probes // 2)
+    return [compare("grown text, keys that sent nothing", across), compare("(power) grown text, a new key vs Alice", own)]
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--probes", type=int, default=1000, help="per kind")
+    parser.add_argument("--grown", type=int, default=20, help="probes per kind of grown text")
     parser.add_argument("--tokens", type=int, default=2048, help="tokens of the stored document")
     parser.add_argument("--output", default="results/bench/scope.txt")
     args = parser.parse_args()
@@ -152,6 +178,7 @@ def main() -> int:
             redis.stop()
     lines.append(over_http(engine, text, args.probes // 2))
     lines.append(same_text(engine, text, other))
+    lines += grown(engine, ids, args.tokens, args.grown)
     report = "\n".join(lines)
     print(report)
     Path(args.output).parent.mkdir(parents=True, exist_ok=True)

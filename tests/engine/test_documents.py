@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ilre.compressor.pipeline import select_context_queries
-from ilre.compressor.prefill import PrefillConfig, encode_context
+from ilre.compressor.prefill import PrefillConfig, chunk_bounds, encode_context, extend_context
 from ilre.engine.document_names import DocumentNames
 from ilre.engine.documents import DocumentCache, state_key
 from ilre.engine.engine import NOT_FOUND_MESSAGE
@@ -99,6 +99,32 @@ def test_a_document_larger_than_the_cap_keeps_its_ids_not_its_states():
     off = DocumentCache(max_bytes=0)
     off.remember(doc, ids)
     assert off.ids(doc) is None and off.stats.bytes == 0
+
+
+def test_a_growing_conversation_stays_under_the_byte_cap_with_its_resume_points():
+    """Each turn takes the previous one's encoding on and is kept with its own resume point (the lower layers'
+    windows as they stood at its last chunk boundary), which the cache counts: under a cap of about three turns
+    the cache never holds more than the cap, the turns that went are no longer offered as prefixes, and every
+    turn still finds the one before it."""
+    context = random_ids(140, seed=21)
+    turns = [(NAMES.document_id("", "tiny", context[:n]), context[:n]) for n in range(40, 141, 20)]
+    first = encode_context(tiny(), turns[0][1], CONFIG)
+    assert first.resume is not None and first.resume.nbytes > 0
+    cache = DocumentCache(max_bytes=3 * (turns[2][1].numel() * 8 + encode_context(tiny(), turns[2][1], CONFIG).nbytes))
+    for n, (slot, ids) in enumerate(turns):
+        ends = [end for _, end in chunk_bounds(ids.numel(), CONFIG)[:-1]][::-1]
+        found = cache.resumable(list(zip(ends, NAMES.prefix_slots("", "tiny", ids, ends[::-1])[::-1])), "k", None)
+        assert (found is not None) == (n > 0), n  # the turn before is always held
+        state = extend_context(tiny(), found, ids) if found is not None else encode_context(tiny(), ids, CONFIG)
+        cache.remember(slot, ids)
+        cache.store_state(slot, "k", state)
+        cache.name_prefix(NAMES.prefix_slots("", "tiny", ids, [state.resume.at])[0], slot)
+        held = {s: entry for s, entry in cache._docs.items()}
+        assert cache.stats.bytes == sum(entry.nbytes for entry in held.values()) <= cache.max_bytes
+        stored = sum(t.numel() * t.element_size() for t in state.to_tensors().values())
+        assert 0 <= stored - state.nbytes <= 512  # the count is what is stored, resume windows included (and scalars)
+        assert set(cache._prefixes.values()) <= set(held)  # no prefix names a document that went
+    assert cache.stats.evictions > 0 and not cache.holds(turns[0][0], "k")  # the oldest turns went (their states first)
 
 
 @pytest.fixture()
