@@ -68,19 +68,21 @@ def comparable(result) -> dict:
 
 
 class Cluster:
-    """redis-server (AOF on), `ilre serve --redis-url`, and two `ilre worker` processes."""
+    """redis-server (AOF on), `ilre serve --redis-url`, and two `ilre worker` processes (`front`, `worker`: more
+    arguments of each)."""
 
-    def __init__(self, directory: Path):
-        self.dir = directory
+    def __init__(self, directory: Path, front: tuple[str, ...] = (), worker: tuple[str, ...] = CACHES):
+        self.dir, self.worker_args = directory, worker
         self.redis_port, self.grpc_port, self.http_port = free_port(), free_port(), free_port()
         self.url = f"redis://127.0.0.1:{self.redis_port}/0"
         binary = shutil.which("redis-server")
         if binary is None:
             raise SystemExit("soak: redis-server not found (`make tools` installs one)")
-        self.redis = subprocess.Popen([binary, "--port", str(self.redis_port), "--bind", "127.0.0.1", "--dir", str(directory),
-                                       "--appendonly", "yes", "--save", ""], stdout=subprocess.DEVNULL)
+        self.redis_command = [binary, "--port", str(self.redis_port), "--bind", "127.0.0.1", "--dir", str(directory),
+                              "--appendonly", "yes", "--save", ""]
+        self.redis = subprocess.Popen(self.redis_command, stdout=subprocess.DEVNULL)
         self.front = self._spawn("front", "serve", "--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port),
-                                 "--max-queue", "128", "--log-format", "json")
+                                 "--max-queue", "128", "--log-format", "json", *front)
         self.workers = {name: self._worker(name) for name in ("steady", "restarted-0")}
         self.restarts = 0
 
@@ -91,7 +93,7 @@ class Cluster:
 
     def _worker(self, name: str) -> subprocess.Popen:
         return self._spawn(name, "worker", "--name", name, "--threads", "1", "--claim-idle-ms", "5000", "--log-format", "json",
-                           *CACHES)
+                           *self.worker_args)
 
     def wait_ready(self) -> None:
         client = redis.Redis(port=self.redis_port)
@@ -117,9 +119,22 @@ class Cluster:
         self.workers[f"restarted-{self.restarts}"] = self._worker(f"restarted-{self.restarts}")
         return how
 
+    def restart_redis(self) -> str:
+        """Stop redis-server (SIGTERM: it writes its AOF) and start it again on the same port and data."""
+        self.redis.send_signal(signal.SIGTERM)
+        self.redis.wait(120)
+        self.redis = subprocess.Popen(self.redis_command, stdout=subprocess.DEVNULL)
+        return "Redis restart"
+
     def pids(self) -> dict[str, int]:
         return {"front end": self.front.pid, "redis": self.redis.pid, "steady worker": self.workers["steady"].pid,
                 "restarted worker": next(p.pid for n, p in self.workers.items() if n != "steady")}
+
+    def keep_logs(self, folder: Path) -> None:
+        """Copy the processes' logs to `folder`."""
+        folder.mkdir(parents=True, exist_ok=True)
+        for log in self.dir.glob("*.log"):
+            shutil.copy(log, folder / log.name)
 
     def stop(self) -> None:
         for proc in (*self.workers.values(), self.front, self.redis):
@@ -333,10 +348,7 @@ def main() -> int:
             asyncio.run(drive(args, cluster, traffic, out))
         finally:
             cluster.stop()
-            logs = results / "logs"
-            logs.mkdir(exist_ok=True)
-            for log in Path(tmp).glob("*.log"):
-                shutil.copy(log, logs / log.name)
+            cluster.keep_logs(results / "logs")
     summary = summarise(args, out, results)
     (results / "summary.md").write_text(summary)
     print(summary)

@@ -273,6 +273,57 @@ def test_a_document_that_left_the_cache_is_skipped_and_the_queue_is_bounded():
         deepener.close()
 
 
+def timed(log: list, name: str, steps: int, step_s: float):
+    """A document whose deepening takes `steps` steps of `step_s` seconds each (a stub of a step's cost)."""
+    def run():
+        for _ in range(steps):
+            time.sleep(step_s)
+            yield
+        log.append((name, time.monotonic()))
+        return name
+    return run
+
+
+def test_keys_take_turns_so_a_flooding_key_delays_another_by_one_document_at_most():
+    """One key offers 20 documents, each 5 steps of 20 ms (0.1 s); a quiet key's document offered while the
+    flooder's first runs is done within two documents' time, and the flooder's then go on, newest first."""
+    deepener, done, stored = Deepener(True, max_pending=8), [], []
+    try:
+        with deepener.turn(), deepener._changed:
+            for n in range(20):
+                deepener.offer(f"flood-{n}", timed(done, f"flood-{n}", 5, 0.02), stored.append, lambda: True,
+                               owner="flood")
+        time.sleep(0.03)  # the flooder's newest is being deepened
+        offered = time.monotonic()
+        deepener.offer("quiet", timed(done, "quiet", 5, 0.02), stored.append, lambda: True, owner="quiet")
+        assert deepener.wait_idle(30)
+    finally:
+        deepener.close()
+    order = [name for name, _ in done]
+    assert order[:2] == ["flood-19", "quiet"], order  # the one in progress, then the quiet key's
+    assert dict(done)["quiet"] - offered < 2 * 0.1 + 0.15  # two documents' time (and scheduling slack)
+    assert order[2:] == [f"flood-{n}" for n in range(18, 11, -1)]  # 8 kept per key (the newest), newest first
+    assert deepener.stats.dropped == 12
+
+
+def test_keys_with_documents_waiting_are_served_round_robin_and_the_total_is_bounded(monkeypatch):
+    import ilre.engine.deepening as deepening
+
+    monkeypatch.setattr(deepening, "MAX_WAITING", 6)
+    deepener, log, stored = Deepener(True, max_pending=4), [], []
+    try:
+        with deepener.turn(), deepener._changed:
+            for owner, count in (("a", 4), ("b", 2), ("c", 1)):
+                for n in range(count):
+                    deepener.offer(f"{owner}{n}", counting(log, f"{owner}{n}", 1), stored.append, lambda: True,
+                                   owner=owner)
+        assert deepener.wait_idle(10)
+    finally:
+        deepener.close()
+    # 7 offered, 6 kept: the oldest of the owner with the most ("a0") went; then turns: the newest owner first
+    assert stored == ["c0", "b1", "a3", "b0", "a2", "a1"] and deepener.stats.dropped == 1
+
+
 def test_a_failing_deepening_is_logged_and_the_next_one_runs(caplog):
     def broken():
         yield

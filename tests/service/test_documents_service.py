@@ -83,7 +83,7 @@ def test_queries_and_document_ids_over_http(local_service, engine):
         metrics = http.get("/metrics").text
     hits = [line for line in metrics.splitlines() if line.startswith('ilre_doc_cache_hits_total{kind="state",tier="local"}')]
     assert hits and float(hits[0].split()[-1]) >= 1
-    assert "ilre_doc_cache_bytes" in metrics and 'ilre_doc_cache_evictions_total{tier="local"}' in metrics
+    assert "ilre_doc_cache_bytes" in metrics and 'ilre_doc_cache_evictions_total{cause="own",tier="local"}' in metrics
 
 
 def _metric(port: int, prefix: str) -> float:

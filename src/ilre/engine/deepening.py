@@ -9,8 +9,11 @@ hands the finished state to the document cache. Later queries of the document th
 `deepened()` form against it: a query chunk and a score over every token, with no candidate pass.
 
 Requests come first: each takes its turn through `turn()`, which a step in progress delays by at most one
-layer of one chunk; no step starts while a request waits. The newest offers run first; at most
-`max_pending` wait, older ones are dropped. A document that left the cache is skipped.
+layer of one chunk; no step starts while a request waits. Owners (the callers' scopes) take turns, round
+robin, newest offer first within an owner; an owner that had nothing waiting goes next, so a key that floods
+the queue delays another key's document by at most the document being deepened. At most `max_pending` wait per owner (its oldest
+is dropped beyond), and MAX_WAITING in all (the oldest offer of the owner with the most is dropped). A
+document that left the cache is skipped.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from ..compressor.prefill import ContextState
 
 log = logging.getLogger(__name__)
 
-MAX_PENDING = 8  # documents waiting to be deepened; the oldest offer is dropped beyond this
+MAX_PENDING = 8  # documents of one owner waiting to be deepened; its oldest offer is dropped beyond this
+MAX_WAITING = 64  # documents of all owners waiting
 
 _RUNNING: "weakref.WeakSet[Deepener]" = weakref.WeakSet()  # closed at exit: a step must not outlive the interpreter
 
@@ -74,7 +78,8 @@ class Deepener:
         self._model = threading.Lock()  # who runs on the model now: one request, or one deepening step
         self._changed = threading.Condition()
         self._waiting = 0  # requests that want the model
-        self._offers: collections.OrderedDict[str, _Offer] = collections.OrderedDict()
+        self._offers: dict[str, collections.OrderedDict[str, _Offer]] = {}  # owner -> its offers, newest first
+        self._turns: collections.deque[str] = collections.deque()  # owners with offers, the next one first
         self._busy = False  # a document is being deepened
         self._closed = False
         self._thread: threading.Thread | None = None
@@ -94,16 +99,26 @@ class Deepener:
                 self._changed.notify_all()
 
     def offer(self, name: str, start: Callable[[], Generator[None, None, ContextState]],
-              store: Callable[[ContextState], None], wanted: Callable[[], bool]) -> None:
-        """Queue document `name` (a cache slot and state key) for deepening, newest first; a name already
-        queued moves to the front."""
+              store: Callable[[ContextState], None], wanted: Callable[[], bool], owner: str = "") -> None:
+        """Queue document `name` (a cache slot and state key) of `owner` (the caller's scope tag) for deepening,
+        first among its owner's; a name already queued moves to the front."""
         if not self.enabled or self._closed:
             return
         with self._changed:
-            self._offers[name] = _Offer(start, store, wanted)
-            self._offers.move_to_end(name, last=False)
-            while len(self._offers) > self.max_pending:
-                self._offers.popitem()
+            for offers in self._offers.values():
+                offers.pop(name, None)
+            if owner not in self._offers or not self._offers[owner]:
+                self._offers[owner] = collections.OrderedDict()
+                if owner not in self._turns:  # an owner that had nothing waiting goes next
+                    self._turns.appendleft(owner)
+            offers = self._offers[owner]
+            offers[name] = _Offer(start, store, wanted)
+            offers.move_to_end(name, last=False)
+            while len(offers) > self.max_pending:
+                offers.popitem()
+                self.stats.dropped += 1
+            while sum(len(o) for o in self._offers.values()) > MAX_WAITING:
+                max(self._offers.values(), key=len).popitem()
                 self.stats.dropped += 1
             if self._thread is None:
                 self._thread = threading.Thread(target=self._run, name="ilre-deepening", daemon=True)
@@ -114,18 +129,34 @@ class Deepener:
     def pending(self, name: str) -> bool:
         """Whether document `name` waits to be deepened."""
         with self._changed:
-            return name in self._offers
+            return any(name in offers for offers in self._offers.values())
+
+    def _waiting_offers(self) -> bool:
+        return any(self._offers.values())
+
+    def _next(self) -> _Offer:
+        """The newest offer of the next owner in turn (the caller holds the lock and knows there is one)."""
+        while not self._offers.get(self._turns[0]):
+            self._offers.pop(self._turns.popleft(), None)
+        owner = self._turns.popleft()
+        _, offer = self._offers[owner].popitem(last=False)
+        if self._offers[owner]:
+            self._turns.append(owner)
+        else:
+            del self._offers[owner]
+        return offer
 
     def wait_idle(self, timeout: float | None = None) -> bool:
         """Block until nothing is queued or being deepened (True), or `timeout` seconds pass (False)."""
         with self._changed:
-            return self._changed.wait_for(lambda: not self._offers and not self._busy, timeout)
+            return self._changed.wait_for(lambda: not self._waiting_offers() and not self._busy, timeout)
 
     def close(self) -> None:
         """Stop after the step in progress; queued documents are dropped (also done at exit)."""
         with self._changed:
             self._closed = True
             self._offers.clear()
+            self._turns.clear()
             self._changed.notify_all()
         if self._thread is not None:
             self._thread.join()
@@ -133,10 +164,10 @@ class Deepener:
     def _run(self) -> None:
         while True:
             with self._changed:
-                self._changed.wait_for(lambda: self._closed or self._offers)
+                self._changed.wait_for(lambda: self._closed or self._waiting_offers())
                 if self._closed:
                     return
-                _, offer = self._offers.popitem(last=False)
+                offer = self._next()
                 self._busy = True
             try:
                 self._deepen(offer)

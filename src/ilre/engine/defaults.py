@@ -11,4 +11,5 @@ QUERY_TOKENS = 64  # a prompt with no separate question: its last N tokens are t
 MAX_EXPLAIN_TOKENS = 1 << 16  # context tokens an explanation page shows (larger pages no browser renders comfortably)
 
 DOC_CACHE_MB = 1024  # the in-process document cache (IDs and encoded contexts); 0 = off
+DOC_CACHE_SHARE = 0.125  # of each cache tier's cap, held for each caller's scope against the others' traffic
 AUTO_BATCH_TOKENS = 16384  # padded context tokens per batched prefill on GPUs and NPUs (32 requests of ~500)

@@ -62,6 +62,11 @@ class DocumentNames:
             slots.append(self.slot(scope, mac.copy().hexdigest()[:DOCUMENT_ID_CHARS]))
         return slots
 
+    def owner(self, scope: str) -> str:
+        """The tag the document cache counts `scope`'s documents under (its share of each tier): 16 hex digits, the
+        same for every document of the scope, telling nothing of the scope's name (it is stored on Redis)."""
+        return hmac.new(self.secret, _field(b"owner") + _field(scope.encode()), hashlib.sha256).hexdigest()[:16]
+
     def fingerprint(self) -> str:
         """8 hex digits that tell two secrets apart in logs, without revealing either."""
         return hashlib.sha256(b"ilre-document-secret\0" + self.secret).hexdigest()[:8]

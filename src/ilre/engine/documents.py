@@ -10,7 +10,11 @@ finds it only from the same scope. Two tiers, both optional to a request and inv
               Eviction keeps documents that are asked again: first the states of documents named
               once (least recently used first), then those documents, then the states of documents
               named again, then those, so a burst of one-off documents cannot push out a small
-              document that is asked every few seconds
+              document that is asked every few seconds. Each document has an owner (the caller's
+              scope, as an opaque tag): a caller holding more than its `share` of the cap gives up
+              its own documents first, then owners over their share give up theirs, so one
+              that stays within its share is never evicted by another's traffic (while no more than
+              1/share owners hold documents; beyond that, the least recently used of anyone's go)
   shared      a `SharedDocuments` store (service/documents/redis_tier.py: Redis with a TTL and a byte
               cap) that every worker reads, so a second query reaches any worker; states travel
               as named tensors (ContextState.to_tensors)
@@ -30,6 +34,7 @@ import torch
 
 from ..compressor.prefill import ContextState, PrefillConfig
 from ..compressor.units import Units
+from .defaults import DOC_CACHE_SHARE
 
 log = logging.getLogger(__name__)
 
@@ -47,9 +52,9 @@ class SharedDocuments(Protocol):
     """A store every worker reads (None results = not there; failures are the store's to log)."""
 
     def get_ids(self, slot: str) -> torch.Tensor | None: ...
-    def put_ids(self, slot: str, ids: torch.Tensor) -> None: ...
+    def put_ids(self, slot: str, ids: torch.Tensor, owner: str = "") -> None: ...
     def get_state(self, slot: str, key: str) -> dict[str, torch.Tensor] | None: ...
-    def put_state(self, slot: str, key: str, tensors: dict[str, torch.Tensor]) -> None: ...
+    def put_state(self, slot: str, key: str, tensors: dict[str, torch.Tensor], owner: str = "") -> None: ...
     def put_prefix(self, prefix: str, slot: str) -> None: ...
     def get_prefixes(self, prefixes: list[str]) -> list[str | None]: ...
 
@@ -61,6 +66,7 @@ class CacheStats:
     hits: collections.Counter = field(default_factory=collections.Counter)
     misses: collections.Counter = field(default_factory=collections.Counter)
     evictions: int = 0
+    evicted: collections.Counter = field(default_factory=collections.Counter)  # by cause: own, pressure
     bytes: int = 0
     documents: int = 0
 
@@ -72,6 +78,7 @@ class _Document:
     uses: int = 1  # requests that named it (its context again, or its id)
     units: dict[str, Units] = field(default_factory=dict)  # units per segmentation setting
     prefixes: set[str] = field(default_factory=set)  # the prefix slots naming it (`DocumentCache.name_prefix`)
+    owner: str = ""  # whose share it counts in (DocumentNames.owner of the caller's scope)
 
     @property
     def nbytes(self) -> int:
@@ -82,16 +89,17 @@ class _Document:
 class DocumentCache:
     """The two tiers behind one interface; safe to call from several threads."""
 
-    def __init__(self, max_bytes: int, shared: SharedDocuments | None = None):
-        self.max_bytes = max_bytes
+    def __init__(self, max_bytes: int, shared: SharedDocuments | None = None, share: float = DOC_CACHE_SHARE):
+        self.max_bytes, self.share = max_bytes, share
         self.shared = shared
         self.stats = CacheStats()
         self._docs: collections.OrderedDict[str, _Document] = collections.OrderedDict()
         self._prefixes: dict[str, str] = {}  # prefix slot -> the slot of the document whose encoding it takes on
         self._lock = threading.RLock()
 
-    def ids(self, slot: str) -> torch.Tensor | None:
-        """(L,) int64 IDs of the document held in `slot`, or None (evicted everywhere, or never there)."""
+    def ids(self, slot: str, owner: str = "") -> torch.Tensor | None:
+        """(L,) int64 IDs of the document held in `slot`, or None (evicted everywhere, or never there); one found
+        on the shared tier is kept here in `owner`'s share."""
         with self._lock:
             entry = self._docs.get(slot)
             if entry is not None:
@@ -105,41 +113,45 @@ class DocumentCache:
         ids = self.shared.get_ids(slot)
         (self.stats.hits if ids is not None else self.stats.misses)["ids", "shared"] += 1
         if ids is not None:
-            self._insert(slot, _Document(ids, uses=2))  # named again: another worker saw it first
+            self._insert(slot, _Document(ids, uses=2, owner=owner))  # named again: another worker saw it first
         return ids
 
-    def remember(self, slot: str, ids: torch.Tensor) -> None:
-        """Record a document's IDs in `slot` (in both tiers) so that later requests may name it by id."""
+    def remember(self, slot: str, ids: torch.Tensor, owner: str = "") -> None:
+        """Record a document's IDs in `slot` (in both tiers, in `owner`'s share) so that later requests may name it
+        by id."""
         with self._lock:
             if slot in self._docs:
                 self._docs.move_to_end(slot)
                 self._docs[slot].uses += 1
                 return
-        self._insert(slot, _Document(ids))
+        self._insert(slot, _Document(ids, owner=owner))
         if self.shared is not None:
-            self.shared.put_ids(slot, ids)
+            self.shared.put_ids(slot, ids, owner)
 
     def state(self, slot: str, key: str, encode: Callable[[], ContextState],
-              restore: Callable[[dict[str, torch.Tensor]], ContextState]) -> ContextState:
+              restore: Callable[[dict[str, torch.Tensor]], ContextState], owner: str = "") -> ContextState:
         """The document's ContextState for prefill settings `key`: from this process, else from the
-        shared store (`restore` places its tensors), else `encode()`d and stored in both."""
-        return self._tiered(slot, key, "state", lambda entry: entry.states, encode, restore, ContextState.to_tensors)
+        shared store (`restore` places its tensors), else `encode()`d and stored in both (in `owner`'s share)."""
+        return self._tiered(slot, key, "state", lambda entry: entry.states, encode, restore, ContextState.to_tensors,
+                            owner)
 
-    def units(self, slot: str, key: str, compute: Callable[[], Units]) -> Units:
+    def units(self, slot: str, key: str, compute: Callable[[], Units], owner: str = "") -> Units:
         """The document's Units for segmentation setting `key`: from this process, else the shared store
         (under the state key `key`, as the tensors "bounds" and "heads"), else `compute()`d and stored in
         both. Kept with the document's IDs (a few bytes per unit), evicted with the document."""
-        return self._tiered(slot, key, "units", lambda entry: entry.units, compute, Units.from_tensors, Units.to_tensors)
+        return self._tiered(slot, key, "units", lambda entry: entry.units, compute, Units.from_tensors, Units.to_tensors,
+                            owner)
 
     def held_state(self, slot: str, key: str,
                    restore: Callable[[dict[str, torch.Tensor]], ContextState]) -> ContextState | None:
         """The document's ContextState for `key` if either tier holds it (nothing is encoded)."""
         return self._lookup(slot, key, "state", lambda entry: entry.states, restore)
 
-    def store_state(self, slot: str, key: str, state: ContextState, replaces: str | None = None) -> bool:
-        """Keep a state encoded elsewhere (a background deepening) under `key`, in both tiers, dropping
-        this process's state `replaces`, which it supersedes. False when the document has left this
-        process (nothing is kept then)."""
+    def store_state(self, slot: str, key: str, state: ContextState, replaces: str | None = None,
+                    owner: str = "") -> bool:
+        """Keep a state encoded elsewhere (a background deepening) under `key`, in both tiers (in `owner`'s
+        share), dropping this process's state `replaces`, which it supersedes. False when the document has
+        left this process (nothing is kept then)."""
         with self._lock:
             entry = self._docs.get(slot)
             if entry is None:
@@ -147,7 +159,7 @@ class DocumentCache:
             if replaces is not None:
                 entry.states.pop(replaces, None)
         if self.shared is not None:
-            self.shared.put_state(slot, key, state.to_tensors())
+            self.shared.put_state(slot, key, state.to_tensors(), owner)
         return self._keep(slot, key, lambda entry: entry.states, state)
 
     def name_prefix(self, prefix: str, slot: str) -> None:
@@ -199,7 +211,8 @@ class DocumentCache:
             return entry is not None and (key is None or key in entry.states)
 
     def _tiered(self, slot: str, key: str, kind: str, held: Callable[[_Document], dict], compute: Callable[[], Any],
-                restore: Callable[[dict[str, torch.Tensor]], Any], to_tensors: Callable[[Any], dict[str, torch.Tensor]]):
+                restore: Callable[[dict[str, torch.Tensor]], Any], to_tensors: Callable[[Any], dict[str, torch.Tensor]],
+                owner: str):
         """What `held(entry)[key]` holds for the document: from this process, else the shared store
         (`restore`d from its tensors), else `compute()`d and stored in both (counted as `kind`)."""
         found = self._lookup(slot, key, kind, held, restore)
@@ -207,7 +220,7 @@ class DocumentCache:
             return found
         value = compute()
         if self.shared is not None:
-            self.shared.put_state(slot, key, to_tensors(value))
+            self.shared.put_state(slot, key, to_tensors(value), owner)
         self._keep(slot, key, held, value)
         return value
 
@@ -263,35 +276,46 @@ class DocumentCache:
             self._fit(keep=slot)
 
     def _fit(self, keep: str) -> None:
-        """Evict until the cap holds, least recently used first within each step: the states of
-        documents named once, those documents, the states of documents named again, those documents.
-        `keep` (the one just used) goes last: first its states, then, if its IDs alone do not fit,
-        the document itself."""
-        total = sum(d.nbytes for d in self._docs.values())
-        for repeated, whole in ((False, False), (False, True), (True, False), (True, True)):
-            for slot in list(self._docs):
-                if total <= self.max_bytes:
-                    break
-                entry = self._docs[slot]
-                if slot == keep or (entry.uses > 1) != repeated or not (whole or entry.states):
-                    continue
-                total -= entry.nbytes
-                if whole:
-                    self._forget(self._docs.pop(slot))
-                    self.stats.evictions += 1
-                else:
-                    self.stats.evictions += len(entry.states)
-                    entry.states.clear()
-                    total += entry.nbytes
+        """Evict until the cap holds. Who gives up entries, in turn: the owner of `keep` (the document just used)
+        while it holds more than its share, owners over their share, then (shares oversubscribed) anyone; within
+        each turn least recently used first, in the order: the states of documents named once, those documents,
+        the states of documents named again, those documents. `keep` goes last: first its states, then, if its
+        IDs alone do not fit, the document itself."""
+        used: collections.Counter = collections.Counter()
+        for entry in self._docs.values():
+            used[entry.owner] += entry.nbytes
+        total, share = sum(used.values()), self.share * self.max_bytes
+        owner = self._docs[keep].owner if keep in self._docs else None
+        for turn in (lambda who: who == owner and used[who] > share, lambda who: used[who] > share, lambda who: True):
+            for repeated, whole in ((False, False), (False, True), (True, False), (True, True)):
+                for slot in list(self._docs):
+                    if total <= self.max_bytes:
+                        break
+                    entry = self._docs[slot]
+                    if (slot == keep or (entry.uses > 1) != repeated or not (whole or entry.states)
+                            or not turn(entry.owner)):
+                        continue
+                    total -= self._evict(slot, whole, used, "own" if entry.owner == owner else "pressure")
         entry = self._docs.get(keep)
         if total > self.max_bytes and entry is not None:
-            self.stats.evictions += len(entry.states)
-            total -= entry.nbytes
-            entry.states.clear()
+            total -= self._evict(keep, False, used, "own")
             if entry.nbytes > self.max_bytes:
-                self._forget(self._docs.pop(keep))
-                self.stats.evictions += 1
-            else:
-                total += entry.nbytes
+                total -= self._evict(keep, True, used, "own")
         self.stats.bytes = max(0, total)
         self.stats.documents = len(self._docs)
+
+    def _evict(self, slot: str, whole: bool, used: collections.Counter, cause: str) -> int:
+        """Drop the document in `slot` (whole) or its states; the bytes freed (`used` and the stats follow)."""
+        entry = self._docs[slot]
+        before = entry.nbytes
+        if whole:
+            self._forget(self._docs.pop(slot))
+            count = 1
+        else:
+            count = len(entry.states)
+            entry.states.clear()
+        freed = before - (0 if whole else entry.nbytes)
+        used[entry.owner] -= freed
+        self.stats.evictions += count
+        self.stats.evicted[cause] += count
+        return freed

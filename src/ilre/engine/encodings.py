@@ -57,7 +57,8 @@ class DocumentEncodings:
                 self._resume = resumed(job.model, state, strategy.deepened())
             return state
 
-        return self.policy.documents.state(job.slot, self.policy.key(job, strategy), encode, self.policy.restore(job))
+        return self.policy.documents.state(job.slot, self.policy.key(job, strategy), encode, self.policy.restore(job),
+                                           job.owner)
 
     def _encode(self, strategy: Strategy, keep_hidden: bool = False) -> ContextState:
         """The encoding `strategy` reads, made now (taken on from a cached prefix where the caller holds one), its
@@ -83,7 +84,7 @@ class DocumentEncodings:
             else:
                 held = self._encode(deep)
             replaces = policy.key(job, self.strategy) if policy.deepening.enabled else None
-            policy.documents.store_state(job.slot, key, held, replaces=replaces)
+            policy.documents.store_state(job.slot, key, held, replaces=replaces, owner=job.owner)
         self.deepen_ms = round((time.perf_counter() - clock) * 1000.0, 3)
         return held
 
@@ -181,7 +182,7 @@ class EncodingPolicy:
         slot, key, first = job.slot, self.key(job, deep), self.key(job, job.strategy)
 
         def store(state: ContextState) -> bool:
-            stored = self.documents.store_state(slot, key, state, replaces=first)
+            stored = self.documents.store_state(slot, key, state, replaces=first, owner=job.owner)
             self.name_prefix(job, state)
             return stored
 
@@ -189,4 +190,5 @@ class EncodingPolicy:
             f"{slot}/{key}",
             start=lambda: self.steps(job, deep)[0],
             store=store,
-            wanted=lambda: self.documents.holds(slot) and not self.documents.holds(slot, key))
+            wanted=lambda: self.documents.holds(slot) and not self.documents.holds(slot, key),
+            owner=job.owner)

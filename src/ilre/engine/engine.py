@@ -66,8 +66,8 @@ class Engine:
         self.tokenizer = load_tokenizer(checkpoint.path)
         self.names = DocumentNames()
         self.deepening = Deepener(config.deepen)  # also whose turn it is: one request at a time
-        self.encodings = EncodingPolicy(DocumentCache(config.doc_cache_mb << 20, shared_documents), self.deepening,
-                                        self.placement.dtype_name, config.resume)
+        documents = DocumentCache(config.doc_cache_mb << 20, shared_documents, config.doc_cache_share)
+        self.encodings = EncodingPolicy(documents, self.deepening, self.placement.dtype_name, config.resume)
         self._models: dict[int, TruncatedLM] = {}
         self.model_at(self.layer)
 
@@ -143,11 +143,12 @@ class Engine:
         if not 1 <= layer <= self.spec.num_layers:
             raise InputError(name, f"must be in 1..{self.spec.num_layers} (got {layer})")
 
-    def units(self, slot: str, context_ids: torch.Tensor) -> Units:
+    def units(self, slot: str, context_ids: torch.Tensor, owner: str = "") -> Units:
         """The context's Units (compressor/units.py), computed once per document and kept
-        with it in the document cache (under its `slot`)."""
+        with it in the document cache (under its `slot`, in `owner`'s share)."""
         return self.documents.units(slot, UNITS_VERSION,
-                                    lambda: document_units(context_bytes(token_bytes(self.tokenizer), context_ids)))
+                                    lambda: document_units(context_bytes(token_bytes(self.tokenizer), context_ids)),
+                                    owner)
 
     def _ids(self, name: str, text: str | None, ids: list[int] | None, limit: int, limit_name: str,
              ids_field: str | None = None) -> torch.Tensor:
@@ -271,7 +272,7 @@ class Engine:
         if request.document_id is not None:
             doc = request.document_id
             slot = names.slot(scope, doc)
-            context_ids = self.documents.ids(slot)
+            context_ids = self.documents.ids(slot, names.owner(scope))
             if context_ids is None:
                 raise NotFoundError("document_id", NOT_FOUND_MESSAGE)
         else:
@@ -279,7 +280,7 @@ class Engine:
                                     self.config.max_context_tokens, "max_context_tokens")
             doc = names.document_id(scope, self.model_name, context_ids)
             slot = names.slot(scope, doc)
-            self.documents.remember(slot, context_ids)
+            self.documents.remember(slot, context_ids, names.owner(scope))
         queries = [torch.empty(0, dtype=torch.int64) if text is None and ids is None  # no query (lagkv)
                    else self._ids("query", text, ids, self.config.max_query_tokens, "max_query_tokens") if not request.multi
                    else self._ids(f"queries[{i}]" if text is not None else f"queries_ids[{i}]", text, ids,
@@ -294,14 +295,15 @@ class Engine:
         dca = request.dca == "on" or (request.dca == "auto" and total > self.spec.native_context)
         prefill = PrefillConfig(self.config.prefill.sink, self.config.prefill.window, self.config.prefill.chunk, dca)
         granularity = request.granularity or self.profile.granularity
-        units = self.units(slot, context_ids) if granularity == "unit" and budget < len(context_ids) else None
+        owner = names.owner(scope)
+        units = self.units(slot, context_ids, owner) if granularity == "unit" and budget < len(context_ids) else None
         model = self.model_at(layer) if strategy.needs_attention else None
         if "retaining" in strategy.context_parts and model.retaining_head is None:
             raise InputError("strategy", f"{strategy.name} needs a retaining head for {self.model_name} at layer {layer}: "
                              f"train one with `ilre train-locret --layer {layer}` (heads found: {self._heads_found()})")
         return Prepared(request, doc, slot, context_ids, queries, budget, strategy, layer, prefill, model, dca,
                         start, round((time.perf_counter() - start) * 1000.0, 3), granularity, units,
-                        lambda ends: names.prefix_slots(scope, self.model_name, context_ids, ends))
+                        lambda ends: names.prefix_slots(scope, self.model_name, context_ids, ends), owner)
 
     def finish(self, job: Prepared, selections: list[Selection]) -> CompressResults:
         """The last stage: kept indices -> token ids, detokenized text and timings, one result per query."""

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..compressor.prefill_config import PrefillConfig
-from .defaults import DEFAULT_BUDGET, DOC_CACHE_MB, MAX_CONTEXT_TOKENS, MAX_QUERY_TOKENS
+from .defaults import DEFAULT_BUDGET, DOC_CACHE_MB, DOC_CACHE_SHARE, MAX_CONTEXT_TOKENS, MAX_QUERY_TOKENS
 from .engine_settings import EngineSettings
 from .settings import declared
 
@@ -31,6 +31,7 @@ class EngineConfig:
     default_budget: int = DEFAULT_BUDGET
     batch_tokens: int | None = None  # padded context tokens per batched prefill; 0 = off, None = auto
     doc_cache_mb: int = DOC_CACHE_MB  # in-process document cache (IDs and encoded contexts); 0 = off
+    doc_cache_share: float = DOC_CACHE_SHARE  # of each tier's cap, held for each caller's scope (engine/documents.py)
     deepen: bool = False  # encode asked documents in full to l_R while idle (engine/deepening.py; the service's default)
     resume: bool = True  # a context that extends a cached one takes its encoding on (engine/encodings.py)
 
@@ -45,5 +46,5 @@ class EngineConfig:
         return cls(model=settings.model, layer=settings.layer, device=settings.device, dtype=settings.dtype,
                    prefill=PrefillConfig(settings.sink, settings.window or None, settings.chunk),
                    max_context_tokens=settings.max_context_tokens, batch_tokens=settings.batch_tokens,
-                   doc_cache_mb=settings.doc_cache_mb, deepen=settings.deepen == "idle",
+                   doc_cache_mb=settings.doc_cache_mb, doc_cache_share=settings.doc_cache_share, deepen=settings.deepen == "idle",
                    resume=settings.resume == "on")

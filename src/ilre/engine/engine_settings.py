@@ -9,7 +9,7 @@ from typing import Any
 
 from ..compressor.defaults import CHUNK, DEFAULT_STRATEGY, SINK, WINDOW
 from ..models.placement_names import DEVICE_HELP, DTYPE_CHOICES
-from .defaults import AUTO_BATCH_TOKENS, DEFAULT_BUDGET, DOC_CACHE_MB, MAX_CONTEXT_TOKENS
+from .defaults import AUTO_BATCH_TOKENS, DEFAULT_BUDGET, DOC_CACHE_MB, DOC_CACHE_SHARE, MAX_CONTEXT_TOKENS
 from .messages import DCA_MODES, GRANULARITIES
 from .settings import SERVERS, check_settings, setting
 
@@ -51,6 +51,10 @@ class EngineSettings:
     max_context_tokens: int = setting(MAX_CONTEXT_TOKENS, "reject longer contexts (tokens)", minimum=1)
     doc_cache_mb: int = setting(DOC_CACHE_MB, "in-process document cache: token IDs and encoded contexts reused by "
                                 "later queries of a document, in MiB (0 = off)", minimum=0)
+    doc_cache_share: float = setting(DOC_CACHE_SHARE, "share of each document cache tier's cap held for each API key "
+                                     "(or share= group): a key within it is never evicted by another key's traffic; "
+                                     "a key over it gives up its own oldest documents first", above=0, maximum=1,
+                                     advanced=True)
     batch_tokens: int | None = setting(None, "short requests of a queue batch share one prefill, up to this many "
                                        "padded context tokens (0 = off)", SERVERS, parse=int, minimum=0,
                                        shown_default=f"{AUTO_BATCH_TOKENS} on GPUs and NPUs, 0 on CPUs",

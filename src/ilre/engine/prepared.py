@@ -43,6 +43,7 @@ class Prepared:
     units: Units | None = None  # the context's units when granularity is "unit"
     # the slots the context's first `end` tokens would have as a document of the caller's scope, per end (ascending)
     prefix_slots: Callable[[list[int]], list[str]] | None = None
+    owner: str = ""  # whose share of the document cache the document counts in (DocumentNames.owner of the scope)
 
     def selection(self, index: int) -> SelectionJob:
         """Query `index` as a SelectionJob of the pipeline."""

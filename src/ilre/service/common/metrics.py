@@ -87,11 +87,15 @@ class _DocumentCacheCollector:
             for (kind, tier), n in sorted(counts.items()):
                 family.add_metric([kind, tier], n)
             yield family
-        evictions = CounterMetricFamily("ilre_doc_cache_evictions", "Entries evicted to stay under the byte cap, by tier",
-                                        labels=["tier"])
-        evictions.add_metric(["local"], stats.evictions)
+        evictions = CounterMetricFamily("ilre_doc_cache_evictions", "Entries evicted to stay under the byte cap, by tier "
+                                        "and cause (own: the writer's own, its owner over its share; pressure: "
+                                        "another owner's)", labels=["tier", "cause"])
+        tiers = [("local", stats.evicted)]
         if cache.shared is not None:
-            evictions.add_metric(["shared"], getattr(cache.shared, "evictions", 0))
+            tiers.append(("shared", getattr(cache.shared, "evicted", {})))
+        for tier, evicted in tiers:
+            for cause in ("own", "pressure"):
+                evictions.add_metric([tier, cause], evicted.get(cause, 0))
         yield evictions
         yield GaugeMetricFamily("ilre_doc_cache_bytes", "Bytes held by the in-process document cache", value=stats.bytes)
         yield GaugeMetricFamily("ilre_doc_cache_documents", "Documents held by the in-process cache", value=stats.documents)
