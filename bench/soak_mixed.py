@@ -13,7 +13,7 @@ Faults on a schedule: a worker restart every --restart-minutes (SIGTERM; every t
 Checked: every quiet request is answered (0 lost) with the answer the same request gets on an idle engine,
 the first query's (the cascade) or a deepened document's (both computed in this process beforehand, each
 deterministic); a retrieve gives the message back byte for byte; a flood answer meets its budget. The quiet
-keys' cache hit rate (a repeated document whose prefill took under a quarter of its cold prefill here) is
+keys' cache hit rate (a repeated document whose encoded state the shared tier held when it was asked again) is
 compared with a run without the flood (--no-flood, saved as baseline.json); the long-lived processes' RSS over
 the last 30 minutes (max over min of per-minute medians) and Redis's used memory against its cap.
 Writes results/soak-mixed/{summary.md,windows.json,requests.jsonl}; baseline.json with --no-flood.
@@ -42,6 +42,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from mixed_bench import SUITE, sample  # noqa: E402
 from soak import Cluster, _median, rss_mib  # noqa: E402
 
+from ilre.engine.document_names import DocumentNames  # noqa: E402
 from ilre.engine.documents import DocumentCache  # noqa: E402
 from ilre.engine.engine import Engine  # noqa: E402
 from ilre.engine.messages import CompressRequest  # noqa: E402
@@ -97,6 +98,19 @@ class Traffic:
         self.tokenizer, self.cluster, self.out = engine.tokenizer, cluster, out
         self.documents = quiet_documents(engine)
         self.ids: dict[tuple[str, int], str] = {}  # (key, document) -> its document_id
+        self.redis = redis.Redis(port=cluster.redis_port)
+
+    def held(self, key: str, document_id: str) -> bool | None:
+        """Whether the shared tier holds an encoded state of `key`'s document right now (its slot from the service's
+        document secret on Redis, as a worker computes it); None while Redis cannot say (restarting)."""
+        try:
+            secret = self.redis.get("ilre:document-secret")
+            if secret is None:
+                return None
+            slot = DocumentNames(secret).slot(f"key:{key}", document_id)
+            return any(True for _ in self.redis.hscan_iter("ilre:docs:bytes", match=f"ilre:doc:{slot}:state:*"))
+        except redis.RedisError:
+            return None
 
     def record(self, key: str, kind: str, code: str, right: bool, sent: float, hit: bool | None = None) -> None:
         self.out["requests"].append({"t": sent - self.out["start"], "key": key, "kind": kind, "code": code,
@@ -112,13 +126,12 @@ class Traffic:
             if way == "gateway":
                 code, right = await self.gateway(http, key, doc)
                 return self.record(key, "gateway", code, right, sent)
+            hit = await asyncio.to_thread(self.held, key, self.ids[key, n]) if (key, n) in self.ids else None
             if way == "id":
                 result = await grpc.compress(None, doc.query, document_id=self.ids[key, n], budget=BUDGET)
             else:
                 result = await grpc.compress(doc.context, doc.query, budget=BUDGET)
-            repeated = (key, n) in self.ids
             self.ids[key, n] = result.document_id
-            hit = result.timings_ms.get("prefill", 0.0) < 0.25 * doc.cold_prefill_ms if repeated else None
             self.record(key, way, "OK", result.kept_indices in doc.answers, sent, hit)
         except ClientError as exc:
             self.record(key, way, exc.code, False, sent)
