@@ -254,6 +254,7 @@ class RecordingRelay:
         self.answered: list[bool] = []  # per connection: the engine has sent response bytes since its latest request bytes
         self.closed_unanswered: list[bool] = []  # the client side closed with its latest request unanswered
         self._lock = threading.Lock()
+        self._open: list[socket.socket] = []  # both ends of every connection, closed by `down()`
         threading.Thread(target=self._accept, daemon=True).start()
 
     @property
@@ -273,6 +274,7 @@ class RecordingRelay:
                 continue
             sent = bytearray()
             with self._lock:
+                self._open += [client, upstream]
                 self._streams.append(sent)
                 self.closed.append(False)
                 self.answered.append(False)
@@ -362,6 +364,29 @@ class RecordingRelay:
 
     def close(self) -> None:
         self.server.close()
+
+    def down(self) -> None:
+        """The engine gone, as its clients see it: the port refuses connections and every open one is closed
+        (the engine process itself runs on). Shut down first: a thread blocked in accept() keeps a socket that is
+        only closed listening."""
+        try:
+            self.server.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.server.close()
+        with self._lock:
+            ends, self._open = self._open, []
+        for end in ends:
+            try:
+                end.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            end.close()
+
+    def up(self) -> None:
+        """The engine back on the same port."""
+        self.server = socket.create_server(("127.0.0.1", self.port))
+        threading.Thread(target=self._accept, daemon=True).start()
 
 
 def _parse_request(data: bytes) -> tuple[Recorded, bytes] | None:

@@ -1,7 +1,7 @@
 """The sidecar in front of the engines its users run: a real vLLM OpenAI server and a real SGLang
 server (both on this CPU, serving the embedded model with a 4096-token window), each behind a
 recording relay so that every test reads exactly what the engine received. One engine runs at a
-time; each is started once for the module and restarted once, by the last test."""
+time, started once for the module (the last test takes it away and back at its relay, not by a restart)."""
 
 from __future__ import annotations
 
@@ -188,9 +188,11 @@ def test_a_client_gone_mid_stream_frees_the_engine(served, http):
 
 
 def test_the_engine_gone_is_502_and_back_it_is_used_again(served, relay, http, caplog):
+    """The engine unreachable (its port refusing, its connections closed) and then reachable again: the
+    sidecar reports it down, answers 502, and uses it again once back."""
     name, server = served
-    assert http.get("/ilre/readyz").status_code == 200
-    server.stop()
+    wait_for(lambda: http.get("/ilre/readyz").status_code == 200, 30, "/ilre/readyz to see the engine up")
+    relay.down()
     wait_for(lambda: http.get("/ilre/readyz").status_code == 503, 10, "/ilre/readyz to report the engine down")
     ready = http.get("/ilre/readyz").json()
     assert ready["model_loaded"] is True and ready["engine"]["healthy"] is False
@@ -203,7 +205,7 @@ def test_the_engine_gone_is_502_and_back_it_is_used_again(served, relay, http, c
     assert logged.fields["status"] == 502 and logged.fields["route"] == "openai.completions"
     assert logged.fields["engine_url"] == relay.url and logged.fields["cause"] == down.json()["error"]["message"]
 
-    server.start()
+    relay.up()
     wait_for(lambda: http.get("/ilre/readyz").status_code == 200, 15, "/ilre/readyz to see the engine back")
     again = http.post("/v1/completions", json=completion_body(served, "The capital of France is"))
     assert again.status_code == 200 and again.json()["choices"][0]["text"].strip()
