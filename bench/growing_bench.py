@@ -45,6 +45,7 @@ from ilre.service.common.config import ServiceConfig, SidecarConfig  # noqa: E40
 from ilre.service.server import ServiceThread  # noqa: E402
 from ilre.service.sidecar.prompt import PromptSplitter  # noqa: E402
 from tests.service.engines import LlamaServer, RecordingRelay  # noqa: E402
+from tests.reference import full_depth_options  # noqa: E402
 
 ROWS = Path(__file__).resolve().parents[1] / "results" / "bench" / "growing.jsonl"
 BUDGET = 1024
@@ -143,8 +144,7 @@ class ThroughSidecar:
 
 def full_depth(engine: Engine, context: list[int], query: list[int]) -> list[int]:
     """What a deepened document sends on, computed whole: plain ILRe at l_R with the coarse layer blended."""
-    options = engine.profile.strategy_options("cascade")
-    blended = {"also_layers": [options["coarse_layer"]], "also_weight": options.get("coarse_weight", 0.5)}
+    blended = full_depth_options(engine.profile)
     set_way(engine, DocumentCache(0), False)
     return engine.compress(CompressRequest(context_ids=context, query_ids=query, budget=BUDGET, strategy="ilre",
                                            strategy_options=blended)).token_ids

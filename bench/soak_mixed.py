@@ -47,6 +47,7 @@ from ilre.engine.documents import DocumentCache  # noqa: E402
 from ilre.engine.engine import Engine  # noqa: E402
 from ilre.engine.messages import CompressRequest  # noqa: E402
 from ilre.service.client import AsyncClient, ClientError  # noqa: E402
+from tests.reference import full_depth_options  # noqa: E402
 
 KEYS = {"flood": "sk-soak-flood-5b1e07c2", "quiet-a": "sk-soak-quiet-a-94d0f3", "quiet-b": "sk-soak-quiet-b-2ac8e6"}
 QUIET_DOCUMENTS = {"quiet-a": (("JSON lines", 2048, 1), ("Python source", 4096, 2), ("prose question", 8192, 3)),
@@ -74,8 +75,7 @@ def idle_answers(engine: Engine, context: list[int], query: list[int]) -> tuple[
     """(the cascade's kept indices, a deepened document's, the cold prefill ms) on this process's idle engine."""
     engine.documents = DocumentCache(0)
     first = engine.compress(CompressRequest(context_ids=context, query_ids=query, budget=BUDGET))
-    options = engine.profile.strategy_options("cascade")
-    blended = {"also_layers": [options["coarse_layer"]], "also_weight": options.get("coarse_weight", 0.5)}
+    blended = full_depth_options(engine.profile)
     deep = engine.compress(CompressRequest(context_ids=context, query_ids=query, budget=BUDGET, strategy="ilre",
                                            strategy_options=blended))
     return first.kept_indices, deep.kept_indices, first.timings_ms["prefill"]

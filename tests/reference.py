@@ -524,3 +524,10 @@ def literal_select_units(scores: list[float], bounds: list[int], tokens: list[in
             kept += range(first, first + room)
         break
     return sorted(kept)
+
+
+def full_depth_options(profile) -> dict:
+    """What a deepened cascade document stands for, as plain ILRe's request options (reference for the cascade's
+    `deepened()` form): l_R's attention with the profile's coarse layer beside it at its weight."""
+    options = profile.strategy_options("cascade")
+    return {"also_layers": [options["coarse_layer"]], "also_weight": options.get("coarse_weight", 0.5)}

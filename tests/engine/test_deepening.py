@@ -16,6 +16,7 @@ from ilre.engine.documents import DocumentCache
 from ilre.engine.messages import CompressRequest
 from ilre.models.loader import load_truncated
 from ilre.service.documents.redis_tier import RedisDocuments
+from tests.reference import full_depth_options
 from tests.tiny_models import N_LAYERS, random_ids, tiny_checkpoint
 
 from tests.service.conftest import comparable
@@ -59,8 +60,7 @@ def uncached(engine, request: CompressRequest) -> dict:
 def full_depth_reference(engine, query: str, context: str | None = None) -> dict:
     """What a deepened document stands for, from scratch: plain ILRe at l_R with the cascade's coarse layer
     at its weight (the profile's), the strategy's name aside."""
-    options = engine.profile.strategy_options("cascade")
-    blended = {"also_layers": [options["coarse_layer"]], "also_weight": options.get("coarse_weight", 0.5)}
+    blended = full_depth_options(engine.profile)
     result = uncached(engine, CompressRequest(context=context or long_text(), query=query, budget=BUDGET,
                                               strategy="ilre", strategy_options=blended))
     return {k: v for k, v in result.items() if k not in ("strategy", "fell_back")}

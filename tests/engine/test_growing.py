@@ -14,6 +14,7 @@ from ilre.engine.messages import CompressRequest
 from ilre.evaluation.tasks.haystack import shakespeare_text
 from ilre.service.documents.redis_tier import RedisDocuments
 from tests.service.conftest import comparable
+from tests.reference import full_depth_options
 
 from .test_documents import CANDIDATES
 
@@ -122,8 +123,7 @@ def test_a_chat_one_turn_longer_takes_its_deepened_prefix_on(engine):
 
     context = ids(engine)[: C_MID + 700]
     ask = dict(query=QUERY, budget=256, strategy_options=CANDIDATES)
-    options = engine.profile.strategy_options("cascade")
-    blended = {"also_layers": [options["coarse_layer"]], "also_weight": options.get("coarse_weight", 0.5)}
+    blended = full_depth_options(engine.profile)
     reference = uncached(engine, CompressRequest(context_ids=context, query=QUERY, budget=256, strategy="ilre",
                                                  strategy_options=blended))
     with deepening_on(engine):
