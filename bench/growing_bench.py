@@ -45,7 +45,6 @@ from ilre.service.common.config import ServiceConfig, SidecarConfig  # noqa: E40
 from ilre.service.server import ServiceThread  # noqa: E402
 from ilre.service.sidecar.prompt import PromptSplitter  # noqa: E402
 from tests.service.engines import LlamaServer, RecordingRelay  # noqa: E402
-from tests.reference import full_depth_options  # noqa: E402
 
 ROWS = Path(__file__).resolve().parents[1] / "results" / "bench" / "growing.jsonl"
 BUDGET = 1024
@@ -140,6 +139,13 @@ class ThroughSidecar:
     def close(self) -> None:
         self.service.__exit__(None, None, None)
         self.server.stop()
+
+
+def full_depth_options(profile) -> dict:
+    """A deepened cascade document's scoring as plain ILRe's request options: l_R's attention with the
+    profile's coarse layer beside it at its weight (tests/reference.py holds the tests' own copy)."""
+    options = profile.strategy_options("cascade")
+    return {"also_layers": [options["coarse_layer"]], "also_weight": options.get("coarse_weight", 0.5)}
 
 
 def full_depth(engine: Engine, context: list[int], query: list[int]) -> list[int]:
