@@ -86,9 +86,9 @@ bench: setup engine litellm ## latency and peak memory; per dtype up to 1M token
 soak: setup tools   ## an hour of mixed traffic on front end + 2 workers + Redis: errors, latency and RSS over time -> results/soak/
 	$(PY) bench/soak.py --minutes $(or $(MINUTES),60)
 
-soak-mixed: setup tools   ## an hour of several API keys (one flooding) under worker and Redis restarts -> results/soak-mixed/
-	$(PY) bench/soak_mixed.py --no-flood --minutes $(or $(BASELINE_MINUTES),20)
-	$(PY) bench/soak_mixed.py --minutes $(or $(MINUTES),60)
+soak-mixed: setup tools   ## an hour of several API keys (one flooding) under worker restarts and Sentinel failovers -> results/bench/soak-mixed/
+	$(PY) bench/soak_mixed.py --sentinel --no-flood --minutes $(or $(BASELINE_MINUTES),20)
+	$(PY) bench/soak_mixed.py --sentinel --minutes $(or $(MINUTES),60)
 
 eval: setup lingua  ## RULER-style retention + end-to-end table -> docs/results.md (hours on a 2-core CPU; resumable)
 	$(VENV)/bin/ilre eval

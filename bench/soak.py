@@ -35,10 +35,14 @@ from pathlib import Path
 import httpx
 import redis
 
-from ilre.engine.engine import Engine
-from ilre.engine.messages import CompressRequest
-from ilre.evaluation.tasks.passkey import make_passkey_sample
-from ilre.service.client import AsyncClient, ClientError
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from ilre.engine.engine import Engine  # noqa: E402
+from ilre.engine.messages import CompressRequest  # noqa: E402
+from ilre.evaluation.tasks.passkey import make_passkey_sample  # noqa: E402
+from ilre.service.client import AsyncClient, ClientError  # noqa: E402
+from ilre.service.common.redis_connection import sync_client  # noqa: E402
+from tests.service.redis_group import SentinelGroup  # noqa: E402
 
 KINDS = {"short": 45, "long": 8, "fresh": 6, "queries": 7, "document": 8, "bad": 14, "deadline": 6, "hangup": 6}  # weights
 MEANT_TO_SUCCEED = ("short", "long", "fresh", "queries", "document")
@@ -69,22 +73,39 @@ def comparable(result) -> dict:
 
 class Cluster:
     """redis-server (AOF on), `ilre serve --redis-url`, and two `ilre worker` processes (`front`, `worker`: more
-    arguments of each)."""
+    arguments of each). With `sentinel`, Redis is a Sentinel group instead (a master, two replicas, three
+    sentinels: tests/service/redis_group.py) and every process is given its redis+sentinel:// URL."""
 
-    def __init__(self, directory: Path, front: tuple[str, ...] = (), worker: tuple[str, ...] = CACHES):
-        self.dir, self.worker_args = directory, worker
-        self.redis_port, self.grpc_port, self.http_port = free_port(), free_port(), free_port()
-        self.url = f"redis://127.0.0.1:{self.redis_port}/0"
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise SystemExit("soak: redis-server not found (`make tools` installs one)")
-        self.redis_command = [binary, "--port", str(self.redis_port), "--bind", "127.0.0.1", "--dir", str(directory),
-                              "--appendonly", "yes", "--save", ""]
-        self.redis = subprocess.Popen(self.redis_command, stdout=subprocess.DEVNULL)
+    def __init__(self, directory: Path, front: tuple[str, ...] = (), worker: tuple[str, ...] = CACHES,
+                 sentinel: bool = False):
+        self.dir, self.worker_args, self.group = directory, worker, None
+        self.grpc_port, self.http_port = free_port(), free_port()
+        if sentinel:
+            self.group = SentinelGroup(directory / "redis")
+            self.url = self.group.url
+        else:
+            self.redis_port = free_port()
+            self.url = f"redis://127.0.0.1:{self.redis_port}/0"
+            binary = shutil.which("redis-server")
+            if binary is None:
+                raise SystemExit("soak: redis-server not found (`make tools` installs one)")
+            self.redis_command = [binary, "--port", str(self.redis_port), "--bind", "127.0.0.1", "--dir",
+                                  str(directory), "--appendonly", "yes", "--save", ""]
+            self.redis = subprocess.Popen(self.redis_command, stdout=subprocess.DEVNULL)
         self.front = self._spawn("front", "serve", "--grpc-port", str(self.grpc_port), "--http-port", str(self.http_port),
                                  "--max-queue", "128", "--log-format", "json", *front)
         self.workers = {name: self._worker(name) for name in ("steady", "restarted-0")}
-        self.restarts = 0
+        self.restarts = self.failovers = 0
+
+    def redis_client(self) -> redis.Redis:
+        """A client of the current master (it follows a failover in Sentinel mode)."""
+        return sync_client(self.url, socket_timeout=5)
+
+    def redis_pid(self) -> int:
+        if self.group is None:
+            return self.redis.pid
+        port = self.group.master_port()
+        return self.group.node(port).proc.pid if port else self.group.master.proc.pid
 
     def _spawn(self, name: str, *args: str) -> subprocess.Popen:
         log = open(self.dir / f"{name}.log", "ab")
@@ -96,7 +117,7 @@ class Cluster:
                            *self.worker_args)
 
     def wait_ready(self) -> None:
-        client = redis.Redis(port=self.redis_port)
+        client = self.redis_client()
         give_up = time.monotonic() + 300
         while time.monotonic() < give_up:
             try:
@@ -120,14 +141,31 @@ class Cluster:
         return how
 
     def restart_redis(self) -> str:
-        """Stop redis-server (SIGTERM: it writes its AOF) and start it again on the same port and data."""
-        self.redis.send_signal(signal.SIGTERM)
-        self.redis.wait(120)
-        self.redis = subprocess.Popen(self.redis_command, stdout=subprocess.DEVNULL)
-        return "Redis restart"
+        """Stop redis-server (SIGTERM: it writes its AOF) and start it again on the same port and data. In
+        Sentinel mode, a failover instead: the master killed (SIGKILL, every other time SIGTERM), a replica
+        promoted, and the old master started again on its data (the sentinels make it a replica)."""
+        if self.group is None:
+            self.redis.send_signal(signal.SIGTERM)
+            self.redis.wait(120)
+            self.redis = subprocess.Popen(self.redis_command, stdout=subprocess.DEVNULL)
+            return "Redis restart"
+        self.failovers += 1
+        how = "SIGKILL" if self.failovers % 2 else "SIGTERM"
+        old_port = self.group.master_port()
+        node = self.group.node(old_port)
+        node.proc.send_signal(signal.SIGKILL if how == "SIGKILL" else signal.SIGTERM)
+        node.proc.wait(120)
+        started = time.monotonic()
+        while self.group.master_port() in (None, old_port):
+            if time.monotonic() - started > 120:
+                raise SystemExit("soak: no replica was promoted within 120 s")
+            time.sleep(0.2)
+        promoted = time.monotonic() - started
+        node.start()
+        return f"Sentinel failover (master {how}, promoted in {promoted:.1f} s)"
 
     def pids(self) -> dict[str, int]:
-        return {"front end": self.front.pid, "redis": self.redis.pid, "steady worker": self.workers["steady"].pid,
+        return {"front end": self.front.pid, "redis": self.redis_pid(), "steady worker": self.workers["steady"].pid,
                 "restarted worker": next(p.pid for n, p in self.workers.items() if n != "steady")}
 
     def keep_logs(self, folder: Path) -> None:
@@ -137,13 +175,16 @@ class Cluster:
             shutil.copy(log, folder / log.name)
 
     def stop(self) -> None:
-        for proc in (*self.workers.values(), self.front, self.redis):
+        redis_procs = () if self.group else (self.redis,)
+        for proc in (*self.workers.values(), self.front, *redis_procs):
             proc.send_signal(signal.SIGTERM)
-        for proc in (*self.workers.values(), self.front, self.redis):
+        for proc in (*self.workers.values(), self.front, *redis_procs):
             try:
                 proc.wait(60)
             except subprocess.TimeoutExpired:
                 proc.kill()
+        if self.group is not None:
+            self.group.stop()
 
 
 class Traffic:

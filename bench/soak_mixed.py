@@ -8,7 +8,10 @@ default; the default document caches, 1 GiB in process and 2 GiB on Redis, share
   quiet-b   by text and by document_id, and through the gateway (compress, then retrieve each hash); quiet-b
             also asks a 32K-token document now and then (CSV 2K, logs 3K, needle 32K)
 Faults on a schedule: a worker restart every --restart-minutes (SIGTERM; every third SIGKILL), a Redis restart
-(SIGTERM: AOF written, same port) every --redis-minutes.
+(SIGTERM: AOF written, same port) every --redis-minutes; with --sentinel Redis is a Sentinel group (a master, two
+replicas, three sentinels) and that fault is a failover instead (the master killed, SIGKILL and SIGTERM in turn, a
+replica promoted, the old master back as a replica). Requests the front end did not accept while Redis had no
+master (UNAVAILABLE, HTTP 503) are retried by the callers, as the failover test's callers do, and counted.
 
 Checked: every quiet request is answered (0 lost) with the answer the same request gets on an idle engine,
 the first query's (the cascade) or a deepened document's (both computed in this process beforehand, each
@@ -16,8 +19,8 @@ deterministic); a retrieve gives the message back byte for byte; a flood answer 
 keys' cache hit rate (a repeated document whose encoded state the shared tier held when it was asked again) is
 compared with a run without the flood (--no-flood, saved as baseline.json); the long-lived processes' RSS over
 the last 30 minutes (max over min of per-minute medians) and Redis's used memory against its cap.
-Writes results/soak-mixed/{summary.md,windows.json,requests.jsonl}; baseline.json with --no-flood.
-Usage: bench/soak_mixed.py [--minutes 60] [--no-flood] [--restart-minutes 4] [--redis-minutes 15]
+Writes results/bench/soak-mixed/{summary.md,windows.json,requests.jsonl,logs/}; baseline.{json,md} with --no-flood.
+Usage: bench/soak_mixed.py [--minutes 60] [--no-flood] [--sentinel] [--restart-minutes 4] [--redis-minutes 15]
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Awaitable, Callable
 
 import httpx
 import redis
@@ -57,6 +61,7 @@ BUDGET, GATEWAY_BUDGET = 512, 600
 SHARED_CAP_MIB = 2048
 CACHES = ("--doc-cache-mb", "1024", "--doc-cache-shared-mb", str(SHARED_CAP_MIB))  # the defaults
 WINDOW_S = 60
+RETRY_S = 120  # how long a caller retries a request the front end did not accept
 
 
 @dataclass
@@ -98,7 +103,7 @@ class Traffic:
         self.tokenizer, self.cluster, self.out = engine.tokenizer, cluster, out
         self.documents = quiet_documents(engine)
         self.ids: dict[tuple[str, int], str] = {}  # (key, document) -> its document_id
-        self.redis = redis.Redis(port=cluster.redis_port)
+        self.redis = cluster.redis_client()
 
     def held(self, key: str, document_id: str) -> bool | None:
         """Whether the shared tier holds an encoded state of `key`'s document right now (its slot from the service's
@@ -128,13 +133,37 @@ class Traffic:
                 return self.record(key, "gateway", code, right, sent)
             hit = await asyncio.to_thread(self.held, key, self.ids[key, n]) if (key, n) in self.ids else None
             if way == "id":
-                result = await grpc.compress(None, doc.query, document_id=self.ids[key, n], budget=BUDGET)
+                result = await self.retried(lambda: grpc.compress(None, doc.query, document_id=self.ids[key, n],
+                                                                  budget=BUDGET))
             else:
-                result = await grpc.compress(doc.context, doc.query, budget=BUDGET)
+                result = await self.retried(lambda: grpc.compress(doc.context, doc.query, budget=BUDGET))
             self.ids[key, n] = result.document_id
             self.record(key, way, "OK", result.kept_indices in doc.answers, sent, hit)
         except ClientError as exc:
             self.record(key, way, exc.code, False, sent)
+
+    async def retried(self, call: Callable[[], Awaitable]):
+        """`call()`, again while the front end refuses it as not accepted (UNAVAILABLE while Redis has no master),
+        as a caller would, for up to RETRY_S; counted in out["retried"]."""
+        give_up = time.monotonic() + RETRY_S
+        while True:
+            try:
+                return await call()
+            except ClientError as exc:
+                if exc.code != "UNAVAILABLE" or "accepted request waits" in exc.message or time.monotonic() > give_up:
+                    raise
+            self.out["retried"] += 1
+            await asyncio.sleep(0.5)
+
+    async def post_retried(self, http: httpx.AsyncClient, path: str, **kwargs) -> httpx.Response:
+        """POST, again on 503 (not accepted) as `retried` does."""
+        give_up = time.monotonic() + RETRY_S
+        while True:
+            reply = await http.post(path, **kwargs)
+            if reply.status_code != 503 or time.monotonic() > give_up:
+                return reply
+            self.out["retried"] += 1
+            await asyncio.sleep(0.5)
 
     async def gateway(self, http: httpx.AsyncClient, key: str, doc: Document) -> tuple[str, bool]:
         """Compress a chat holding the document as a tool result, then retrieve every hash it names: the
@@ -142,7 +171,8 @@ class Traffic:
         question = self.tokenizer.decode(doc.query)
         messages = [{"role": "tool", "tool_call_id": "c1", "content": doc.text}, {"role": "user", "content": question}]
         headers = {"authorization": f"Bearer {KEYS[key]}"}
-        reply = await http.post("/v1/compress", json={"messages": messages, "budget": GATEWAY_BUDGET}, headers=headers)
+        reply = await self.post_retried(http, "/v1/compress", json={"messages": messages, "budget": GATEWAY_BUDGET},
+                                        headers=headers)
         if reply.status_code != 200:
             return str(reply.status_code), False
         hashes = reply.json().get("ccr_hashes") or []
@@ -160,11 +190,11 @@ class Traffic:
             if rng.random() < 0.2:
                 messages = [{"role": "tool", "tool_call_id": "c1", "content": self.tokenizer.decode(context)},
                             {"role": "user", "content": self.tokenizer.decode(query)}]
-                reply = await http.post("/v1/compress", json={"messages": messages, "budget": GATEWAY_BUDGET},
-                                        headers={"authorization": f"Bearer {KEYS['flood']}"})
+                reply = await self.post_retried(http, "/v1/compress", json={"messages": messages, "budget": GATEWAY_BUDGET},
+                                                headers={"authorization": f"Bearer {KEYS['flood']}"})
                 return self.record("flood", "gateway", "OK" if reply.status_code == 200 else str(reply.status_code),
                                    reply.status_code == 200, sent)
-            result = await grpc.compress(context, query, budget=BUDGET)
+            result = await self.retried(lambda: grpc.compress(context, query, budget=BUDGET))
             kept = result.kept_indices
             self.record("flood", "context", "OK", result.compressed_tokens == min(BUDGET, len(context))
                         and kept == sorted(set(kept)), sent)
@@ -175,7 +205,7 @@ class Traffic:
 async def drive(args, cluster: Cluster, traffic: Traffic, out: dict) -> None:
     start = out["start"]
     end = start + args.minutes * 60
-    probe = redis.Redis(port=cluster.redis_port)
+    probe = cluster.redis_client()
 
     async def caller(key: str, n: int) -> None:
         rng = random.Random(f"{key}-{n}")
@@ -230,10 +260,12 @@ def summarise(args, out: dict, results: Path) -> str:
     lost = [r for r in quiet if r["code"] != "OK"]
     wrong = [r for r in reqs if r["code"] == "OK" and not r["right"]]
     rates = hit_rates(reqs)
+    redis_fault = "a Sentinel failover" if args.sentinel else "a Redis restart"
     lines = [f"# Mixed soak: {args.minutes} minutes, {'no flood' if args.no_flood else 'one key flooding'}, "
-             f"a worker restart every {args.restart_minutes} min, a Redis restart every {args.redis_minutes} min", "",
+             f"a worker restart every {args.restart_minutes} min, {redis_fault} every {args.redis_minutes} min", "",
+             f"`{out['command']}`", "",
              f"requests: {len(reqs)} ({len(quiet)} quiet); quiet lost: {len(lost)}; wrong answers: {len(wrong)}; "
-             f"faults: " + (", ".join(f"{f['how']} at {f['t'] / 60:.0f} min" for f in out["faults"]) or "none"), "",
+             f"not accepted and retried by the caller: {out['retried']}; faults: " + (", ".join(f"{f['how']} at {f['t'] / 60:.0f} min" for f in out["faults"]) or "none"), "",
              "| key | way | status | count |", "|---|---|---|---:|"]
     lines += [f"| {k} | {w} | {c} | {n} |" for (k, w, c), n in sorted(Counter((r["key"], r["kind"], r["code"])
                                                                               for r in reqs).items())]
@@ -247,7 +279,7 @@ def summarise(args, out: dict, results: Path) -> str:
                                                   and rates[k] >= 0.9 * before[k] for k in rates)))
     last = [row for row in rows if row["minute"] >= args.minutes - 30]
     lines += ["", "RSS over the last 30 minutes (min / max of per-minute medians):"]
-    for name in ("front end", "steady worker", "redis"):
+    for name in ("front end", "steady worker", *(() if args.sentinel else ("redis",))):
         values = [row["rss_mib"].get(name) for row in last if row["rss_mib"].get(name)]
         if values:
             growth = max(values) / min(values) - 1
@@ -266,16 +298,18 @@ def main() -> int:
     parser.add_argument("--no-flood", action="store_true", help="the quiet keys alone (writes baseline.json)")
     parser.add_argument("--restart-minutes", type=float, default=4)
     parser.add_argument("--redis-minutes", type=float, default=15)
-    parser.add_argument("--results", default="results/soak-mixed")
+    parser.add_argument("--sentinel", action="store_true",
+                        help="Redis as a Sentinel group; its faults are failovers (the master killed, a replica promoted)")
+    parser.add_argument("--results", default="results/bench/soak-mixed")
     args = parser.parse_args()
     results = Path(args.results)
     results.mkdir(parents=True, exist_ok=True)
     engine = Engine()
-    out: dict = {"requests": [], "rss": [], "faults": []}
+    out: dict = {"requests": [], "rss": [], "faults": [], "retried": 0, "command": " ".join(sys.argv)}
     with tempfile.TemporaryDirectory() as tmp:
         keys = Path(tmp) / "keys"
         keys.write_text("".join(f"{secret} name={name}\n" for name, secret in KEYS.items()))
-        cluster = Cluster(Path(tmp), front=("--api-keys-file", str(keys)), worker=CACHES)
+        cluster = Cluster(Path(tmp), front=("--api-keys-file", str(keys)), worker=CACHES, sentinel=args.sentinel)
         try:
             traffic = Traffic(engine, cluster, out)
             cluster.wait_ready()
