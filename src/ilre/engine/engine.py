@@ -28,6 +28,7 @@ from .defaults import AUTO_BATCH_TOKENS, MAX_EXPLAIN_TOKENS
 from .document_names import DocumentNames
 from .encodings import EncodingPolicy
 from .engine_config import EngineConfig
+from .heap import HeapTrimmer
 from .documents import DocumentCache, SharedDocuments
 from .info import ModelInfo
 from .messages import CompressRequest, CompressResult, CompressResults, InputError, NotFoundError, ScopedRequest
@@ -66,6 +67,7 @@ class Engine:
         self.tokenizer = load_tokenizer(checkpoint.path)
         self.names = DocumentNames()
         self.deepening = Deepener(config.deepen)  # also whose turn it is: one request at a time
+        self.heap = HeapTrimmer()  # freed memory back to the system after requests (engine/heap.py)
         documents = DocumentCache(config.doc_cache_mb << 20, shared_documents, config.doc_cache_share)
         self.encodings = EncodingPolicy(documents, self.deepening, self.placement.dtype_name, config.resume)
         self._models: dict[int, TruncatedLM] = {}
@@ -163,9 +165,12 @@ class Engine:
         """Tokenize, select context tokens, detokenize: one result per query (one prefill for all). Raises
         InputError for bad input and NotFoundError for a document_id that `scope` (the caller's, "" without
         API keys) does not hold."""
-        with self.deepening.turn():
-            job = self.prepare(request, scope)
-            return self.finish(job, self.answer(job))
+        try:
+            with self.deepening.turn():
+                job = self.prepare(request, scope)
+                return self.finish(job, self.answer(job))
+        finally:
+            self.heap.after_work()
 
     @property
     def batch_tokens(self) -> int:
@@ -199,6 +204,7 @@ class Engine:
 
         with self.deepening.turn():
             self._run_many([r if isinstance(r, ScopedRequest) else ScopedRequest(r) for r in requests], deliver)
+        self.heap.after_work()
         return outcomes  # type: ignore[return-value]
 
     def _run_many(self, requests: list[ScopedRequest], deliver: Callable[[int, CompressResults | InputError], None]
