@@ -287,7 +287,8 @@ class RecordingRelay:
               answer: int | None = None) -> None:
         """Copy source -> sink until source closes, then half-close sink (the other direction goes on).
         The client side is recorded to its end even if the engine stopped reading (e.g. a 404) and
-        marks a request pending; the engine side (`answer` = its connection) marks it answered."""
+        marks a request pending; the engine side (`answer` = its connection) marks it answered, and is closed
+        once the client cannot take its bytes (a client gone mid-stream: the engine must see it, not the relay)."""
         sink_open = True
         try:
             while data := source.recv(65536):
@@ -306,6 +307,9 @@ class RecordingRelay:
                         sink.sendall(data)
                     except OSError:
                         sink_open = False
+                        if answer is not None:  # the client is gone: the engine's next write fails, as without a relay
+                            source.close()
+                            break
         except OSError:
             pass
         finally:
