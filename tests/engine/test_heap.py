@@ -1,14 +1,17 @@
 """Freed memory goes back to the system (engine/heap.py): in a fresh process, blocks freed below one still in use
-stay in glibc's heap until the trimmer runs; the engine runs it after requests."""
+stay in glibc's heap until the trimmer runs; the engine runs it after requests. What the document cache keeps
+lives in mappings of its own, which go back the moment they are freed, trim or not."""
 
 from __future__ import annotations
 
+import mmap
 import subprocess
 import sys
 
 import pytest
+import torch
 
-from ilre.engine.heap import HeapTrimmer
+from ilre.engine.heap import OFF_HEAP_MIN_BYTES, HeapTrimmer, off_heap
 from ilre.engine.messages import CompressRequest
 
 FRAGMENTED = """
@@ -37,6 +40,63 @@ def test_freed_blocks_below_a_live_one_go_back_only_when_trimmed():
     assert out.returncode == 0, out.stderr[-2000:]
     held, after, _ = (float(x) for x in out.stdout.split())
     assert held - after > 400, (held, after)  # the 504 MiB freed below the live block were still held
+
+
+OFF_HEAP = """
+import torch
+from ilre.engine.heap import off_heap
+
+def rss_mib():
+    return int(open("/proc/self/statm").read().split()[1]) * 4096 / 2**20
+
+raised = torch.ones(16 << 20, dtype=torch.uint8)  # as above: 8 MiB blocks would come from the heap
+del raised
+blocks = [off_heap(torch.ones(8 << 20, dtype=torch.uint8)) for _ in range(64)]  # 512 MiB, moved off it
+top = torch.ones(8 << 20, dtype=torch.uint8)  # a live heap block after them
+held = rss_mib()
+del blocks  # and no trim
+print(held, rss_mib(), top.numel())
+"""
+
+
+def test_blocks_moved_off_the_heap_go_back_when_freed_without_a_trim():
+    out = subprocess.run([sys.executable, "-c", OFF_HEAP], capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    held, after, _ = (float(x) for x in out.stdout.split())
+    assert held - after > 400, (held, after)  # the 504 MiB went back at once
+
+
+def own_mapping(tensor: torch.Tensor) -> bool:
+    """Whether the tensor's storage is exactly one mapping of its own (as /proc/self/maps lists it)."""
+    start, size = tensor.untyped_storage().data_ptr(), tensor.untyped_storage().nbytes()
+    with open("/proc/self/maps") as maps:
+        for line in maps:
+            low, high = (int(x, 16) for x in line.split()[0].split("-"))
+            if low <= start < high:
+                return low == start and high - low == -(-size // mmap.PAGESIZE) * mmap.PAGESIZE
+    return False
+
+
+def test_off_heap_keeps_the_values_and_leaves_small_tensors_where_they_are():
+    big = torch.randn(3, 1000, 64).to(torch.bfloat16)[:, ::2]  # a strided view, in the model's dtype
+    moved = off_heap(big)
+    assert torch.equal(moved, big) and moved.is_contiguous() and own_mapping(moved) and not own_mapping(big)
+    small = torch.ones(OFF_HEAP_MIN_BYTES // 4 - 1)
+    assert off_heap(small) is small
+
+
+def test_the_document_cache_keeps_a_state_and_its_ids_off_the_heap(engine):
+    context = "The keeper of the lighthouse wrote the same line every night. " * 150
+    first = engine.compress(CompressRequest(context=context, query="What did the keeper write?", budget=64))
+    entry = engine.documents._docs[next(reversed(engine.documents._docs))]
+    state = next(iter(entry.states.values()))
+    big = [t for t in [*state.keys.values(), *(c.k for c in state.caches), *(c.v for c in state.caches)]
+           if t.numel() * t.element_size() >= OFF_HEAP_MIN_BYTES]
+    assert big and all(own_mapping(t) for t in big)
+    assert entry.ids.numel() * 8 < OFF_HEAP_MIN_BYTES or own_mapping(entry.ids)
+    again = engine.compress(CompressRequest(document_id=first.document_id, query="What did the keeper write?",
+                                            budget=64))
+    assert again.kept_indices == first.kept_indices  # read from the moved tensors
 
 
 def test_the_interval_bounds_how_often_it_trims():

@@ -9,6 +9,7 @@ state at the end of the last context chunk that a longer context sharing the sam
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Callable
 
 import torch
 
@@ -120,6 +121,17 @@ class ContextState:
         tensors += [self.hidden] if self.hidden is not None else []
         held = sum(t.numel() * t.element_size() for t in tensors) + sum(c.nbytes for c in self.caches)
         return held + (self.resume.nbytes if self.resume is not None else 0)
+
+    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Replace every tensor the state holds (keys, parts, scores, hidden, window caches, the resume point's
+        own caches) by `fn` of it, e.g. the same values in other memory. Done before any query reads the state:
+        a query's DCA pass re-rotates sink keys in place."""
+        for held in (self.keys, self.parts, self.scores):  # in place: a state made from this one shares them
+            for name, t in held.items():
+                held[name] = fn(t)
+        self.hidden = fn(self.hidden) if self.hidden is not None else None
+        for cache in [*self.caches, *(self.resume.caches or () if self.resume is not None else ())]:
+            cache.map_tensors(fn)
 
     def take_hidden(self) -> torch.Tensor | None:
         """The resume point, removed from the state (which a document cache may then keep without it)."""

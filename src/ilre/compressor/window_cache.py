@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 
 from ..kernels.chunk_attention import chunk_attention
@@ -50,6 +52,11 @@ class WindowCache:
         """Bytes held: the K/V buffers and the sink's unmoved keys."""
         tensors = [self.k, self.v] + ([self.sink_raw] if self.sink_raw is not None else [])
         return sum(t.numel() * t.element_size() for t in tensors)
+
+    def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+        """Replace the K/V buffers and the sink's unmoved keys by `fn` of each (e.g. the same values elsewhere)."""
+        self.k, self.v = fn(self.k), fn(self.v)
+        self.sink_raw = fn(self.sink_raw) if self.sink_raw is not None else None
 
     def freeze(self) -> None:
         """The context is done: keep only what a query reads, [sink | window] without the chunk slot

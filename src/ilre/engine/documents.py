@@ -35,6 +35,7 @@ import torch
 from ..compressor.prefill import ContextState, PrefillConfig
 from ..compressor.units import Units
 from .defaults import DOC_CACHE_SHARE
+from .heap import off_heap
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +125,7 @@ class DocumentCache:
                 self._docs.move_to_end(slot)
                 self._docs[slot].uses += 1
                 return
-        self._insert(slot, _Document(ids, owner=owner))
+        self._insert(slot, _Document(off_heap(ids), owner=owner))
         if self.shared is not None:
             self.shared.put_ids(slot, ids, owner)
 
@@ -246,8 +247,10 @@ class DocumentCache:
         return value
 
     def _keep(self, slot: str, key: str, held: Callable[[_Document], dict], value: Any) -> bool:
-        """Hang `value` on the document under `key` and evict to the cap; False when the document is not
-        held (evicted meanwhile, or its IDs never fit)."""
+        """Hang `value` on the document under `key` (a state's tensors moved off the heap first) and evict to the
+        cap; False when the document is not held (evicted meanwhile, or its IDs never fit)."""
+        if isinstance(value, ContextState) and self.holds(slot):
+            value.map_tensors(off_heap)
         with self._lock:
             entry = self._docs.get(slot)
             if entry is None:
