@@ -86,7 +86,33 @@ class Encodings(Protocol):
         """The context encoded as the strategy's `deepened()` form reads it (asked only when a query needs it)."""
 
 
-class FreshEncodings:
+class OnceEncodings:
+    """`Encodings` made on first ask (`_make_encoded`, `_make_deepened`) and kept for the request in attributes.
+    Not in closures over self: those make every request's encodings a reference cycle, which only Python's cycle
+    collector frees, late, and every tensor they hold with them (a worker under a flood held 1.3 GiB of
+    document states against its 1 GiB cache)."""
+
+    _encoded: ContextState | None = None
+    _deepened: ContextState | None = None
+
+    def encoded(self) -> ContextState:
+        if self._encoded is None:
+            self._encoded = self._make_encoded()
+        return self._encoded
+
+    def deepened(self) -> ContextState:
+        if self._deepened is None:
+            self._deepened = self._make_deepened()
+        return self._deepened
+
+    def _make_encoded(self) -> ContextState:
+        raise NotImplementedError
+
+    def _make_deepened(self) -> ContextState:
+        raise NotImplementedError
+
+
+class FreshEncodings(OnceEncodings):
     """Encodings made now and kept for this request only: the strategy's encoding keeps its resume point when
     the questions may read the deep encoding (Strategy.reads_deep), which is then taken on from there
     (layers 1..l_c not run again), else encoded from the start."""
@@ -96,10 +122,8 @@ class FreshEncodings:
         self.model, self.context_ids, self.config, self.strategy = model, context_ids, config, strategy
         self.n_queries, self.budget = n_queries, budget
         self._resume: Callable[[], ContextState] | None = None
-        self.encoded = once(self._encode)
-        self.deepened = once(self._deepen)
 
-    def _encode(self) -> ContextState:
+    def _make_encoded(self) -> ContextState:
         model, strategy = self.model, self.strategy
         keep = strategy.reads_deep(self.context_ids.numel(), self.budget, self.n_queries, model.n_layers)
         state = encode_context(model, self.context_ids, self.config, strategy.encoded_layers(model.n_layers),
@@ -108,7 +132,7 @@ class FreshEncodings:
             self._resume = resumed(model, state, strategy.deepened())
         return state
 
-    def _deepen(self) -> ContextState:
+    def _make_deepened(self) -> ContextState:
         if self._resume is not None:
             return self._resume()
         deep = self.strategy.deepened()

@@ -21,7 +21,7 @@ from typing import Callable, Generator
 
 import torch
 
-from ..compressor.pipeline import Selection, once, resumed
+from ..compressor.pipeline import OnceEncodings, Selection, resumed
 from ..compressor.prefill import ContextState, chunk_bounds, encode_in_steps, extend_in_steps, run_steps
 from ..compressor.strategies import Strategy
 from .deepening import Deepener
@@ -29,7 +29,7 @@ from .documents import DocumentCache, state_key
 from .prepared import Prepared
 
 
-class DocumentEncodings:
+class DocumentEncodings(OnceEncodings):
     """A request's encodings (compressor/pipeline.Encodings) read from and kept in the document cache.
     `keep_resume`: when the strategy's encoding is made here and the questions may read the deep one, keep
     the way on to it (the residual stream at the coarse layer, (L, D), for this request only). `held`: the
@@ -42,10 +42,9 @@ class DocumentEncodings:
         self.deepen_ms: float | None = None
         self.resumed_tokens = 0  # of the context, taken on from a cached prefix's encoding by this request
         self._resume: Callable[[], ContextState] | None = None
-        self.encoded = once(lambda: held if held is not None else self._cached())
-        self.deepened = once(self._deep)
+        self._encoded = held
 
-    def _cached(self) -> ContextState:
+    def _make_encoded(self) -> ContextState:
         job, strategy = self.job, self.strategy
         length = job.context_ids.numel()
         keep = self.keep_resume and strategy.for_context(length, job.budget).reads_deep(
@@ -70,7 +69,7 @@ class DocumentEncodings:
         self.policy.name_prefix(self.job, state)
         return state
 
-    def _deep(self) -> ContextState:
+    def _make_deepened(self) -> ContextState:
         """The deep encoding, kept in the cache (in place of the strategy's own when deepening is on: the
         document's later queries then read it; with it off they run the strategy, which needs its own too)."""
         job, policy, deep = self.job, self.policy, self.strategy.deepened()
