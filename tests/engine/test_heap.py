@@ -4,6 +4,7 @@ lives in mappings of its own, which go back the moment they are freed, trim or n
 
 from __future__ import annotations
 
+import gc
 import mmap
 import subprocess
 import sys
@@ -11,6 +12,7 @@ import sys
 import pytest
 import torch
 
+from ilre.compressor.context_state import ContextState
 from ilre.engine.heap import OFF_HEAP_MIN_BYTES, HeapTrimmer, off_heap
 from ilre.engine.messages import CompressRequest
 
@@ -115,3 +117,21 @@ def test_the_engine_trims_after_a_request(engine):
     finally:
         engine.heap.interval_s = interval
     assert engine.heap.trims == before + int(engine.heap.available)
+
+
+def test_a_finished_request_leaves_no_tensor_to_the_cycle_collector(engine):
+    """What a request made is freed when it ends, not when Python's cycle collector next comes round: a cycle
+    through a request's encodings kept evicted document states alive in a worker past its cache's cap."""
+    context = "The ferry leaves the north pier at nine and the south pier at ten. " * 120
+    gc.collect()
+    flags = gc.get_debug()
+    gc.set_debug(gc.DEBUG_SAVEALL)  # what the collector finds unreachable is kept in gc.garbage, to be looked at
+    try:
+        engine.compress(CompressRequest(context=context, queries=["When does the ferry leave?", "Which pier?"],
+                                        budget=64))
+        gc.collect()
+        left = [type(o).__name__ for o in gc.garbage if isinstance(o, (torch.Tensor, ContextState))]
+    finally:
+        gc.set_debug(flags)
+        gc.garbage.clear()
+    assert left == []

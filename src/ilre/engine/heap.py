@@ -1,21 +1,21 @@
 """Giving freed memory back to the system.
 
-glibc keeps what a process frees for reuse. A long-running engine frees tensors of every size (chunks,
-candidates, cached documents evicted at the cap), and once glibc has raised its mmap threshold past them they
-come from the heap, where a freed block below one still in use is never returned: the process holds the peak
-of its fragments. Measured on a worker under an hour of several keys' traffic (bench/soak_mixed.py): its RSS
-grew ~40 MiB a minute past its 1 GiB document cache, and one malloc_trim(0) gave back 1.2 GiB of 3.7.
-`HeapTrimmer.after_work()` calls malloc_trim(0) at most once per interval; elsewhere (no glibc) it does nothing.
+A long-running engine allocates tensors of every size, a request's transient ones among the document cache's
+long-lived ones, and frees them in any order. glibc keeps what a process frees for reuse; once it has raised
+its mmap threshold past such blocks they come from the heap, where a freed block below one in use is never
+returned, so the process comes to hold the peak of its fragments. Measured on a worker under an hour of several
+keys' traffic (bench/soak_mixed.py): its RSS grew ~40 MiB a minute past its 1 GiB document cache, and one
+malloc_trim(0) gave back 1.2 GiB of 3.7. Three things keep it down:
 
-Trimming returns free pages, not the holes that long-lived blocks leave between them: a cached document's
-tensors, allocated among a request's transient ones and freed in any order at eviction, kept the heap growing
-under the trim (an engine under an in-process flood: its heap grew from 1.0 to 1.3 GiB in 3 minutes, 630 MiB of
-it free, at a flat 660 MiB in use). `off_heap` gives what the document cache keeps pages of its own (an anonymous
-mapping, unmapped when the tensor is freed), so the heap holds a request's working set alone. That working set
-fragments the heap too (same flood, cache off the heap: 1.27 GiB of heap, 0.41 in use): `tune_allocator` sends
-blocks of 4 MiB and more to mappings of their own as well (a fixed mmap threshold) and leaves trimming to
-`HeapTrimmer` (a high trim threshold, so freeing at the heap's top does not shrink it only for the next request
-to fault it in again); there the heap stayed at 0.89 GiB from the second minute at the same speed.
+- `HeapTrimmer.after_work()`: malloc_trim(0) after requests, at most once per interval (returning 500 MiB
+  took 80 ms);
+- `off_heap`: what the document cache keeps lives in an anonymous mapping of its own, unmapped the moment the
+  tensor is freed, so eviction returns it whatever the heap around it holds;
+- `tune_allocator`: blocks of 4 MiB and more get mappings of their own as well (a fixed mmap threshold), and
+  glibc leaves trimming to the trimmer (a high trim threshold: freeing at the heap's top does not shrink it only
+  for the next request to fault it in again).
+
+Where the C library has no malloc_trim or mallopt (musl, macOS, Windows), the trimmer and the tuning do nothing.
 """
 
 from __future__ import annotations
