@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 import mmap
 import os
 import threading
@@ -45,7 +46,9 @@ def _malloc_trim() -> Callable[[int], int] | None:
     return trim
 
 
+@functools.cache
 def _libc() -> ctypes.CDLL | None:
+    """The C library, loaded once (None where it cannot be found)."""
     name = ctypes.util.find_library("c")
     try:
         return ctypes.CDLL(name) if name else None
@@ -53,17 +56,13 @@ def _libc() -> ctypes.CDLL | None:
         return None
 
 
-_TUNED: list[bool] = []
-
-
+@functools.cache
 def tune_allocator() -> bool:
-    """Set glibc's mmap and trim thresholds for a long-running engine, once per process (True when set now):
-    not where libc has no mallopt, nor where the operator set them (MALLOC_MMAP_THRESHOLD_, MALLOC_TRIM_THRESHOLD_
-    or GLIBC_TUNABLES in the environment)."""
-    if _TUNED or any(name in os.environ for name in
-                     ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")):
+    """Set glibc's mmap and trim thresholds for a long-running engine, once per process (True when they were
+    set): not where libc has no mallopt, nor where the operator set them (MALLOC_MMAP_THRESHOLD_,
+    MALLOC_TRIM_THRESHOLD_ or GLIBC_TUNABLES in the environment)."""
+    if any(name in os.environ for name in ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")):
         return False
-    _TUNED.append(True)
     mallopt = getattr(_libc(), "mallopt", None)
     if mallopt is None:
         return False
