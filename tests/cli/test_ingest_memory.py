@@ -1,6 +1,7 @@
 """Bounded-memory ingest: `ilre compress --context-file` of a long document, in its own process,
-needs beyond the loaded engine about the layer-l_R key cache, the IDs and the text plus one chunk's
-working set, never anything of the order of the context times the hidden size."""
+needs beyond the loaded engine about the layer-l_R key cache (twice: DCA's moved copy that a query
+reads beside it), the IDs and the text plus one chunk's working set, never anything of the order of
+the context times the hidden size."""
 
 from __future__ import annotations
 
@@ -37,10 +38,13 @@ def test_peak_memory_beyond_the_engine_is_the_key_cache(tmp_path):
     tokens = result["original_tokens"]
     assert tokens > 100_000 and result["compressed_tokens"] == 256 and base_result["original_tokens"] < 3000
     keys_mib = tokens * 3 * 64 * 2 / 2**20      # layer-l_R keys: kv heads x head dim x bfloat16
+    # the query reads them moved by DCA (eq. 7), a copy beside the encoding's own (score_keys), which the
+    # document cache keeps unmoved: measured, the peak is there (and where the cache takes its copy off the heap)
+    read_keys_mib = 2 * keys_mib
     ids_and_text_mib = (tokens * 8 + LONG_CHARS * 2) / 2**20
     hidden_mib = tokens * 576 * 4 / 2**20       # one float32 hidden state of the whole context: must never exist
     print(f"\n{tokens} tokens: {beyond:.0f} MiB beyond the loaded engine ({base_beyond:.0f} MiB for "
           f"{base_result['original_tokens']} tokens); keys {keys_mib:.0f} MiB, ids+text {ids_and_text_mib:.0f} MiB, "
           f"a whole hidden state would be {hidden_mib:.0f} MiB")
     working_set_mib = 128  # one prefill chunk, one 256K-character tokenizer piece, the scoring blocks: fixed sizes
-    assert keys_mib <= beyond < keys_mib + ids_and_text_mib + working_set_mib < hidden_mib
+    assert keys_mib <= beyond < read_keys_mib + ids_and_text_mib + working_set_mib < hidden_mib

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import gc
 import mmap
+import os
 import subprocess
 import sys
 
@@ -13,7 +14,7 @@ import pytest
 import torch
 
 from ilre.compressor.context_state import ContextState
-from ilre.engine.heap import OFF_HEAP_MIN_BYTES, HeapTrimmer, off_heap
+from ilre.engine.heap import OFF_HEAP_MIN_BYTES, HeapTrimmer, _libc, off_heap
 from ilre.engine.messages import CompressRequest
 
 FRAGMENTED = """
@@ -66,6 +67,31 @@ def test_blocks_moved_off_the_heap_go_back_when_freed_without_a_trim():
     assert out.returncode == 0, out.stderr[-2000:]
     held, after, _ = (float(x) for x in out.stdout.split())
     assert held - after > 400, (held, after)  # the 504 MiB went back at once
+
+
+TUNED = """
+import sys, torch
+from ilre.engine.heap import tune_allocator
+
+if sys.argv[1] == "tuned":
+    assert tune_allocator()
+raised = torch.ones(16 << 20, dtype=torch.uint8)  # freeing it raises glibc's own mmap threshold past 8 MiB
+del raised
+address = torch.ones(8 << 20, dtype=torch.uint8).data_ptr()
+heap = next(line.split()[0] for line in open("/proc/self/maps") if line.rstrip().endswith("[heap]"))
+low, high = (int(end, 16) for end in heap.split("-"))
+print(low <= address < high)
+"""
+
+
+@pytest.mark.parametrize("mode, on_heap", [("default", "True"), ("tuned", "False")])
+def test_a_tuned_allocator_gives_big_blocks_a_mapping_of_their_own(mode, on_heap):
+    if getattr(_libc(), "mallopt", None) is None:
+        pytest.skip("no mallopt in this C library")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("MALLOC_") and k != "GLIBC_TUNABLES"}
+    out = subprocess.run([sys.executable, "-c", TUNED, mode], capture_output=True, text=True, timeout=120, env=env)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split() == [on_heap]
 
 
 def own_mapping(tensor: torch.Tensor) -> bool:

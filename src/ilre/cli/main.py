@@ -176,10 +176,14 @@ def run_serve(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def _closing_engines(args: argparse.Namespace) -> Iterator[Callable[[], Any]]:
     """A loader of the command's engine (a server loads it in the background) whose engines are closed
-    (their background deepening stopped) when the command ends."""
+    (their background deepening stopped) when the command ends. A server runs for long: glibc is tuned for
+    it first (engine/heap.py; a one-shot command keeps glibc's defaults, which give it the lower peak)."""
+    from ..engine.heap import tune_allocator
+
     engines: list[Any] = []
 
     def load():
+        tune_allocator()
         engines.append(_engine(args))
         return engines[-1]
 

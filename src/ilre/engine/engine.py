@@ -28,7 +28,7 @@ from .defaults import AUTO_BATCH_TOKENS, MAX_EXPLAIN_TOKENS
 from .document_names import DocumentNames
 from .encodings import EncodingPolicy
 from .engine_config import EngineConfig
-from .heap import HeapTrimmer, tune_allocator
+from .heap import HeapTrimmer
 from .documents import DocumentCache, SharedDocuments
 from .info import ModelInfo
 from .messages import CompressRequest, CompressResult, CompressResults, InputError, NotFoundError, ScopedRequest
@@ -67,7 +67,6 @@ class Engine:
         self.tokenizer = load_tokenizer(checkpoint.path)
         self.names = DocumentNames()
         self.deepening = Deepener(config.deepen)  # also whose turn it is: one request at a time
-        tune_allocator()  # big blocks in mappings of their own, trimming left to the trimmer (engine/heap.py)
         self.heap = HeapTrimmer()  # freed memory back to the system after requests
         documents = DocumentCache(config.doc_cache_mb << 20, shared_documents, config.doc_cache_share)
         self.encodings = EncodingPolicy(documents, self.deepening, self.placement.dtype_name, config.resume)

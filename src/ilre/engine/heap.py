@@ -13,7 +13,8 @@ malloc_trim(0) gave back 1.2 GiB of 3.7. Three things keep it down:
   tensor is freed, so eviction returns it whatever the heap around it holds;
 - `tune_allocator`: blocks of 4 MiB and more get mappings of their own as well (a fixed mmap threshold), and
   glibc leaves trimming to the trimmer (a high trim threshold: freeing at the heap's top does not shrink it only
-  for the next request to fault it in again).
+  for the next request to fault it in again). The server commands set it when they load their engine; a process
+  that embeds the Engine as a library, or runs one command and exits, keeps glibc's defaults.
 
 Where the C library has no malloc_trim or mallopt (musl, macOS, Windows), the trimmer and the tuning do nothing.
 """
