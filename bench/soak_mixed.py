@@ -18,7 +18,8 @@ the first query's (the cascade) or a deepened document's (both computed in this 
 deterministic); a retrieve gives the message back byte for byte; a flood answer meets its budget. The quiet
 keys' cache hit rate (a repeated document whose encoded state the shared tier held when it was asked again) is
 compared with a run without the flood (--no-flood, saved as baseline.json); the long-lived processes' RSS over
-the last 30 minutes (max over min of per-minute medians) and Redis's used memory against its cap.
+the last 30 minutes (max over min of per-minute medians) and Redis's used memory against its cap (also as Redis
+counts it against maxmemory: less the replicas' output buffers and the AOF buffer, which a failover's resync fills).
 Writes results/bench/soak-mixed/{summary.md,windows.json,requests.jsonl,logs/}; baseline.{json,md} with --no-flood.
 Usage: bench/soak_mixed.py [--minutes 60] [--no-flood] [--sentinel] [--restart-minutes 4] [--redis-minutes 15]
 """
@@ -223,10 +224,12 @@ async def drive(args, cluster: Cluster, traffic: Traffic, out: dict) -> None:
         while time.monotonic() < end:
             now = time.monotonic()
             try:
-                used = probe.info("memory")["used_memory"] / 2**20
+                memory = probe.info("memory")
+                used = memory["used_memory"] / 2**20
+                counted = used - memory.get("mem_not_counted_for_evict", 0) / 2**20
             except redis.RedisError:
-                used = None
-            out["rss"].append({"t": now - start, "redis used": used,
+                used = counted = None
+            out["rss"].append({"t": now - start, "redis used": used, "redis counted": counted,
                                **{name: rss_mib(pid) for name, pid in cluster.pids().items()}})
             if now >= next_restart:
                 out["faults"].append({"t": now - start, "how": await asyncio.to_thread(cluster.restart_worker)})
@@ -289,6 +292,10 @@ def summarise(args, out: dict, results: Path) -> str:
     if used:
         lines.append(f"- Redis used memory: max {max(used):.0f} MiB against a {SHARED_CAP_MIB} MiB cap "
                      f"({'within' if max(used) <= 1.1 * SHARED_CAP_MIB else 'OVER'} the cap + 10%)")
+    counted = [x["redis counted"] for x in out["rss"] if x.get("redis counted")]
+    if counted:  # used_memory less the replicas' output buffers and the AOF buffer (INFO mem_not_counted_for_evict)
+        lines.append(f"- Redis used memory as Redis counts it against maxmemory (less the replicas' output buffers "
+                     f"and the AOF buffer): max {max(counted):.0f} MiB")
     return "\n".join(lines) + "\n"
 
 
