@@ -17,6 +17,14 @@ os.environ.setdefault("ILRE_DTYPE", DTYPE)
 # (and it would take the 2 cores from the next test). tests/engine/test_deepening.py and the gateway's
 # retrieve test turn it on.
 os.environ.setdefault("ILRE_DEEPEN", "off")
+# Under `make test`'s two workers (pytest-xdist) a worker and every process its tests start (`ilre` servers,
+# llama-server, vLLM, SGLang: tests/service/engines.py) compute on one thread: two workers of two threads each
+# on 2 cores spin against each other (measured: the 16K needle test 640 s instead of 174).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
 
 # `make test` runs two pytest workers (pytest-xdist, --dist loadgroup). A module is one group, so its
 # module-scoped servers start once; the wheel's and the thin client's tests share the package built once. The
