@@ -61,7 +61,7 @@ demo: setup         ## compress a generated 16K-token document with a planted fa
 	$(VENV)/bin/ilre demo
 
 test: setup engine lingua litellm  ## everything: the real-model needle test, the sidecar in front of a real llama-server, LLMLingua beside its compatible API
-	ILRE_REQUIRE_LINGUA=1 $(PY) -m pytest -q -ra --durations=30
+	ILRE_REQUIRE_LINGUA=1 $(PY) -m pytest -q -ra --durations=30 -n 2 --dist loadgroup --no-loadscope-reorder   # two workers, longest modules first (tests/conftest.py)
 
 test-fast: setup engine   ## skip the tests marked slow
 	$(PY) -m pytest -q -m "not slow"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 
@@ -16,6 +17,49 @@ os.environ.setdefault("ILRE_DTYPE", DTYPE)
 # (and it would take the 2 cores from the next test). tests/engine/test_deepening.py and the gateway's
 # retrieve test turn it on.
 os.environ.setdefault("ILRE_DEEPEN", "off")
+# Under `make test`'s two workers (pytest-xdist) a worker and every process its tests start (`ilre` servers,
+# llama-server, vLLM, SGLang: tests/service/engines.py) compute on one thread: two workers of two threads each
+# on 2 cores spin against each other (measured: the 16K needle test 640 s instead of 174).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    import torch
+
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+
+# `make test` runs two pytest workers (pytest-xdist, --dist loadgroup). A module is one group, so its
+# module-scoped servers start once; the wheel's and the thin client's tests share the package built once. The
+# longest modules are handed out first (measured serially, seconds), so that no long one is left for the end.
+LONGEST_FIRST = [
+    "service/test_sidecar_engines.py",  # 403: vLLM and SGLang, a start each
+    "engine/test_documents.py",  # 174
+    "test_needle.py",  # 173
+    "service/test_sidecar.py",  # 118
+    "package",  # test_wheel 79 + test_thin_client 74: one package build
+    "integrations/test_litellm.py",  # 105
+    "test_strategies_needle.py",  # 101
+    "engine/test_deepening.py",  # 101
+    "service/test_redis_queue.py",  # 80
+    "service/test_load.py",  # 77
+    "cli/test_serve_cli.py",  # 74
+    "cli/test_ingest_memory.py",  # 70
+]
+TESTS = Path(__file__).parent
+PACKAGE_MODULES = {"test_wheel.py", "test_thin_client.py"}
+
+
+def pytest_collection_modifyitems(config, items):
+    """One xdist group per module (the wheel's and thin client's modules one group, "package"); the groups of
+    LONGEST_FIRST first, in its order, the rest as collected."""
+    def group(item) -> str:
+        module = item.path.relative_to(TESTS).as_posix()
+        return "package" if module in PACKAGE_MODULES else module
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group(group(item)))
+    rank = {name: i for i, name in enumerate(LONGEST_FIRST)}
+    items.sort(key=lambda item: rank.get(group(item), len(rank)))  # stable: the rest keep their order
+
+
 @pytest.fixture(scope="session")
 def engine():
     """An Engine on the embedded SmolLM2-135M-Instruct at its profiled retrieval layer, in float32."""

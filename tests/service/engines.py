@@ -140,11 +140,11 @@ class LlamaServer(EngineServer):
     name = "llama-server"
     start_timeout_s = 120.0
 
-    def __init__(self, ctx_size: int = 4096, threads: int = 2, *extra: str):
+    def __init__(self, ctx_size: int = 4096, threads: int | None = None, *extra: str):
         binary = llama_server_binary()
         if not binary.is_file():
             pytest.fail(f"llama-server not found at {binary}: run `make engine` (make test does)")
-        self.binary, self.ctx_size, self.threads, self.extra = binary, ctx_size, threads, extra
+        self.binary, self.ctx_size, self.threads, self.extra = binary, ctx_size, threads or engine_threads(), extra
         super().__init__()
         self.start()
 
@@ -177,7 +177,7 @@ class VllmServer(EngineServer):
 
     def environment(self) -> dict[str, str]:
         return {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(self.kv_cache_gib), "VLLM_ALLOW_LONG_MAX_MODEL_LEN": "1",
-                "OMP_NUM_THREADS": str(min(os.cpu_count() or 1, 4))}
+                "OMP_NUM_THREADS": str(engine_threads())}
 
     def running(self) -> int:
         return _gauge(httpx.get(self.url + "/metrics", timeout=5).text, "vllm:num_requests_running")
@@ -208,6 +208,12 @@ class SGLangServer(EngineServer):
 
     def running(self) -> int:
         return _gauge(httpx.get(self.url + "/metrics", timeout=5).text, "sglang:num_running_reqs")
+
+
+def engine_threads() -> int:
+    """The threads an engine computes on: OMP_NUM_THREADS where set (one under make test's two workers:
+    tests/conftest.py), else the CPUs, at most 4."""
+    return int(os.environ.get("OMP_NUM_THREADS") or min(os.cpu_count() or 1, 4))
 
 
 def _gauge(exposition: str, name: str) -> int:
