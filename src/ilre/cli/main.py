@@ -177,7 +177,7 @@ def run_serve(args: argparse.Namespace) -> int:
 def _closing_engines(args: argparse.Namespace) -> Iterator[Callable[[], Any]]:
     """A loader of the command's engine (a server loads it in the background) whose engines are closed
     (their background deepening stopped) when the command ends. A server runs for long: glibc is tuned for
-    it first (engine/heap.py; a one-shot command keeps glibc's defaults, which give it the lower peak)."""
+    it first (engine/heap.py; a one-shot command keeps glibc's defaults)."""
     from ..engine.heap import tune_allocator
 
     engines: list[Any] = []
