@@ -18,9 +18,9 @@ the first query's (the cascade) or a deepened document's (both computed in this 
 deterministic); a retrieve gives the message back byte for byte; a flood answer meets its budget. The quiet
 keys' cache hit rate (a repeated document whose encoded state the shared tier held when it was asked again) is
 compared with a run without the flood (--no-flood, saved as baseline.json); the long-lived processes' RSS over
-the last 30 minutes (max over min of per-minute medians) and Redis's used memory against its cap (also as Redis
+the last 30 minutes (max over min of per-minute medians of a sample every 2 s) and Redis's used memory against its cap (also as Redis
 counts it against maxmemory: less the replicas' output buffers and the AOF buffer, which a failover's resync fills).
-Writes results/bench/soak-mixed/{summary.md,windows.json,requests.jsonl,logs/}; baseline.{json,md} with --no-flood.
+Writes results/bench/soak-mixed/{summary.md,windows.json,requests.jsonl,samples.jsonl,logs/}; baseline.{json,md} with --no-flood.
 Usage: bench/soak_mixed.py [--minutes 60] [--no-flood] [--sentinel] [--restart-minutes 4] [--redis-minutes 15]
 """
 
@@ -62,6 +62,7 @@ BUDGET, GATEWAY_BUDGET = 512, 600
 SHARED_CAP_MIB = 2048
 CACHES = ("--doc-cache-mb", "1024", "--doc-cache-shared-mb", str(SHARED_CAP_MIB))  # the defaults
 WINDOW_S = 60
+SAMPLE_S = 2  # how often RSS and Redis's memory are sampled
 RETRY_S = 120  # how long a caller retries a request the front end did not accept
 
 
@@ -220,27 +221,34 @@ async def drive(args, cluster: Cluster, traffic: Traffic, out: dict) -> None:
                     await asyncio.sleep(rng.uniform(1.0, 4.0))
 
     async def sampler() -> None:
-        next_restart, next_redis = start + args.restart_minutes * 60, start + args.redis_minutes * 60
+        """Every SAMPLE_S: the processes' RSS and Redis's memory (a minute's median then rests on 30 samples, not
+        on the few a request's working set can sway)."""
         while time.monotonic() < end:
             now = time.monotonic()
             try:
-                memory = probe.info("memory")
+                memory = await asyncio.to_thread(probe.info, "memory")
                 used = memory["used_memory"] / 2**20
                 counted = used - memory.get("mem_not_counted_for_evict", 0) / 2**20
             except redis.RedisError:
                 used = counted = None
             out["rss"].append({"t": now - start, "redis used": used, "redis counted": counted,
                                **{name: rss_mib(pid) for name, pid in cluster.pids().items()}})
+            await asyncio.sleep(SAMPLE_S)
+
+    async def faults() -> None:
+        next_restart, next_redis = start + args.restart_minutes * 60, start + args.redis_minutes * 60
+        while time.monotonic() < end:
+            now = time.monotonic()
             if now >= next_restart:
                 out["faults"].append({"t": now - start, "how": await asyncio.to_thread(cluster.restart_worker)})
                 next_restart += args.restart_minutes * 60
             if now >= next_redis:
                 out["faults"].append({"t": now - start, "how": await asyncio.to_thread(cluster.restart_redis)})
                 next_redis += args.redis_minutes * 60
-            await asyncio.sleep(15)
+            await asyncio.sleep(1)
 
     callers = [caller(key, 0) for key in QUIET_DOCUMENTS] + ([] if args.no_flood else [caller("flood", n) for n in range(2)])
-    await asyncio.gather(sampler(), *callers)
+    await asyncio.gather(sampler(), faults(), *callers)
 
 
 def hit_rates(requests: list[dict]) -> dict[str, float]:
@@ -281,21 +289,25 @@ def summarise(args, out: dict, results: Path) -> str:
                      + "; within 10%: " + str(all(rates[k] is not None and before.get(k) is not None
                                                   and rates[k] >= 0.9 * before[k] for k in rates)))
     last = [row for row in rows if row["minute"] >= args.minutes - 30]
-    lines += ["", "RSS over the last 30 minutes (min / max of per-minute medians):"]
+    lines += ["", f"RSS over the last 30 minutes (min / max of per-minute medians, a sample every {SAMPLE_S} s; "
+              "then the medians of its first and second 15 minutes):"]
     for name in ("front end", "steady worker", *(() if args.sentinel else ("redis",))):
         values = [row["rss_mib"].get(name) for row in last if row["rss_mib"].get(name)]
         if values:
             growth = max(values) / min(values) - 1
+            halves = [_median([v for row, v in zip(last, values) if (row["minute"] >= args.minutes - 15) == late])
+                      for late in (False, True)]
             lines.append(f"- {name}: {min(values):.0f} / {max(values):.0f} MiB, {100 * growth:.1f}% "
-                         f"({'flat' if growth <= 0.05 else 'GROWS'})")
-    used = [x["redis used"] for x in out["rss"] if x.get("redis used")]
-    if used:
-        lines.append(f"- Redis used memory: max {max(used):.0f} MiB against a {SHARED_CAP_MIB} MiB cap "
-                     f"({'within' if max(used) <= 1.1 * SHARED_CAP_MIB else 'OVER'} the cap + 10%)")
-    counted = [x["redis counted"] for x in out["rss"] if x.get("redis counted")]
-    if counted:  # used_memory less the replicas' output buffers and the AOF buffer (INFO mem_not_counted_for_evict)
-        lines.append(f"- Redis used memory as Redis counts it against maxmemory (less the replicas' output buffers "
-                     f"and the AOF buffer): max {max(counted):.0f} MiB")
+                         f"({'flat' if growth <= 0.05 else 'GROWS'}); halves {halves[0]:.0f} / {halves[1]:.0f} MiB")
+    for field, what in (("redis used", "Redis used memory"),
+                        ("redis counted", "Redis used memory as Redis counts it against maxmemory (less the "
+                                          "replicas' output buffers and the AOF buffer, which a failover's resync fills)")):
+        values = [x[field] for x in out["rss"] if x.get(field)]
+        if values:
+            medians = [row["rss_mib"][field] for row in rows if row["rss_mib"].get(field)]
+            lines.append(f"- {what}: max {max(values):.0f} MiB (of per-minute medians {max(medians):.0f}) against a "
+                         f"{SHARED_CAP_MIB} MiB cap ({'within' if max(values) <= 1.1 * SHARED_CAP_MIB else 'OVER'} "
+                         "the cap + 10%)")
     return "\n".join(lines) + "\n"
 
 
@@ -327,6 +339,8 @@ def main() -> int:
             cluster.keep_logs(results / "logs")
     with (results / "requests.jsonl").open("w") as f:
         f.writelines(json.dumps(r) + "\n" for r in out["requests"])
+    with (results / "samples.jsonl").open("w") as f:
+        f.writelines(json.dumps(x) + "\n" for x in out["rss"])
     summary = summarise(args, out, results)
     if args.no_flood:
         (results / "baseline.json").write_text(json.dumps({"minutes": args.minutes, "hit_rates": hit_rates(out["requests"])}) + "\n")

@@ -12,15 +12,17 @@ import time
 
 import httpx
 import pytest
+import torch
 
 from ilre.service.client import Client, ClientError
 from ilre.service.common.errors import ConfigError
 from ilre.service.common.redis_connection import sync_client
 from ilre.service.common.redis_url import parse_redis_url
+from ilre.service.documents.redis_tier import RedisDocuments
 from ilre.service.server import ServiceThread
 
-from .conftest import QUERY, WorkerProcess, comparable, context, service_config, wait_for
-from .redis_group import SentinelGroup
+from .conftest import QUERY, WorkerProcess, comparable, context, free_port, service_config, wait_for
+from .redis_group import DOWN_AFTER_MS, SentinelGroup
 from .test_redis_queue import expected
 
 PREFIX = "ha"
@@ -128,3 +130,42 @@ def test_a_request_no_replica_holds_is_not_accepted(redis_server):
     assert reply.status_code == 503 and "not accepted" in reply.json()["error"]
     entries = r.xrange("nowait:requests")
     assert len(entries) == 2 and all(r.exists(f"nowait:cancel:{fields['rid']}") for _, fields in entries)
+
+
+def test_a_documents_ids_outlive_a_failover(tmp_path):
+    """A worker's IDs on the shared tier (what a document_id and a retrieve hash stand on): the write returns once
+    a replica holds it, so killing the master right after loses nothing; a read sent before the sentinels have
+    promoted a replica rides out the failover and finds them, where it used to answer "not there"."""
+    group = SentinelGroup(tmp_path / "group")
+    docs = RedisDocuments(group.url, "ids", wait_replicas=1, wait_ms=1000, retry_s=30.0)
+    try:
+        ids = torch.arange(5000)
+        docs.put_ids("doc-1", ids, "owner")
+        old_port = group.master_port()
+        killed_at = time.monotonic()
+        group.kill_master()
+        found = docs.get_ids("doc-1")
+        waited = time.monotonic() - killed_at
+        assert found is not None and torch.equal(found, ids)
+        assert group.master_port() not in (None, old_port)
+        assert waited > DOWN_AFTER_MS / 1000  # the read was sent with no master and retried until one was promoted
+        assert not docs.at_risk
+    finally:
+        docs.close()
+        group.stop()
+
+
+def test_ids_no_replica_holds_or_no_redis_takes_are_answered_and_counted(redis_server):
+    """A write of IDs that no replica acknowledges in time is kept (the answer goes out) but counted unconfirmed;
+    with Redis down for the whole of retry_s, writes and reads give up, counted, without raising."""
+    docs = RedisDocuments(redis_server.url, "risk", wait_replicas=1, wait_ms=50)
+    docs.put_ids("doc-1", torch.arange(10), "owner")
+    assert docs.at_risk == {"unconfirmed": 1} and torch.equal(docs.get_ids("doc-1"), torch.arange(10))
+    docs.close()
+    gone = RedisDocuments(f"redis://127.0.0.1:{free_port()}/0", "risk", retry_s=0.5)
+    started = time.monotonic()
+    gone.put_ids("doc-1", torch.arange(10), "owner")
+    assert gone.get_ids("doc-1") is None
+    gone.put_state("doc-1", "key", {"x": torch.zeros(2)}, "owner")  # states are a cache: given up at once
+    assert gone.at_risk == {"unstored": 1, "unread": 1} and 1.0 <= time.monotonic() - started < 3.0
+    gone.close()

@@ -38,11 +38,12 @@ class ServiceConfig:
     redis_url: str | None = setting(None, "redis://HOST:PORT/DB, or redis+sentinel://HOST:PORT[,...]/MASTER[/DB]: "
                                     "queue on Redis (none: the in-process queue; a worker needs it)", SERVERS)
     redis_prefix: str = setting("ilre", "key prefix on Redis", SERVERS, advanced=True)
-    redis_wait_replicas: int = setting(-1, "replicas that must hold a request before it is accepted (Redis WAIT)",
-                                       FRONT_ENDS, minimum=-1, shown_default="1 with redis+sentinel://, else 0",
+    redis_wait_replicas: int = setting(-1, "replicas that must hold a request before it is accepted, and a "
+                                       "document's IDs before its document_id is answered (Redis WAIT)",
+                                       SERVERS, minimum=-1, shown_default="1 with redis+sentinel://, else 0",
                                        advanced=True)
-    redis_wait_ms: int = setting(1000, "how long an enqueue waits for those replicas, then UNAVAILABLE", FRONT_ENDS,
-                                 minimum=1, advanced=True)
+    redis_wait_ms: int = setting(1000, "how long an enqueue waits for those replicas, then UNAVAILABLE (a worker "
+                                 "storing IDs: then logs and counts them at risk)", SERVERS, minimum=1, advanced=True)
     max_batch: int = setting(8, "requests per batch", SERVERS, minimum=1)
     max_wait_ms: float = setting(5.0, "how long a batch waits to fill up, in ms", SERVERS, minimum=0)
     max_queue: int = setting(256, "accepted unfinished requests before RESOURCE_EXHAUSTED / 429", FRONT_ENDS, minimum=1)
@@ -64,7 +65,8 @@ class ServiceConfig:
     shutdown_grace_s: float = setting(10.0, "seconds in-flight requests get on SIGTERM", FRONT_ENDS, minimum=0)
     http_keep_alive_s: float = setting(75.0, "seconds an idle HTTP client connection stays open (above a load "
                                        "balancer's idle timeout)", FRONT_ENDS, above=0, advanced=True)
-    redis_retry_s: float = setting(5.0, "how long a waiting request rides out a Redis outage", SERVERS, minimum=0,
+    redis_retry_s: float = setting(5.0, "how long a waiting request (and a worker's read or write of a document's "
+                                   "IDs) rides out a Redis outage", SERVERS, minimum=0,
                                    advanced=True)
     threads: int | None = setting(None, "torch CPU threads", SERVERS, parse=int, minimum=1,
                                   shown_default="torch's choice")
@@ -109,7 +111,8 @@ class ServiceConfig:
 
     @property
     def wait_replicas(self) -> int:
-        """Replicas an enqueue waits for: redis_wait_replicas, or its default for the URL's kind."""
+        """Replicas an enqueue (and a worker's write of IDs) waits for: redis_wait_replicas, or its default for the
+        URL's kind."""
         if self.redis_wait_replicas >= 0:
             return self.redis_wait_replicas
         return 1 if self.redis_url and parse_redis_url(self.redis_url).sentinel else 0

@@ -97,6 +97,15 @@ class _DocumentCacheCollector:
             for cause in ("own", "pressure"):
                 evictions.add_metric([tier, cause], evicted.get(cause, 0))
         yield evictions
+        at_risk = getattr(cache.shared, "at_risk", None)
+        if at_risk is not None:
+            family = CounterMetricFamily("ilre_doc_cache_ids_at_risk", "Document IDs on the shared tier a failover "
+                                         "could cost (unconfirmed: fewer replicas than redis_wait_replicas held the "
+                                         "write in time) or that Redis failed for redis_retry_s (unstored, unread)",
+                                         labels=["outcome"])
+            for outcome in ("unconfirmed", "unstored", "unread"):
+                family.add_metric([outcome], at_risk.get(outcome, 0))
+            yield family
         yield GaugeMetricFamily("ilre_doc_cache_bytes", "Bytes held by the in-process document cache", value=stats.bytes)
         yield GaugeMetricFamily("ilre_doc_cache_documents", "Documents held by the in-process cache", value=stats.documents)
         deepening = self.metrics.deepening.stats if self.metrics.deepening is not None else None

@@ -14,7 +14,11 @@ states first, IDs only when no state is left to evict (a lost state is computed 
 the document_id unknown). One Lua script does it, so concurrent workers keep the sums right; an entry
 larger than the cap is not stored. The cap is this store's own: Redis's maxmemory policy must not
 be left to evict, it would take the request stream with it.
-Failures never fail a request: they are logged and the entry counts as missing.
+A document's IDs are what its document_id (and a gateway retrieve hash) stand on, so they are kept
+through a failover: their reads and writes ride out an unreachable Redis for up to `retry_s`, and a
+write waits (WAIT, same connection) until `wait_replicas` replicas hold it, within `wait_ms`. Encoded
+states are a cache: a failed read or write of one is given up at once (the state is computed again).
+Failures never fail a request: they are logged, counted (`at_risk`), and the entry counts as missing.
 """
 
 from __future__ import annotations
@@ -22,6 +26,7 @@ from __future__ import annotations
 import collections
 import logging
 import time
+from typing import Callable, TypeVar
 
 import torch
 from redis.exceptions import RedisError
@@ -32,6 +37,8 @@ from ...engine.defaults import DOC_CACHE_SHARE
 from ..common.redis_connection import sync_client
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
+RETRY_PAUSE_S = 0.2  # between tries of a read or write of IDs while Redis is failing
 
 # KEYS: index zset, sizes hash, owners hash, the entry; ARGV: size, now, ttl, cap, owner, share (bytes)
 #   -> {stored 0|1, evicted from its own owner, evicted from others}
@@ -93,9 +100,13 @@ class RedisDocuments:
     """`SharedDocuments` on one Redis (synchronous: it runs on the engine thread)."""
 
     def __init__(self, url: str, prefix: str = "ilre", max_bytes: int = 2 << 30, ttl_s: int = 3600,
-                 share: float = DOC_CACHE_SHARE):
+                 share: float = DOC_CACHE_SHARE, *, wait_replicas: int = 0, wait_ms: int = 1000, retry_s: float = 5.0):
         self.client = sync_client(url, socket_timeout=10, socket_connect_timeout=2)
         self.prefix, self.max_bytes, self.ttl_s, self.share = prefix, max_bytes, ttl_s, share
+        self.wait_replicas, self.wait_ms, self.retry_s = wait_replicas, wait_ms, retry_s
+        # IDs whose write fewer than wait_replicas replicas acknowledged in time ("unconfirmed"), or that could not
+        # be written or read within retry_s ("unstored", "unread")
+        self.at_risk: collections.Counter = collections.Counter()
         self.index, self.sizes, self.owners = f"{prefix}:docs", f"{prefix}:docs:bytes", f"{prefix}:docs:owners"
         self._admit = self.client.register_script(ADMIT)
         self.evictions = 0
@@ -108,11 +119,13 @@ class RedisDocuments:
         return f"{self.prefix}:doc:{doc}:state:{key}"
 
     def get_ids(self, doc: str) -> torch.Tensor | None:
-        tensors = self._get(self._ids_key(doc))
+        """(L,) int64 IDs of `doc`, or None (not there, or Redis unreachable for `retry_s`)."""
+        tensors = self._get(self._ids_key(doc), self.retry_s)
         return None if tensors is None else tensors["ids"].to(torch.int64)
 
     def put_ids(self, doc: str, ids: torch.Tensor, owner: str = "") -> None:
-        self._put(self._ids_key(doc), {"ids": ids.to(torch.int32).cpu().contiguous()}, owner)
+        """Store (L,) IDs of `doc`, riding out an outage for `retry_s` and waiting for `wait_replicas` replicas."""
+        self._put(self._ids_key(doc), {"ids": ids.to(torch.int32).cpu().contiguous()}, owner, durable=True)
 
     def get_state(self, doc: str, key: str) -> dict[str, torch.Tensor] | None:
         return self._get(self._state_key(doc, key))
@@ -137,29 +150,65 @@ class RedisDocuments:
             return [None] * len(prefixes)
         return [None if doc is None else (doc.decode() if isinstance(doc, bytes) else doc) for doc in found]
 
-    def _get(self, name: str) -> dict[str, torch.Tensor] | None:
-        try:
+    def _retrying(self, call: Callable[[], T], retry_s: float) -> T:
+        """`call()`, again every RETRY_PAUSE_S while Redis fails (a failover: no master yet, or a connection to
+        the old one) until `retry_s` has passed; then its RedisError."""
+        give_up = time.monotonic() + retry_s
+        while True:
+            try:
+                return call()
+            except RedisError:
+                if time.monotonic() >= give_up:
+                    raise
+            time.sleep(RETRY_PAUSE_S)
+
+    def _get(self, name: str, retry_s: float = 0.0) -> dict[str, torch.Tensor] | None:
+        def read() -> bytes | None:
             with self.client.pipeline(transaction=False) as pipe:
                 pipe.get(name).expire(name, self.ttl_s).zadd(self.index, {name: time.time()}, xx=True)
-                raw = pipe.execute()[0]
+                return pipe.execute()[0]
+
+        try:
+            raw = self._retrying(read, retry_s)
             return None if raw is None else load_tensors(raw)
         except (RedisError, ValueError, RuntimeError) as exc:  # unreachable, or bytes that do not parse
             log.warning("shared document cache: cannot read %s (%s)", name, exc)
+            if retry_s:
+                self.at_risk["unread"] += 1
             return None
 
-    def _put(self, name: str, tensors: dict[str, torch.Tensor], owner: str) -> None:
+    def _put(self, name: str, tensors: dict[str, torch.Tensor], owner: str, durable: bool = False) -> None:
+        """Admit and store one entry; `durable`: ride out an outage for retry_s and WAIT for the replicas."""
         blob = save_tensors(tensors)
-        try:
+        wait = self.wait_replicas if durable else 0
+
+        def write() -> int | None:  # replicas holding the entry (None: not stored, larger than the cap)
             stored, own, others = self._admit(keys=[self.index, self.sizes, self.owners, name],
                                               args=[len(blob), time.time(), self.ttl_s, self.max_bytes, owner,
                                                     int(self.share * self.max_bytes)])
             self.evictions += int(own) + int(others)
             self.evicted["own"] += int(own)
             self.evicted["pressure"] += int(others)
-            if stored:
-                self.client.set(name, blob, ex=self.ttl_s)
+            if not stored:
+                return None
+            with self.client.pipeline(transaction=False) as pipe:  # one connection: WAIT counts this write
+                pipe.set(name, blob, ex=self.ttl_s)
+                if wait:
+                    pipe.execute_command("WAIT", wait, self.wait_ms)
+                done = pipe.execute()
+            return int(done[-1]) if wait else 0
+
+        try:
+            replicas = self._retrying(write, self.retry_s if durable else 0.0)
         except RedisError as exc:
             log.warning("shared document cache: cannot store %s (%s)", name, exc)
+            if durable:
+                self.at_risk["unstored"] += 1
+            return
+        if replicas is not None and replicas < wait:
+            self.at_risk["unconfirmed"] += 1
+            log.warning("shared document cache: %s reached %d Redis replica(s) within %d ms, %d wanted "
+                        "(redis_wait_replicas): a failover now could lose it", name, replicas, self.wait_ms, wait)
 
     def close(self) -> None:
         self.client.close()

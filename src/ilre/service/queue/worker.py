@@ -65,7 +65,8 @@ class Worker:
         if engine.documents.shared is None and config.doc_cache_shared_mb > 0:  # the cache every worker reads
             self._shared = RedisDocuments(config.redis_url, config.redis_prefix,
                                           config.doc_cache_shared_mb << 20, config.doc_cache_ttl_s,
-                                          engine.documents.share)
+                                          engine.documents.share, wait_replicas=config.wait_replicas,
+                                          wait_ms=config.redis_wait_ms, retry_s=config.redis_retry_s)
             engine.documents.shared = self._shared
         self.metrics.documents = engine.documents
         self.metrics.deepening = engine.deepening
