@@ -165,8 +165,10 @@ class Cluster:
         return f"Sentinel failover (master {how}, promoted in {promoted:.1f} s)"
 
     def pids(self) -> dict[str, int]:
-        return {"front end": self.front.pid, "redis": self.redis_pid(), "steady worker": self.workers["steady"].pid,
-                "restarted worker": next(p.pid for n, p in self.workers.items() if n != "steady")}
+        """The processes sampled, by role (the restarted worker's left out while a restart replaces it)."""
+        out = {"front end": self.front.pid, "redis": self.redis_pid(), "steady worker": self.workers["steady"].pid}
+        restarted = [p.pid for n, p in list(self.workers.items()) if n != "steady"]
+        return out | ({"restarted worker": restarted[0]} if restarted else {})
 
     def keep_logs(self, folder: Path) -> None:
         """Copy the processes' logs to `folder`."""
