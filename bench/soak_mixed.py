@@ -264,8 +264,8 @@ def summarise(args, out: dict, results: Path) -> str:
     windows = defaultdict(list)
     for x in out["rss"]:
         windows[int(x["t"] // WINDOW_S)].append(x)
-    names = [k for k in (out["rss"][0] if out["rss"] else {}) if k != "t"]
-    rows = [{"minute": w, "rss_mib": {k: _median([x[k] for x in windows[w]]) for k in names}} for w in sorted(windows)]
+    names = sorted({k for x in out["rss"] for k in x} - {"t"})
+    rows = [{"minute": w, "rss_mib": {k: _median([x.get(k) for x in windows[w]]) for k in names}} for w in sorted(windows)]
     (results / "windows.json").write_text(json.dumps(rows, indent=1) + "\n")
     quiet = [r for r in reqs if r["key"] != "flood"]
     lost = [r for r in quiet if r["code"] != "OK"]
