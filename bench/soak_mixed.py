@@ -157,11 +157,12 @@ class Traffic:
             self.out["retried"] += 1
             await asyncio.sleep(0.5)
 
-    async def post_retried(self, http: httpx.AsyncClient, path: str, **kwargs) -> httpx.Response:
-        """POST, again on 503 (not accepted) as `retried` does."""
+    async def http_retried(self, http: httpx.AsyncClient, method: str, path: str, **kwargs) -> httpx.Response:
+        """An HTTP call, again on 503 (not accepted: no master, or no replica acknowledged it in time) as `retried`
+        does."""
         give_up = time.monotonic() + RETRY_S
         while True:
-            reply = await http.post(path, **kwargs)
+            reply = await http.request(method, path, **kwargs)
             if reply.status_code != 503 or time.monotonic() > give_up:
                 return reply
             self.out["retried"] += 1
@@ -173,13 +174,13 @@ class Traffic:
         question = self.tokenizer.decode(doc.query)
         messages = [{"role": "tool", "tool_call_id": "c1", "content": doc.text}, {"role": "user", "content": question}]
         headers = {"authorization": f"Bearer {KEYS[key]}"}
-        reply = await self.post_retried(http, "/v1/compress", json={"messages": messages, "budget": GATEWAY_BUDGET},
+        reply = await self.http_retried(http, "POST", "/v1/compress", json={"messages": messages, "budget": GATEWAY_BUDGET},
                                         headers=headers)
         if reply.status_code != 200:
             return str(reply.status_code), False
         hashes = reply.json().get("ccr_hashes") or []
         for hash_ in hashes:
-            back = await http.get(f"/v1/retrieve/{hash_}", headers=headers)
+            back = await self.http_retried(http, "GET", f"/v1/retrieve/{hash_}", headers=headers)
             if back.status_code != 200 or back.json().get("original_content") != doc.text:
                 return f"retrieve {back.status_code}", False
         return "OK", bool(hashes)
@@ -192,7 +193,7 @@ class Traffic:
             if rng.random() < 0.2:
                 messages = [{"role": "tool", "tool_call_id": "c1", "content": self.tokenizer.decode(context)},
                             {"role": "user", "content": self.tokenizer.decode(query)}]
-                reply = await self.post_retried(http, "/v1/compress", json={"messages": messages, "budget": GATEWAY_BUDGET},
+                reply = await self.http_retried(http, "POST", "/v1/compress", json={"messages": messages, "budget": GATEWAY_BUDGET},
                                                 headers={"authorization": f"Bearer {KEYS['flood']}"})
                 return self.record("flood", "gateway", "OK" if reply.status_code == 200 else str(reply.status_code),
                                    reply.status_code == 200, sent)

@@ -93,7 +93,7 @@ def two_workers(redis_server, request):
 
 def test_on_the_shared_tier_a_flood_through_one_worker_keeps_a_quiet_keys_documents_from_another(two_workers):
     quiet_worker, flood_worker = two_workers
-    blob = {"x": torch.zeros(50_000, dtype=torch.uint8)}  # ~50 KB: the cap holds 11, a share 3
+    blob = {"x": torch.zeros(50_000, dtype=torch.uint8)}  # ~50 KB: the cap holds 11, a share 3 (as charged: entry overhead included)
     for n in range(2):
         quiet_worker.put_state(f"q{n:031x}", "k", blob, QUIET)
     for n in range(120):  # 10x the cap
