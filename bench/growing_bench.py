@@ -3,8 +3,8 @@
 Two conversations on the embedded model (float32 on this CPU, the default cascade, budget 1024):
   chat   through the sidecar (in this process, in front of llama.cpp's llama-server serving the same model): a
          32K-token document in the system message, then 20 turns, each adding a ~300-token question and answer;
-         each turn is one POST /v1/chat/completions (one new token); the sidecar renders the chat with the
-         model's template and compresses everything before the last user turn
+         each turn is one POST /v1/chat/completions (one new token); the sidecar reads the chat message by
+         message and compresses the document and the earlier questions for the last one, each to its share
   agent  in process: a 16K-token history, then 20 steps, each appending a ~1K-token tool result; the query is fixed
 Each turn is sent twice, in the same process:
   resuming  the cache holds the earlier turns, resuming and deepening on (the sidecar's defaults); between turns
@@ -16,7 +16,9 @@ Printed per turn: the compression's milliseconds both ways (through the sidecar:
 tokens taken on, the background deepening's, and whether both sent on the same tokens (through the sidecar: the
 bytes llama-server received, read by a recording relay). The two ways send the same tokens where they read the
 same encoding; a turn answered from a deepened document reads full depth (plain ILRe at l_R with the coarse layer
-blended), so it is compared with that, computed whole. Then turns 2-20 summed, and their ratio.
+blended), so it is compared with that, computed whole (in process; through the sidecar, where a message's share
+of the budget is not the context's, a turn read at full depth is not compared). Then turns 2-20 summed, and
+their ratio.
 
 Rows go to --rows as each turn finishes; a rerun goes on from the turn after the last one there (it first sends
 that turn again, untimed, to hold what the earlier turns left in the cache); --fresh starts over.
@@ -43,7 +45,6 @@ from ilre.engine.messages import CompressRequest  # noqa: E402
 from ilre.evaluation.tasks.haystack import shakespeare_text  # noqa: E402
 from ilre.service.common.config import ServiceConfig, SidecarConfig  # noqa: E402
 from ilre.service.server import ServiceThread  # noqa: E402
-from ilre.service.sidecar.prompt import PromptSplitter  # noqa: E402
 from tests.service.engines import LlamaServer, RecordingRelay  # noqa: E402
 
 ROWS = Path(__file__).resolve().parents[1] / "results" / "bench" / "growing.jsonl"
@@ -62,17 +63,14 @@ def words(engine: Engine, start: int, tokens: int) -> str:
 
 
 def chat_turns(engine: Engine, turns: int, document: int = 32000) -> list[Turn]:
-    """Per turn: the sidecar's split of the chat (context before the last user turn, that turn as the query)
-    and the messages sent."""
-    splitter = PromptSplitter(engine.tokenizer)
+    """Per turn: the document's tokens, the last user turn's (the query), and the messages sent."""
     messages = [{"role": "system", "content": "Answer from this document.\n\n" + words(engine, 0, document)}]
     out = []
     for turn in range(turns):
         question = (f"Question {turn + 1}: what does the speaker say about {words(engine, 900_000 + turn * 997, 8)}? "
                     + words(engine, 500_000 + turn * 2000, 130))
         sent = messages + [{"role": "user", "content": question}]
-        split = splitter.chat(sent, 64, {})
-        out.append((split.context, split.query, sent))
+        out.append((engine.tokenizer(messages[0]["content"]).input_ids, engine.tokenizer(question).input_ids, sent))
         messages = sent + [{"role": "assistant", "content": words(engine, 700_000 + turn * 2000, 150)}]
     return out
 
@@ -133,7 +131,7 @@ class ThroughSidecar:
         reply = self.send(self.chat(messages))
         if reply.headers.get("x-ilre-action") != "compressed":
             raise SystemExit(f"sidecar did not compress: {dict(reply.headers)}")
-        sent_on = self.relay.last("/v1/completions").json()["prompt"]
+        sent_on = [m["content"] for m in self.relay.last("/v1/chat/completions").json()["messages"]]
         return float(reply.headers["x-ilre-compress-ms"]), sent_on, int(self.resumed_total() - before)
 
     def close(self) -> None:
@@ -167,7 +165,10 @@ def one_turn(engine: Engine, send: Send, resuming: DocumentCache, whole: Documen
     set_way(engine, whole, False)
     off_ms, off_ids, _ = send(sent)
     deep = on_ids != off_ids
-    same = on_ids == (full_depth(engine, context, query) if deep else off_ids)
+    if not deep:
+        same: bool | None = True
+    else:  # a message's share of the budget is not the context's: only a context compressed whole compares
+        same = None if isinstance(send, ThroughSidecar) else on_ids == full_depth(engine, context, query)
     return {"tokens": len(context), "resume_ms": round(on_ms, 1), "whole_ms": round(off_ms, 1),
             "deepen_ms": round(deepen_ms, 1), "resumed_tokens": resumed, "same_sent": same,
             "read": "full depth" if deep else "the same encoding"}
@@ -205,7 +206,7 @@ def summarize(kind: str, turns: int, done: list[dict], rows: Path) -> None:
     later_on = sum(r["resume_ms"] for r in done[1:])
     later_off = sum(r["whole_ms"] for r in done[1:])
     summary = {"kind": kind, "turns": turns, "later_resume_ms": round(later_on, 1), "later_whole_ms": round(later_off, 1),
-               "ratio": round(later_on / later_off, 3), "all_same_sent": all(r["same_sent"] for r in done)}
+               "ratio": round(later_on / later_off, 3), "all_same_sent": all(r["same_sent"] is not False for r in done)}
     append(rows, summary)
     print(f"{kind}: turns 2-{turns} {later_on / 1000:.1f} s resuming vs {later_off / 1000:.1f} s whole "
           f"({summary['ratio']:.3f}x); every turn sent the same: {summary['all_same_sent']}", flush=True)

@@ -12,9 +12,9 @@ QUESTION = ("\n\nQuestion: What is the vault code of the Duke of Milan's museum?
 CHAT_QUESTION = "What is the vault code of the Duke of Milan's museum? Reply with the number."
 
 
-def haystack(tokenizer, n_tokens: int) -> str:
-    """`n_tokens` of Shakespeare with FACT planted at 40%."""
-    filler = tokenizer.decode(filler_ids(tokenizer, n_tokens))
+def haystack(tokenizer, n_tokens: int, source: str = "shakespeare") -> str:
+    """`n_tokens` of Shakespeare (or "pydoc": Python's reference text) with FACT planted at 40%."""
+    filler = tokenizer.decode(filler_ids(tokenizer, n_tokens, source))
     at = filler.rfind("\n", 0, int(len(filler) * 0.4)) + 1
     return filler[:at] + FACT + filler[at:]
 

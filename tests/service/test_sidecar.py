@@ -18,6 +18,7 @@ from ilre.service.sidecar.upstream import IDLE_CONNECTION_S
 
 from .conftest import LINES_QUERY, assert_whole_lines, free_port, lines_context, service_config, wait_for
 from .engines import LlamaServer, RecordingRelay, wait_idle
+from .agent_steps import APIS, agent_step, assert_only_the_tool_output_changed
 from .haystacks import CHAT_QUESTION, FACT, QUESTION, haystack, reference_ids
 
 GREEDY = {"temperature": 0, "top_k": 1}
@@ -95,25 +96,36 @@ def test_plain_prompt_formats_forward_exactly_the_compressed_ids(engine, llama, 
 
 
 @pytest.mark.slow
-def test_chat_is_split_at_the_last_user_turn_and_answered(engine, relay, http):
-    document = haystack(engine.tokenizer, 16000)
-    messages = [{"role": "system", "content": "Answer questions about this document.\n\n" + document},
-                {"role": "user", "content": CHAT_QUESTION}]
-    rendered = engine.tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
-    ids = engine.tokenizer(rendered, add_special_tokens=False).input_ids
-    turn = max(i for i, t in enumerate(ids) if t == engine.tokenizer.convert_tokens_to_ids("<|im_start|>") and
-               engine.tokenizer.decode(ids[i:i + 2]).endswith("user"))
-    expected = reference_ids(engine, ids, len(ids) - turn)
+def test_an_agent_step_with_a_tool_call_in_its_history_is_compressed_and_answered(engine, llama, relay, http):
+    """A chat whose history holds an assistant tool call (content null) and a ~12K-token tool result, against
+    a 4096-token window: the tool result alone is compressed, the engine answers from it."""
+    body = agent_step("openai.chat", haystack(engine.tokenizer, 12000, "pydoc"), max_tokens=24, temperature=0)
+    direct = httpx.post(llama.url + "/v1/chat/completions", json=body, timeout=120)
+    assert direct.status_code == 400 and "context" in direct.text  # whole, the engine refuses it
 
-    reply = http.post("/v1/chat/completions", json={"messages": messages, "max_tokens": 24, "temperature": 0})
+    reply = http.post("/v1/chat/completions", json=body)
     assert reply.status_code == 200, reply.text
-    sent = relay.last("/v1/completions").json()  # no engine takes token IDs on its chat route
-    assert sent["prompt"] == expected and "messages" not in sent
+    assert reply.headers["x-ilre-action"] == "compressed"
+    kept = assert_only_the_tool_output_changed("openai.chat", relay.last("/v1/chat/completions").json(), body)
+    assert FACT.strip() in kept and len(engine.tokenizer(kept).input_ids) < 1024
+    assert int(reply.headers["x-ilre-compressed-tokens"]) <= 1024 < int(reply.headers["x-ilre-original-tokens"])
     answer = reply.json()
-    assert answer["object"] == "chat.completion" and answer["id"].startswith("chatcmpl-")
-    assert answer["choices"][0]["message"]["role"] == "assistant"
-    assert "7302946" in answer["choices"][0]["message"]["content"]
-    assert int(reply.headers["x-ilre-compressed-tokens"]) == len(expected)
+    assert answer["object"] == "chat.completion" and "7302946" in answer["choices"][0]["message"]["content"]
+    # the engine's prompt: the budget plus what stays whole (instructions, task, call, question, tools, template)
+    rest = httpx.post(llama.url + "/v1/chat/completions", timeout=120,
+                      json=agent_step("openai.chat", "", max_tokens=1)).json()["usage"]["prompt_tokens"]
+    assert answer["usage"]["prompt_tokens"] <= 1024 + rest
+
+
+@pytest.mark.parametrize("api", sorted(APIS))
+def test_tool_calls_tool_definitions_and_images_reach_the_engine_as_sent(engine, relay, http, api):
+    """Each API's agent step with an image in the question: only the tool result changes on its way (the
+    engine, without vision, may refuse the image: its answer is relayed as it came)."""
+    body = agent_step(api, haystack(engine.tokenizer, 3000, "pydoc"), image=True, max_tokens=8)
+    reply = http.post(APIS[api], json=body, headers={"x-ilre-budget": "512"})
+    assert reply.headers["x-ilre-action"] == "compressed", reply.text
+    kept = assert_only_the_tool_output_changed(api, relay.last(APIS[api]).json(), body)
+    assert FACT.strip() in kept and len(engine.tokenizer(kept).input_ids) <= 512
 
 
 def failures(caplog, rid: str) -> list:
@@ -156,13 +168,13 @@ def test_streaming_returns_the_same_text_as_not_streaming(http, medium_prompt):
     assert "".join(e["content"] for e in events) == whole.json()["content"]
 
 
-def test_streaming_chat_is_reshaped_into_chat_chunks(http, engine):
+def test_streaming_chat_comes_back_as_the_engines_chat_chunks(http, engine):
     messages = [{"role": "system", "content": haystack(engine.tokenizer, 1500)}, {"role": "user", "content": CHAT_QUESTION}]
     body = {"messages": messages, "max_tokens": 16, "temperature": 0, "compression": {"budget": 256}}
     whole = http.post("/v1/chat/completions", json=body)
     assert whole.status_code == 200, whole.text
     with http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as reply:
-        assert reply.status_code == 200
+        assert reply.status_code == 200 and reply.headers["x-ilre-action"] == "compressed"
         events = sse_payloads(reply)
     chunks = [e for e in events if e.get("choices")]
     assert all(e["object"] == "chat.completion.chunk" for e in chunks)
@@ -438,3 +450,59 @@ def test_a_compressed_request_is_one_trace_with_the_engine_call(engine, relay, o
     (queue,) = [s for s in otlp.named("ilre.queue") if s.parent_id == request.span_id]
     (compress,) = [s for s in otlp.named("ilre.compress") if s.parent_id == queue.span_id]
     assert {s.name for s in otlp.spans if s.parent_id == compress.span_id} >= {"tokenize", "prefill", "score", "allocate"}
+
+
+
+# -- lossless on demand: the retrieve tool answered by the sidecar ---------------------------------------
+@pytest.fixture(scope="module")
+def tool_calling(engine):
+    """(relay, sidecar client) in front of a llama-server whose chat template renders tools (Hermes style:
+    `<tool_call>` JSON), so that its grammar constrains each call to the tool's schema."""
+    server = LlamaServer(4096, None, "--chat-template-file", "tests/service/chat_templates/qwen2_5.jinja")
+    recorder = RecordingRelay(server.port)
+    with sidecar_service(engine, recorder.url) as svc, \
+            httpx.Client(base_url=f"http://127.0.0.1:{svc.http_port}", timeout=300) as client:
+        yield recorder, client
+    recorder.close()
+    server.stop()
+
+
+def chat_rounds(relay, since: int) -> list[dict]:
+    """The chat requests the engine got after its first `since` ones."""
+    return [r.json() for r in relay.requests() if r.path == "/v1/chat/completions"][since:]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stream", [False, True])
+def test_retrieve_calls_are_answered_from_the_cache_within_the_round_bound(engine, tool_calling, stream):
+    """The engine made to call the tool (tool_choice required, and the answer begun with `<tool_call>`: its
+    grammar then writes a call whose hash is one the sidecar named): the sidecar answers the call with the
+    original from its cache, withdraws the tool after the last round, and the client's answer holds the
+    fact that compression had dropped and no trace of the tool."""
+    relay, http = tool_calling
+    body = agent_step("openai.chat", haystack(engine.tokenizer, 900, "pydoc"), max_tokens=80, temperature=0,
+                      tool_choice="required", stream=stream)
+    del body["tools"]  # the client's own tools would be offered beside ilre's; here the engine must call ilre's
+    body["messages"].append({"role": "assistant", "content": "<tool_call>\n"})  # the answer begun as a call
+    since = len(chat_rounds(relay, 0))
+    reply = http.post("/v1/chat/completions", json=body, headers={"x-ilre-budget": "40", "x-ilre-retrieve-rounds": "1"})
+    assert reply.status_code == 200, reply.text
+    rounds = chat_rounds(relay, since)
+    assert len(rounds) == 2 and reply.headers["x-ilre-retrieve-calls"] == "1"  # one round of calls, then the bound
+    shortened = rounds[0]["messages"][3]["content"]
+    assert shortened.startswith("[ilre kept") and "7302946" not in shortened  # compression dropped the fact
+    (offered,) = rounds[0]["tools"]
+    assert offered["function"]["name"] == "ilre_retrieve" and "stream" not in rounds[0]
+    call, answered = rounds[1]["messages"][-2:]
+    assert call["tool_calls"][0]["function"]["name"] == "ilre_retrieve"
+    assert answered["role"] == "tool" and "7302946" in answered["content"]  # the original, from the cache
+    assert "tools" not in rounds[1] and "tool_choice" not in rounds[1]  # the last round: the tool withdrawn
+    if stream:
+        assert reply.headers["content-type"].startswith("text/event-stream")
+        chunks = [e for e in sse_payloads(reply) if e.get("choices")]
+        assert {e["object"] for e in chunks} == {"chat.completion.chunk"}
+        text = "".join(e["choices"][0]["delta"].get("content") or "" for e in chunks)
+    else:
+        text = reply.json()["choices"][0]["message"]["content"]
+    assert "ilre_retrieve" not in reply.text and "[ilre kept" not in reply.text
+    assert "7302946" in text, text

@@ -16,20 +16,24 @@ from ilre.service.server import ServiceThread
 
 from .conftest import service_config, wait_for
 from .engines import RecordingRelay, SGLangServer, VllmServer, wait_idle
-from .haystacks import CHAT_QUESTION, QUESTION, haystack, reference_ids
+from .agent_steps import APIS, agent_step, assert_only_the_tool_output_changed
+from .haystacks import FACT, QUESTION, haystack, reference_ids
 
 pytestmark = pytest.mark.slow
 
 WINDOW = 4096
 CODE = "7302946"
 ENGINES = {"vllm": (VllmServer, "openai"), "sglang": (SGLangServer, "sglang")}
+AGENT_APIS = {"vllm": ("openai.chat", "openai.responses", "anthropic.messages"), "sglang": ("openai.chat",)}
+TOOL_CALLS = {"vllm": ("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),  # `tools` with tool_choice auto
+              "sglang": ("--tool-call-parser", "qwen25")}
 
 
 @pytest.fixture(scope="module", params=sorted(ENGINES))
 def served(request):
     """(engine name, the running engine)."""
     server_class, _ = ENGINES[request.param]
-    server = server_class(WINDOW).start()
+    server = server_class(WINDOW, *TOOL_CALLS[request.param]).start()
     print(f"\n{request.param}: ready in {server.start_s:.1f} s")
     yield request.param, server
     server.stop()
@@ -105,31 +109,60 @@ def test_completions_text_and_token_ids_streamed_and_not(engine, served, relay, 
     assert chunks[-1]["usage"]["prompt_tokens"] == len(expected)
 
 
-def test_chat_streamed_and_not(engine, served, relay, http):
-    document = haystack(engine.tokenizer, 6000)
-    messages = [{"role": "system", "content": "Answer questions about this document.\n\n" + document},
-                {"role": "user", "content": CHAT_QUESTION}]
-    body = {"model": "smollm2", "messages": messages, "max_tokens": 24, "temperature": 0}
-    reply = http.post("/v1/chat/completions", json=body)
-    assert reply.status_code == 200, reply.text
-    answer = reply.json()
-    forwarded = int(reply.headers["x-ilre-compressed-tokens"])
-    sent = relay.last("/v1/completions").json()  # no engine takes token IDs on its chat route
-    assert "messages" not in sent and len(sent["prompt"]) == forwarded and sent["max_tokens"] == 24
-    assert answer["object"] == "chat.completion" and answer["id"].startswith("chatcmpl-")
-    assert CODE in answer["choices"][0]["message"]["content"]
-    assert answer["usage"]["prompt_tokens"] == forwarded < 1200
+@pytest.fixture(scope="module")
+def tool_output(engine):
+    """~12,000 tokens of Python's reference text with the fact planted: three times the engine's window."""
+    return haystack(engine.tokenizer, 12000, "pydoc")
 
-    with http.stream("POST", "/v1/chat/completions",
-                     json={**body, "stream": True, "stream_options": {"include_usage": True}}) as streamed:
-        assert streamed.status_code == 200
+
+def prompt_tokens(api: str, answer: dict) -> int:
+    """The prompt tokens the engine reports in an answer of `api`."""
+    return answer["usage"]["prompt_tokens" if api == "openai.chat" else "input_tokens"]
+
+
+def answer_text(api: str, answer: dict) -> str:
+    """The text of an answer in `api`'s own shape (which it must have)."""
+    if api == "openai.chat":
+        assert answer["object"] == "chat.completion"
+        return answer["choices"][0]["message"]["content"] or ""
+    if api == "openai.responses":
+        assert answer["object"] == "response" and answer["status"] == "completed"
+        return "".join(part["text"] for item in answer["output"] if item["type"] == "message" for part in item["content"])
+    assert answer["type"] == "message" and answer["role"] == "assistant"
+    return "".join(block["text"] for block in answer["content"] if block["type"] == "text")
+
+
+STREAM_EVENTS = {"openai.chat": "chat.completion.chunk", "openai.responses": "response.completed",
+                 "anthropic.messages": "message_stop"}
+
+
+@pytest.mark.parametrize("api", sorted(APIS))
+def test_an_agent_step_on_each_api_is_compressed_and_answered_in_its_shape(served, relay, http, tool_output, api):
+    """One agent step (a tool call and its ~12K-token result) on every conversation API the engine serves:
+    refused whole by the engine, answered through the sidecar with only the tool result compressed."""
+    name, server = served
+    if api not in AGENT_APIS[name]:
+        pytest.skip(f"{name} does not serve {APIS[api]}")
+    limit = {"openai.chat": "max_tokens", "openai.responses": "max_output_tokens", "anthropic.messages": "max_tokens"}[api]
+    body = agent_step(api, tool_output, temperature=0, **{limit: 24})
+    direct = httpx.post(server.url + APIS[api], json=body, timeout=120)
+    assert direct.status_code == 400, direct.text[:300]  # whole, it exceeds the window
+
+    reply = http.post(APIS[api], json=body)
+    assert reply.status_code == 200, reply.text
+    assert reply.headers["x-ilre-action"] == "compressed"
+    kept = assert_only_the_tool_output_changed(api, relay.last(APIS[api]).json(), body)
+    assert FACT.strip() in kept
+    answer = reply.json()
+    print(f"{name} {api}: {answer_text(api, answer)!r}")
+    empty = httpx.post(server.url + APIS[api], json=agent_step(api, "", **{limit: 1}), timeout=120).json()
+    assert prompt_tokens(api, answer) <= 1024 + prompt_tokens(api, empty)  # the budget + what stays whole
+
+    with http.stream("POST", APIS[api], json={**body, "stream": True}) as streamed:
+        assert streamed.status_code == 200 and streamed.headers["x-ilre-action"] == "compressed"
         chunks = events(streamed)
-    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
-    assert len({c["id"] for c in chunks}) == 1 and chunks[0]["id"].startswith("chatcmpl-")
-    assert chunks[0]["choices"][0]["delta"]["role"] == "assistant"
-    text = "".join(c["choices"][0]["delta"].get("content") or "" for c in chunks if c.get("choices"))
-    assert text == answer["choices"][0]["message"]["content"]
-    assert chunks[-1]["usage"]["prompt_tokens"] == forwarded
+    kinds = {c.get("object") or c.get("type") for c in chunks}
+    assert STREAM_EVENTS[api] in kinds, kinds
 
 
 def test_sglang_generate_text_and_input_ids_streamed_and_not(engine, served, relay, http, long_prompt, expected):

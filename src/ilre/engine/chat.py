@@ -8,12 +8,14 @@ nothing here counts tokens (the callers ask the model) or needs torch.
 - The query: the last user message (the last message whose role is "user", wherever it stands: tool
   results may follow it), read as its text parts. When it is longer than LONG_QUERY tokens (documents
   pasted before a question), its last QUERY_TOKENS tokens are the query.
-- Compressed: user messages other than the last, tool and function results; and the last user message
-  when it is longer than LONG_QUERY tokens and text only: its last QUERY_TOKENS tokens stay, the rest
-  is compressed.
-- Kept whole: system, developer and assistant messages (every role but user, tool and function); the
-  messages up to the last one carrying a `cache_control` breakpoint (a provider's prompt cache holds
-  their exact bytes); any message of at most QUERY_TOKENS tokens.
+- Compressed: user messages other than the last, tool and function results; system and developer
+  messages longer than LONG_INSTRUCTIONS tokens (a document pasted into the instructions); and the last
+  user message when it is longer than LONG_QUERY tokens and text only: its last QUERY_TOKENS tokens
+  stay, the rest is compressed.
+- Kept whole: assistant messages (and every role but user, tool, function, system and developer);
+  system and developer messages of at most LONG_INSTRUCTIONS tokens; the messages up to the last one
+  carrying a `cache_control` breakpoint (a provider's prompt cache holds their exact bytes); any
+  message of at most QUERY_TOKENS tokens.
 - The budget covers the whole chat: what stays whole counts first, and what is left of the budget (at
   least one token each) is shared among the compressed messages in proportion to their tokens. A
   message whose share holds it passes whole, so a chat that fits the budget passes untouched.
@@ -26,7 +28,9 @@ from typing import Any, Mapping, Sequence
 
 from .defaults import QUERY_TOKENS
 
-COMPRESSED_ROLES = ("user", "tool", "function")  # the last user message excepted; every other role stays whole
+COMPRESSED_ROLES = ("user", "tool", "function")  # the last user message excepted
+INSTRUCTION_ROLES = ("system", "developer")  # compressed only when longer than LONG_INSTRUCTIONS tokens
+LONG_INSTRUCTIONS = 1024  # instructions longer than this hold documents
 LONG_QUERY = 2 * QUERY_TOKENS  # a last user message longer than this is documents followed by their question
 SEPARATOR = "\n\n"  # between messages whose tokens are counted together
 
@@ -50,8 +54,10 @@ def query_text(content: Any) -> str | None:
 
 
 def last_user_index(messages: Sequence[Any]) -> int | None:
-    """The index of the last user message (the live question), or None when no message is a user's."""
-    return max((i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.get("role") == "user"), default=None)
+    """The index of the last user message (the live question), or None when no message is a user's; a
+    message without content (a non-text piece of a conversation: engine/conversation.py) asks nothing."""
+    return max((i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.get("role") == "user"
+                and m.get("content") is not None), default=None)
 
 
 def cached_prefix(messages: Sequence[Any]) -> int:
@@ -76,7 +82,8 @@ class ChatSplit:
     only, outside the cached prefix); counted: the messages whose tokens are counted one by one (the
     compressible ones, and the last user message when its query text may be long: it has more than
     LONG_QUERY bytes, and a token is at least a byte); kept: the other messages whose text counts
-    against the budget, together (whole whatever their length)."""
+    against the budget, together (whole whatever their length); instructions: the compressible system
+    and developer messages (compressed only past LONG_INSTRUCTIONS tokens)."""
 
     texts: dict[int, str]
     last_user: int | None
@@ -85,6 +92,11 @@ class ChatSplit:
     by_its_end: bool
     counted: tuple[int, ...]
     kept: tuple[int, ...]
+    instructions: tuple[int, ...] = ()
+
+    def floor(self, index: int) -> int:
+        """The tokens message `index` keeps whole: it is compressed only when longer."""
+        return LONG_INSTRUCTIONS if index in self.instructions else QUERY_TOKENS
 
     def text(self, index: int) -> str:
         """The text counted for message `index`: its text, or the last user message's query text."""
@@ -105,13 +117,16 @@ def split_chat(messages: Sequence[Any]) -> ChatSplit:
     texts = {i: text for i, m in enumerate(messages)
              if isinstance(m, Mapping) and (text := message_text(m.get("content")))}
     query = query_text(messages[last].get("content")) if last is not None else None
-    compressible = tuple(i for i in texts if i >= pinned and i != last and messages[i].get("role") in COMPRESSED_ROLES)
+    outside = [i for i in texts if i >= pinned and i != last]
+    instructions = tuple(i for i in outside if messages[i].get("role") in INSTRUCTION_ROLES
+                         and len(texts[i].encode()) > LONG_INSTRUCTIONS)  # may be long: a token is at least a byte
+    compressible = tuple(sorted(instructions + tuple(i for i in outside if messages[i].get("role") in COMPRESSED_ROLES)))
     long = query is not None and len(query.encode()) > LONG_QUERY  # it may be long (a token is at least a byte)
     counted = tuple(sorted(compressible + ((last,) if long else ())))
     asked = [last] if last is not None and not long and (query is not None or last in texts) else []
     kept = tuple(sorted([i for i in texts if i not in compressible and i != last] + asked))
     by_its_end = last in texts and last >= pinned and query is not None
-    return ChatSplit(texts, last, query, compressible, by_its_end, counted, kept)
+    return ChatSplit(texts, last, query, compressible, by_its_end, counted, kept, instructions)
 
 
 @dataclass(frozen=True)
@@ -142,7 +157,7 @@ def share_budget(split: ChatSplit, tokens: Mapping[int, int], kept_tokens: int, 
     `split.kept`. What stays whole (kept messages, short ones, the long last user message's query)
     counts first; the rest of the budget, at least one token each, is shared in proportion to the
     compressed tokens. Messages left out stay whole."""
-    sizes = {i: tokens[i] for i in split.compressible if tokens[i] > QUERY_TOKENS}
+    sizes = {i: tokens[i] for i in split.compressible if tokens[i] > split.floor(i)}
     end = split.last_user
     if split.by_its_end and end in split.counted and is_long_query(tokens[end]):
         sizes[end] = tokens[end] - QUERY_TOKENS

@@ -16,10 +16,11 @@ What is compressed: chat messages (`messages`) and completion prompts (`prompt`)
 - A chat follows engine/chat.py, the rules the gateway routes follow too: the query ILRe ranks by is
   the last user message (its last QUERY_TOKENS tokens, which stay whole, when it is documents before
   a question); earlier user messages, tool and function results (text content: a string or text
-  parts) and the rest of a long last user message are compressed, each to its share of what the
-  messages kept whole leave of the budget (in proportion to its tokens). System, developer and
-  assistant messages, messages up to a `cache_control` breakpoint, short messages and messages with
-  images, audio or files stay as they are, as do tools and tool calls.
+  parts), system and developer messages over LONG_INSTRUCTIONS tokens and the rest of a long last
+  user message are compressed, each to its share of what the messages kept whole leave of the budget
+  (in proportion to its tokens). Assistant messages, shorter instructions, messages up to a
+  `cache_control` breakpoint, short messages and messages with images, audio or files stay as they
+  are, as do tools and tool calls.
 - A completion prompt is compressed by its own end (its last QUERY_TOKENS tokens are the query).
 - A prompt that fits the budget passes untouched.
 The facts land in the response headers (`x-ilre-action`: compressed, passthrough or failed;

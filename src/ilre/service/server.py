@@ -76,7 +76,9 @@ class Service:
         cfg = self.config
         await self.frontend.queue.start()
         if self.sidecar_config is not None:
-            options = CompressionOptions(query_tokens=self.sidecar_config.query_tokens)
+            sidecar = self.sidecar_config
+            options = CompressionOptions(query_tokens=sidecar.query_tokens, history=sidecar.history,
+                                         retrieve_rounds=sidecar.retrieve_rounds)
             self.sidecar = Sidecar(self.frontend, self.sidecar_config, PromptSplitter(self.tokenizer), options)
             await self.sidecar.start()
             app: Any = build_sidecar_app(self.sidecar)

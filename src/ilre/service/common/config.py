@@ -24,6 +24,8 @@ LOG_LEVELS = ("debug", "info", "warning", "error")
 TRACING_MODES = ("off", "otlp", "console")
 ENGINE_APIS = ("sglang", "openai", "llamacpp")
 FORWARD_MODES = ("auto", "ids", "text")
+HISTORY_MODES = ("fresh", "frozen")  # sidecar/history.py
+MAX_RETRIEVE_ROUNDS = 8  # sidecar/retrieve.py
 
 
 @dataclass(frozen=True)
@@ -146,6 +148,13 @@ class SidecarConfig:
                                              advanced=True)
     query_tokens: int = setting(QUERY_TOKENS, "plain prompts: the last N tokens are the query", ("sidecar",),
                                 minimum=1, maximum=MAX_QUERY_TOKENS)
+    history: str = setting("fresh", "conversations: fresh = each message compressed for the live question; frozen = "
+                           "compressed once, then sent the same on every later step (the engine's prefix cache hits)",
+                           ("sidecar",), choices=HISTORY_MODES)
+    retrieve_rounds: int = setting(0, "conversations: rounds of ilre_retrieve calls the sidecar answers itself per "
+                                   "request (0 = the tool is not offered)", ("sidecar",), minimum=0, maximum=MAX_RETRIEVE_ROUNDS)
+    history_mb: int = setting(64, "MiB of sent texts kept for history mode frozen (least recently used out first)",
+                              ("sidecar",), minimum=1, advanced=True)
 
     def __post_init__(self) -> None:
         check_settings(self, ConfigError)

@@ -43,6 +43,11 @@ class Metrics:
                                         registry=registry)
         self.sidecar_tokens = Counter("ilre_sidecar_prompt_tokens", "Prompt tokens of compressible requests, as "
                                       "received (original) and as forwarded", ["stage"], registry=registry)
+        self.sidecar_passthrough = Counter("ilre_sidecar_passthrough", "Sidecar requests forwarded as they came, by "
+                                           "reason (fits_budget, no_context, no_prompt, not_readable, other_tokenizer)",
+                                           ["reason"], registry=registry)
+        self.sidecar_retrieves = Counter("ilre_sidecar_retrieve_calls", "Calls of the retrieve tool the sidecar "
+                                         "answered, by outcome (found, not_found, failed)", ["outcome"], registry=registry)
         self.sidecar_engine_latency = Histogram("ilre_sidecar_engine_seconds", "Time until the engine's response "
                                                 "headers, by route", ["route"], buckets=LATENCY_BUCKETS, registry=registry)
         self.sidecar_engine_errors = Counter("ilre_sidecar_engine_errors", "Engine failures: unreachable, timeout, "

@@ -2,11 +2,16 @@
 
 One request on a compressible route (formats.py):
   read + decode the body (http_common) -> options: defaults < x-ilre-* headers < body "compression"
-  -> the prompt's tokens, split into prefix | context | query (prompt.py)
-  -> fits (context <= budget)? forward the original bytes untouched
-  -> else compress through the front end (in-process queue or Redis workers, as `ilre serve`)
-  -> the body with the compressed prompt: token IDs when the engine's tokenizer is ours, else text
-  -> relay the engine's answer chunk by chunk (chat answers reshaped when they went to /v1/completions)
+  -> a plain prompt (text or token IDs): its tokens, split into prefix | context | query (prompt.py);
+     fits (context <= budget)? forward the original bytes untouched; else compress through the front
+     end (in-process queue or Redis workers, as `ilre serve`) and forward token IDs when the engine's
+     tokenizer is ours, else text
+  -> a conversation (chat, Responses, Anthropic Messages): read as messages (engine/conversation.py),
+     compressed message by message as the gateway does (transport/chat_compression.py), forwarded to
+     the same route with the compressed texts in place (tool calls, images, ids and order untouched)
+  -> relay the engine's answer chunk by chunk, in the API's own shape
+A request forwarded as it came says why: x-ilre-reason, ilre_sidecar_passthrough_total{reason} and a
+log line (logger ilre.service.sidecar.app) naming the field where one is at fault.
 Every other path is relayed to the engine unchanged. ilre's own endpoints live under /ilre/;
 /ilre/readyz is ready while the model is loaded and the engine passed its latest health check.
 Every 4xx/5xx answer, the sidecar's own or the engine's relayed, is logged once (logger ilre.sidecar).
@@ -18,7 +23,6 @@ import asyncio
 import json
 import logging
 import time
-from dataclasses import dataclass
 from typing import Any, Callable
 
 from opentelemetry.trace import SpanKind
@@ -27,19 +31,25 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 
-from ...engine.messages import CompressRequest, InputError
+from ...engine.conversation import NotReadable, read_conversation
+from ...engine.messages import CompressRequest, CompressResult, InputError
 from ..common import tracing
 from ..common.config import SidecarConfig
 from ..common.errors import HTTP_STATUS, Code, ServiceError
 from ..common.keys import ANONYMOUS, UNAUTHENTICATED_MESSAGE, KeyPolicy
 from ..common.quotas import retry_after_header
 from ..common.request_log import request_id
+from ..transport.chat_compression import compress_chat
 from ..transport.frontend import Frontend
 from ..transport.http_app import build_app
 from ..transport.http_common import decode_json, parse_timeout, read_body, unless_disconnected
-from .formats import FORMATS, Prompt, RouteFormat, chat_chunk_from_completion, chat_from_completion, map_sse
+from .formats import FORMATS, Prompt, RouteFormat
+from .plan import Forwarded, engine_error, error_message, ms, passed_through, report
+from .history import FrozenTexts
+from .retrieve import MARKER, encode, next_body, prepare
+from .tool_dialects import DIALECTS
 from .options import BODY_FIELD, CompressionOptions
-from .prompt import ChatTemplateError, PromptSplitter, Split, rebuild_messages
+from .prompt import PromptSplitter, Split
 from .upstream import PROBE_TEXT, UpstreamError, UpstreamHealth, Upstream, response_headers
 
 log = logging.getLogger(__name__)
@@ -47,20 +57,6 @@ failures = logging.getLogger("ilre.sidecar")
 
 OPEN_PATHS = ("/health", "/ilre/healthz", "/ilre/readyz", "/ilre/metrics")  # probes need no API key
 PROBE_TIMEOUT_S = 10.0  # the longest the tokenizer probe of the engine may take (less when the deadline is nearer)
-
-
-@dataclass
-class Forwarded:
-    """What goes to the engine for one request, and what the response headers report."""
-
-    path: str
-    content: Any                         # bytes, or the client's body stream
-    action: str                          # compressed | passthrough | off
-    original_tokens: int | None = None
-    forwarded_tokens: int | None = None
-    compress_ms: float = 0.0
-    reason: str | None = None            # why a compressible request went through untouched
-    to_chat: bool = False                # a chat request sent to /v1/completions: reshape the answer
 
 
 class Sidecar:
@@ -74,6 +70,7 @@ class Sidecar:
         self.metrics = frontend.metrics
         self._forward: str | None = None if config.forward == "auto" else config.forward
         self._budget: int | None = None  # the engine's default budget, once known
+        self.frozen = FrozenTexts(config.history_mb << 20)  # history mode frozen: what each message was sent as
         self._health_task: asyncio.Task | None = None
 
     async def start(self) -> None:
@@ -142,10 +139,10 @@ class Sidecar:
         deadline = time.monotonic() + timeout
         body = {k: v for k, v in data.items() if k != BODY_FIELD}
         untouched = raw if BODY_FIELD not in data else json.dumps(body, ensure_ascii=False).encode()
+        caller = self.frontend.config.api_keys.identify(request.headers.get("authorization")) or ANONYMOUS
         if not options.enabled:
             plan = Forwarded(fmt.path, untouched, "off")
         else:
-            caller = self.frontend.config.api_keys.identify(request.headers.get("authorization")) or ANONYMOUS
             work = asyncio.ensure_future(self._plan(fmt, body, untouched, options, deadline, caller, rid))
             try:
                 plan = await unless_disconnected(request, work)
@@ -156,47 +153,75 @@ class Sidecar:
             if plan is None:
                 return self._cancelled(rid, fmt.name, "the client closed the connection during compression")
         self.metrics.sidecar_requests.labels(fmt.name, plan.action).inc()
+        if plan.cause is not None:
+            self.metrics.sidecar_passthrough.labels(plan.cause).inc()
+            field = f" ({plan.field})" if plan.field else ""
+            log.info("passthrough %s request_id=%s: %s%s", fmt.name, rid, plan.reason, field,
+                     extra={"fields": {"request_id": rid, "route": fmt.name, "cause": plan.cause, "field": plan.field}})
         if plan.original_tokens is not None:
             self.metrics.sidecar_tokens.labels("original").inc(plan.original_tokens)
             self.metrics.sidecar_tokens.labels("forwarded").inc(plan.forwarded_tokens)
+        if plan.rounds is not None:
+            return await self.relay_rounds(request, plan, deadline, fmt.name, rid, caller)
         return await self.relay(request, plan, deadline, fmt.name, rid)
 
     async def _plan(self, fmt: RouteFormat, body: dict[str, Any], untouched: bytes, options: CompressionOptions,
                     deadline: float, caller: KeyPolicy, rid: str) -> Forwarded:
         """Decide what to forward: the untouched body, or one with the compressed prompt."""
+        if fmt.conversation:
+            return await self._plan_conversation(fmt, body, untouched, options, deadline, caller, rid)
         start = time.perf_counter()
         prompt = fmt.prompt(body)
         if prompt is None:
-            return Forwarded(fmt.path, untouched, "passthrough", reason="no single text, token-ID or text-chat prompt")
+            return passed_through(fmt, untouched, "no_prompt", "no single text or token-ID prompt")
         mode = await self.forward_mode(deadline)
         if prompt.ids is not None and mode == "text":
-            return Forwarded(fmt.path, untouched, "passthrough", reason="token IDs of another tokenizer")
-        if fmt.needs_chat_route(body):
-            mode = "text"
-        try:
-            split = await asyncio.to_thread(self._split, prompt, options, body)
-        except ChatTemplateError as exc:
-            return Forwarded(fmt.path, untouched, "passthrough", reason=str(exc))
-        if fmt.chat and mode == "text" and not split.spans:
-            return Forwarded(fmt.path, untouched, "passthrough", reason="the chat template rewrites message contents")
+            return passed_through(fmt, untouched, "other_tokenizer", "token IDs of another tokenizer")
+        split = await asyncio.to_thread(self._split, prompt, options)
         if not split.query or not split.context:
-            return Forwarded(fmt.path, untouched, "passthrough", split.total, split.total, _ms(start),
-                             reason="no context before the query")
+            return passed_through(fmt, untouched, "no_context", "no context before the query", split.total, start)
         request = self._request(options, split.context, split.query)
         if len(split.context) <= request.budget_for(len(split.context), await self._default_budget()):
-            return Forwarded(fmt.path, untouched, "passthrough", split.total, split.total,
-                             _ms(start), reason="fits the budget")
+            return passed_through(fmt, untouched, "fits_budget", "fits the budget", split.total, start)
         result = (await self.frontend.compress(request, max(deadline - time.monotonic(), 0.0), f"sidecar.{fmt.name}",
                                                caller=caller, rid=rid)).results[0]
         ids = split.prefix + result.token_ids
         if mode == "ids":
             path, out = fmt.with_ids(body, ids)
-        elif fmt.chat:
-            path, out = fmt.with_messages(body, rebuild_messages(prompt.messages, split, result.kept_indices))
         else:
             path, out = fmt.with_text(body, self.splitter.decode(result.token_ids))
         return Forwarded(path, json.dumps(out, ensure_ascii=False).encode(), "compressed", split.total, len(ids),
-                         _ms(start), to_chat=fmt.chat and path != fmt.path)
+                         ms(start))
+
+    async def _plan_conversation(self, fmt: RouteFormat, body: dict[str, Any], untouched: bytes,
+                                 options: CompressionOptions, deadline: float, caller: KeyPolicy, rid: str) -> Forwarded:
+        """A conversation compressed message by message (service/transport/chat_compression.py), the same
+        rules as the gateway's: tool results and long documents compressed for the live question, the rest
+        byte for byte; forwarded to the same route as messages. Counts are the text messages' tokens."""
+        start = time.perf_counter()
+        try:
+            conversation = read_conversation(fmt.conversation, body)
+        except NotReadable as exc:
+            return passed_through(fmt, untouched, "not_readable", str(exc), field=exc.field)
+        default = await self._default_budget()
+        sizing = self._request(options, [0], [0])
+        fields = {"granularity": "unit", **{k: v for k, v in options.request_fields().items() if k not in ("budget", "ratio")}}
+
+        async def call(request: dict[str, Any]) -> CompressResult:
+            outcome = await self.frontend.compress(request, max(deadline - time.monotonic(), 0.0), f"sidecar.{fmt.name}",
+                                                   many=False, caller=caller, rid=rid)
+            return outcome.results[0]
+
+        done = await compress_chat(call, conversation.messages, lambda total: sizing.budget_for(total, default),
+                                   fields=fields, frozen=self.frozen if options.history == "frozen" else None)
+        if not done.compressed:
+            return passed_through(fmt, untouched, "fits_budget", "fits the budget", done.before, start)
+        rounds = options.retrieve_rounds
+        notes = {c.index: MARKER.format(kept=c.after, original=c.before, hash=c.hash) if rounds else "" for c in done.compressed}
+        out = conversation.write(body, {c.index: notes[c.index] + c.text for c in done.compressed})
+        return Forwarded(fmt.path, encode(out), "compressed", done.before, done.after, ms(start),
+                         rounds=prepare(DIALECTS[fmt.conversation], out, [c.hash for c in done.compressed], done.query, rounds)
+                         if rounds else None)
 
     async def _default_budget(self) -> int:
         """The budget the engine behind the queue applies to a request that names none (its configuration,
@@ -212,10 +237,7 @@ class Sidecar:
         except InputError as exc:
             raise InputError(f"{BODY_FIELD}.{exc.field}", str(exc).partition(": ")[2]) from None
 
-    def _split(self, prompt: Prompt, options: CompressionOptions, body: dict[str, Any]) -> Split:
-        if prompt.messages is not None:
-            kwargs = body.get("chat_template_kwargs")
-            return self.splitter.chat(prompt.messages, options.query_tokens, kwargs if isinstance(kwargs, dict) else {})
+    def _split(self, prompt: Prompt, options: CompressionOptions) -> Split:
         ids = prompt.ids if prompt.ids is not None else self.splitter.text_ids(prompt.text)
         return self.splitter.plain(ids, options.query_tokens, from_text=prompt.ids is None)
 
@@ -231,37 +253,70 @@ class Sidecar:
             try:  # the span lasts until the engine's answer starts (its body streams on after)
                 response = await unless_disconnected(request, work)
             except UpstreamError as exc:
-                self.metrics.sidecar_engine_errors.labels("timeout" if exc.status == 504 else "unreachable").inc()
                 span.set_attribute("http.response.status_code", exc.status)
-                self.log_failure(exc.status, rid, route, exc.message)
-                return _engine_error(exc.status, exc.message)
+                return self._unreachable(exc, route, rid)
             if response is not None:
                 span.set_attribute("http.response.status_code", response.status_code)
         if response is None:  # the client went away before the engine answered: request cancelled
             return self._cancelled(rid, route, "the client closed the connection before the engine answered")
         self.metrics.sidecar_engine_latency.labels(route).observe(time.perf_counter() - opened)
-        reshape = plan.to_chat and response.status_code == 200
-        headers = {**response_headers(response, rewritten=reshape), **_report(plan)}
+        headers = {**response_headers(response, rewritten=False), **report(plan)}
         if response.status_code >= 400:
-            self.metrics.sidecar_engine_errors.labels(f"status_{response.status_code // 100}xx").inc()
             body = b"".join([chunk async for chunk in self.upstream.body(response)])
-            cause = _error_message(body, response.headers.get("content-encoding"))
-            self.log_failure(response.status_code, rid, route, f"the engine answered {plan.path}: {cause}")
-            return Response(body, status_code=response.status_code, headers=headers)
-        if not reshape:
-            return StreamingResponse(self.upstream.body(response), status_code=response.status_code, headers=headers)
-        if "text/event-stream" in response.headers.get("content-type", ""):
-            started: set[int] = set()
-            chunks = map_sse(self.upstream.body(response, decoded=True), lambda d: chat_chunk_from_completion(d, started))
-            return StreamingResponse(chunks, status_code=200, headers=headers)
-        try:
-            data = json.loads(b"".join([c async for c in self.upstream.body(response, decoded=True)]))
-        except ValueError:
-            message = f"engine: {self.config.engine_url}{plan.path} answered 200 with a body that is not JSON"
-            self.log_failure(502, rid, route, message)
-            return _engine_error(502, message)
-        headers.pop("content-type", None)
-        return JSONResponse(chat_from_completion(data), headers=headers)
+            return self._refused(response, body, headers, plan.path, route, rid)
+        return StreamingResponse(self.upstream.body(response), status_code=response.status_code, headers=headers)
+
+    async def relay_rounds(self, request: Request, plan: Forwarded, deadline: float, route: str, rid: str,
+                           caller: KeyPolicy) -> Response:
+        """The retrieve loop (retrieve.py): ask the engine (not streamed), answer its calls of the retrieve
+        tool from the document cache, ask again; the last answer in the API's shape, streamed if asked."""
+        state = plan.rounds
+        assert state is not None
+        body, answer = state.body, {}
+        for round_ in range(state.rounds + 1):
+            if round_ == state.rounds:
+                body = state.dialect.withdraw(body)  # the last round: the engine must answer
+            with tracing.tracer().start_as_current_span("ilre.forward", kind=SpanKind.CLIENT, attributes={
+                    "server.address": self.config.engine_url, "url.path": plan.path, "ilre.round": round_}):
+                try:
+                    response = await self.upstream.open("POST", plan.path, request.url.query, request.headers, encode(body),
+                                                        max(deadline - time.monotonic(), 0.001))
+                except UpstreamError as exc:
+                    return self._unreachable(exc, route, rid)
+                raw = b"".join([chunk async for chunk in self.upstream.body(response, decoded=True)])
+            headers = {**response_headers(response, rewritten=True), **report(plan), "x-ilre-retrieve-calls": str(state.calls)}
+            if response.status_code >= 400:
+                return self._refused(response, raw, headers, plan.path, route, rid)
+            try:
+                answer = json.loads(raw)
+            except ValueError:
+                message = f"engine: {self.config.engine_url}{plan.path} answered {response.status_code} with a body that is not JSON"
+                self.log_failure(502, rid, route, message)
+                return engine_error(502, message)
+            following = None if round_ == state.rounds else await next_body(
+                state, answer, self.frontend, caller, rid, deadline, lambda o: self.metrics.sidecar_retrieves.labels(o).inc())
+            if following is None:
+                break
+            body = following
+        answer = state.dialect.strip(answer)
+        headers = {k: v for k, v in headers.items() if k.lower() != "content-type"}
+        headers["x-ilre-retrieve-calls"] = str(state.calls)
+        if state.stream:
+            return StreamingResponse(iter(list(state.dialect.stream(answer))), media_type="text/event-stream", headers=headers)
+        return JSONResponse(answer, headers=headers)
+
+    def _unreachable(self, exc: UpstreamError, route: str, rid: str) -> Response:
+        """The engine could not be reached or did not answer in time: 502/504, counted and logged."""
+        self.metrics.sidecar_engine_errors.labels("timeout" if exc.status == 504 else "unreachable").inc()
+        self.log_failure(exc.status, rid, route, exc.message)
+        return engine_error(exc.status, exc.message)
+
+    def _refused(self, response: Any, body: bytes, headers: dict[str, str], path: str, route: str, rid: str) -> Response:
+        """The engine's own error answer, relayed as it came, counted and logged with its cause."""
+        self.metrics.sidecar_engine_errors.labels(f"status_{response.status_code // 100}xx").inc()
+        cause = error_message(body, headers.get("content-encoding"))
+        self.log_failure(response.status_code, rid, route, f"the engine answered {path}: {cause}")
+        return Response(body, status_code=response.status_code, headers=headers)
 
     async def passthrough(self, request: Request) -> Response:
         """Any other path: the request as it came (body streamed), the answer as it comes."""
@@ -272,7 +327,7 @@ class Sidecar:
         if request.url.path.startswith("/ilre/"):
             message = f"path: {request.url.path} is not an ilre endpoint (see /ilre/v1/model)"
             self.log_failure(404, rid, "other", message)
-            response = _engine_error(404, message)
+            response = engine_error(404, message)
         else:
             deadline = time.monotonic() + self.config.engine_timeout_s
             bodyless = request.headers.get("content-length", "0") == "0" and "transfer-encoding" not in request.headers
@@ -285,7 +340,7 @@ class Sidecar:
         self.metrics.sidecar_requests.labels(route, "error").inc()
         self.frontend.record_error(exc.code)
         self.log_failure(exc.http_status, rid, route, exc.message)
-        response = _engine_error(exc.http_status, exc.message, exc.field, exc.code.value)
+        response = engine_error(exc.http_status, exc.message, exc.field, exc.code.value)
         if exc.retry_after_s is not None:
             response.headers["retry-after"] = retry_after_header(exc.retry_after_s)
         return response
@@ -300,47 +355,6 @@ class Sidecar:
                   "cause": cause}
         failures.warning("%d %s request_id=%s engine=%s: %s", status, route, rid, self.config.engine_url, cause,
                          extra={"fields": fields})
-
-
-def _report(plan: Forwarded) -> dict[str, str]:
-    """The x-ilre-* response headers: what the sidecar did with the prompt."""
-    headers = {"x-ilre-action": plan.action}
-    if plan.original_tokens is not None:
-        headers.update({"x-ilre-original-tokens": str(plan.original_tokens),
-                        "x-ilre-compressed-tokens": str(plan.forwarded_tokens),
-                        "x-ilre-compress-ms": f"{plan.compress_ms:.1f}"})
-    if plan.reason:  # a header value: one line of printable ASCII
-        headers["x-ilre-reason"] = " ".join(plan.reason.split()).encode("ascii", "replace").decode()[:300]
-    return headers if plan.action != "other" else {}
-
-
-def _engine_error(status: int, message: str, field: str | None = None, code: str | None = None) -> JSONResponse:
-    """An error in the shape engines use (OpenAI style), so that existing clients parse it."""
-    kind = "invalid_request_error" if status == 400 else "ilre_error"
-    return JSONResponse({"error": {"message": message, "type": kind, "param": field, "code": code or status}},
-                        status_code=status)
-
-
-def _error_message(body: bytes, encoding: str | None) -> str:
-    """What an engine's error body says: its error.message (OpenAI, SGLang, llama.cpp), message or
-    detail (FastAPI), else the start of its text."""
-    if encoding not in (None, "identity"):
-        return f"{len(body)} bytes ({encoding})"
-    try:
-        data = json.loads(body)
-    except ValueError:
-        data = None
-    if isinstance(data, dict):
-        error = data.get("error")
-        for found in ((error.get("message") if isinstance(error, dict) else error), data.get("message"), data.get("detail")):
-            if isinstance(found, str) and found:
-                return found[:500]
-    text = " ".join(body.decode("utf-8", "replace").split())
-    return text[:500] or "(empty body)"
-
-
-def _ms(start: float) -> float:
-    return (time.perf_counter() - start) * 1000.0
 
 
 def build_sidecar_app(sidecar: Sidecar) -> Starlette:
@@ -358,7 +372,7 @@ def build_sidecar_app(sidecar: Sidecar) -> Starlette:
             if not keys.check(request.headers.get("authorization")):
                 sidecar.frontend.record_error(Code.UNAUTHENTICATED)
                 sidecar.log_failure(401, request_id(None), scope["path"], UNAUTHENTICATED_MESSAGE)
-                await _engine_error(401, UNAUTHENTICATED_MESSAGE, "authorization", Code.UNAUTHENTICATED.value)(scope, receive, send)
+                await engine_error(401, UNAUTHENTICATED_MESSAGE, "authorization", Code.UNAUTHENTICATED.value)(scope, receive, send)
                 return
         await app(scope, receive, send)
 

@@ -2,9 +2,10 @@
 request body's `compression` object (removed before the request is forwarded).
 
     "compression": {"enabled": true, "budget": 1024 | "ratio": 0.1, "strategy": "cascade",
-                    "strategy_options": {...}, "query_tokens": 64, "granularity": "token" | "unit"}
+                    "strategy_options": {...}, "query_tokens": 64, "granularity": "token" | "unit",
+                    "history": "fresh" | "frozen", "retrieve_rounds": 0..8}
     x-ilre-compress: on|off   x-ilre-budget: N   x-ilre-ratio: R   x-ilre-strategy: NAME   x-ilre-query-tokens: N
-    x-ilre-granularity: token|unit
+    x-ilre-granularity: token|unit   x-ilre-history: fresh|frozen   x-ilre-retrieve-rounds: N
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any, Mapping
 
 from ...engine.defaults import MAX_QUERY_TOKENS, QUERY_TOKENS
 from ...engine.messages import GRANULARITIES, InputError
+from ..common.config import HISTORY_MODES, MAX_RETRIEVE_ROUNDS
 
 BODY_FIELD = "compression"
 HEADER_PREFIX = "x-ilre-"
@@ -32,6 +34,8 @@ class CompressionOptions:
     strategy_options: dict[str, Any] = field(default_factory=dict)
     query_tokens: int = QUERY_TOKENS  # plain prompts: the last N tokens are the query (ILRe's LongBench rule)
     granularity: str | None = None  # token | unit (whole sentences, lines, records); None = the server's default
+    history: str = "fresh"  # conversations: fresh (each message for the live question) | frozen (sidecar/history.py)
+    retrieve_rounds: int = 0  # conversations: rounds of ilre_retrieve calls answered by the sidecar (sidecar/retrieve.py)
 
     def request_fields(self) -> dict[str, Any]:
         """The CompressRequest fields these options set."""
@@ -71,7 +75,8 @@ def _one_size(changes: dict[str, tuple[str, Any]]) -> dict[str, tuple[str, Any]]
 
 def _from_headers(headers: Mapping[str, str]) -> dict[str, tuple[str, Any]]:
     names = {"compress": "enabled", "budget": "budget", "ratio": "ratio", "strategy": "strategy",
-             "query-tokens": "query_tokens", "granularity": "granularity"}
+             "query-tokens": "query_tokens", "granularity": "granularity", "history": "history",
+             "retrieve-rounds": "retrieve_rounds"}
     changes: dict[str, tuple[str, Any]] = {}
     for suffix, name in names.items():
         raw = headers.get(HEADER_PREFIX + suffix)
@@ -83,7 +88,7 @@ def _from_headers(headers: Mapping[str, str]) -> dict[str, tuple[str, Any]]:
             if raw.strip().lower() not in flags:
                 raise InputError(where, f"must be on or off (got {raw!r})")
             changes[name] = (where, flags[raw.strip().lower()])
-        elif name in ("budget", "query_tokens"):
+        elif name in ("budget", "query_tokens", "retrieve_rounds"):
             try:
                 changes[name] = (where, int(raw))
             except ValueError:
@@ -116,4 +121,8 @@ def _check(name: str, where: str, value: Any) -> Any:
         raise InputError(where, f"must be an integer in 1..{MAX_QUERY_TOKENS} (got {value!r})")
     if name == "granularity" and value not in GRANULARITIES:
         raise InputError(where, f"must be one of {', '.join(GRANULARITIES)} (got {value!r})")
+    if name == "retrieve_rounds" and (not is_int or not 0 <= value <= MAX_RETRIEVE_ROUNDS):
+        raise InputError(where, f"must be an integer in 0..{MAX_RETRIEVE_ROUNDS} (got {value!r})")
+    if name == "history" and value not in HISTORY_MODES:
+        raise InputError(where, f"must be one of {', '.join(HISTORY_MODES)} (got {value!r})")
     return value

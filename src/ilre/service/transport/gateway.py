@@ -11,9 +11,10 @@ proxy reaches ilre by its URL alone (`api_base`). What a call does:
   the rules the LiteLLM hook follows too. In short: tool and function results and user messages other
   than the last are compressed when their content is text (a string or text parts), and so is a last
   user message of documents before a question (over LONG_QUERY tokens) but for its last QUERY_TOKENS
-  tokens; system, developer and assistant messages, the last user message otherwise, messages up to a
-  `cache_control` breakpoint, anything of at most QUERY_TOKENS tokens and anything that is not text
-  are kept as they are. Each compressed message gets its share of what the kept ones leave of the
+  tokens, and so are system and developer messages over LONG_INSTRUCTIONS tokens (documents pasted into
+  the instructions); assistant messages, shorter instructions, the last user message otherwise, messages
+  up to a `cache_control` breakpoint, anything of at most QUERY_TOKENS tokens and anything that is not
+  text are kept as they are. Each compressed message gets its share of what the kept ones leave of the
   budget, in proportion to its tokens; one that fits its share passes whole.
 - The query: "query" when given, else the last user message (its last QUERY_TOKENS tokens when it is
   long). With neither (a gateway that withholds the live turn, as `headroom` does), each message is
@@ -33,17 +34,15 @@ to each message as to any request.
 
 from __future__ import annotations
 
-import asyncio
 import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ...engine.chat import ChatSplit, Share, is_long_query, share_budget, split_chat
-from ...engine.defaults import QUERY_TOKENS
-from ...engine.document_ids import HASH_CHARS, is_hex, retrieve_hash
+from ...engine.document_ids import HASH_CHARS, is_hex
 from ...engine.messages import GRANULARITIES, CompressResult, InputError
 from ..common.errors import Code, ServiceError
 from ..common.keys import ANONYMOUS, KeyPolicy
+from .chat_compression import compress_chat, count_tokens
 from .frontend import Frontend
 
 NOT_FOUND = "hash: no such document in the cache (expired, evicted, or made with another API key)"
@@ -62,19 +61,6 @@ class Call:
     caller: KeyPolicy = ANONYMOUS
     rid: str = ""
     trace: Mapping[str, str] | None = None
-
-
-@dataclass
-class _Outcome:
-    """One compressed message: its index, its new text (the marker, then what was kept), its tokens
-    before and after (marker left out), its hash and its marker."""
-
-    index: int
-    text: str
-    before: int
-    after: int
-    hash: str
-    marker: str
 
 
 def is_gateway_request(data: Any) -> bool:
@@ -120,24 +106,6 @@ def _granularity(data: dict[str, Any]) -> str:
     return granularity
 
 
-def _whole(text: str) -> dict[str, Any]:
-    """The pass-through request of `text`: its tokens counted and its document cached, nothing computed."""
-    return {"context": text, "query": ".", "ratio": 1.0}
-
-
-def _question(split: ChatSplit, whole: dict[int, CompressResult], query: str | None) -> dict[str, Any]:
-    """What the compressed messages are ranked by: the request's "query", else the last user message
-    (its last QUERY_TOKENS tokens when it is long); {} when there is neither."""
-    if query is not None:
-        return {"query": query}
-    if split.query is None:
-        return {}
-    asked = whole.get(split.last_user)  # counted alone when it may be long
-    if asked is not None and is_long_query(asked.original_tokens):
-        return {"query_ids": asked.token_ids[:asked.original_tokens][-QUERY_TOKENS:]}
-    return {"query": split.query}
-
-
 def _retrieve_fields(hash_: str, query: str | None, budget: str | None) -> dict[str, Any]:
     """The compress request a retrieve makes (InputError naming a bad path or query parameter)."""
     if len(hash_) != HASH_CHARS or not is_hex(hash_):
@@ -163,12 +131,6 @@ class Gateway:
                                                rid=call.rid, trace_parent=call.trace)
         return outcome.results[0]
 
-    async def _count(self, text: str, call: Call) -> int:
-        """The model's tokens in `text` (a pass-through request: tokenized, nothing computed)."""
-        if not text:
-            return 0
-        return (await self._call(_whole(text), call)).original_tokens
-
     def _refused(self, method: str, exc: InputError) -> ServiceError:
         """A request refused before any call reached the front end, counted as the front end counts its own."""
         self.frontend.metrics.requests.labels(method).inc()
@@ -182,38 +144,15 @@ class Gateway:
             budget, granularity = _budget(data, self.budget), _granularity(data)
         except InputError as exc:
             raise self._refused(GATEWAY, exc) from None
-        split = split_chat(messages)
-        counted = split.counted
-        *counts, rest = await asyncio.gather(*(self._call(_whole(split.text(i)), call) for i in counted),
-                                             self._count(split.joined(split.kept), call))  # in the model's tokens
-        whole = dict(zip(counted, counts))
-        shares = share_budget(split, {i: w.original_tokens for i, w in whole.items()}, rest, budget)
-        question = _question(split, whole, query)
-
-        async def one(share: Share) -> _Outcome:
-            full = whole[share.index]
-            if question and not share.by_its_end:
-                short = await self._call({"document_id": full.document_id, **question, "budget": share.budget,
-                                          "granularity": granularity}, call)
-                kept_text, kept = short.compressed_context, short.compressed_tokens
-            else:  # the long last user message, or no question: its own last QUERY_TOKENS tokens are the
-                # query, and stay (within the share)
-                ids = full.token_ids[:full.original_tokens]
-                short = await self._call({"context_ids": ids[:-QUERY_TOKENS], "query_ids": ids[-QUERY_TOKENS:],
-                                          "budget": max(1, share.budget - QUERY_TOKENS), "granularity": granularity}, call)
-                kept_text, kept = short.compressed_context + short.query, short.compressed_tokens + QUERY_TOKENS
-            hash_ = retrieve_hash(full.document_id)
-            marker = MARKER.format(kept=kept, original=full.original_tokens, hash=hash_)
-            return _Outcome(share.index, marker + kept_text, full.original_tokens, kept, hash_, marker)
-
-        done = await asyncio.gather(*(one(s) for s in shares if not s.whole))
+        done = await compress_chat(lambda fields: self._call(fields, call), messages, lambda _: budget, query,
+                                   {"granularity": granularity})
         out = [dict(m) for m in messages]
-        for outcome in done:
-            out[outcome.index]["content"] = outcome.text
-        hashes = [o.hash for o in done]
-        marked = await self._count("".join(o.marker for o in done), call)
-        before = sum(w.original_tokens for w in whole.values()) + rest
-        after = before - sum(o.before - o.after for o in done) + marked
+        markers = {c.index: MARKER.format(kept=c.after, original=c.before, hash=c.hash) for c in done.compressed}
+        for c in done.compressed:
+            out[c.index]["content"] = markers[c.index] + c.text
+        marked = await count_tokens(lambda fields: self._call(fields, call), "".join(markers.values()))
+        hashes = [c.hash for c in done.compressed]
+        before, after = done.before, done.after + marked
         transforms = [f"ilre:{granularity}"] if hashes else []
         return {"messages": out, "tokens_before": before, "tokens_after": after, "tokens_saved": before - after,
                 "compression_ratio": round(after / before, 6) if before else 1.0,

@@ -1,0 +1,79 @@
+"""One step of a tool-using agent as each API carries it (shapes as the APIs' documentation gives them):
+the instructions, the user's task, the model's call of a `read_file` tool, the tool's result and the
+user's question. The tool's result is the one text the sidecar may compress."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ilre.engine.conversation import read_conversation
+
+from .haystacks import CHAT_QUESTION
+
+APIS = {"openai.chat": "/v1/chat/completions", "openai.responses": "/v1/responses", "anthropic.messages": "/v1/messages"}
+INSTRUCTIONS = "You are a careful assistant. Answer from the files you read."
+TASK = "Read notes/museum.txt, then answer my question."
+IMAGE_URL = "https://example.com/museum.png"
+PARAMETERS = {"type": "object", "properties": {"path": {"type": "string", "description": "the file to read"}},
+              "required": ["path"]}
+ARGUMENTS = '{"path": "notes/museum.txt"}'
+
+
+def agent_step(api: str, tool_output: str, question: str = CHAT_QUESTION, image: bool = False,
+               **extra: Any) -> dict[str, Any]:
+    """The body of one agent step on `api` ("openai.chat", "openai.responses", "anthropic.messages");
+    image: the question carries an image too (an engine without vision refuses it)."""
+    return {"openai.chat": _chat, "openai.responses": _responses, "anthropic.messages": _anthropic}[api](
+        tool_output, question, image) | {"model": "smollm2", **extra}
+
+
+def _chat(output: str, question: str, image: bool) -> dict[str, Any]:
+    asked: Any = [{"type": "text", "text": question}, {"type": "image_url", "image_url": {"url": IMAGE_URL}}] if image else question
+    return {"tools": [{"type": "function", "function": {"name": "read_file", "description": "Read a file",
+                                                        "parameters": PARAMETERS}}],
+            "messages": [{"role": "system", "content": INSTRUCTIONS}, {"role": "user", "content": TASK},
+                         {"role": "assistant", "content": None, "tool_calls": [
+                             {"id": "call_1", "type": "function", "function": {"name": "read_file", "arguments": ARGUMENTS}}]},
+                         {"role": "tool", "tool_call_id": "call_1", "content": output},
+                         {"role": "user", "content": asked}]}
+
+
+def _responses(output: str, question: str, image: bool) -> dict[str, Any]:
+    asked: list[dict[str, Any]] = [{"type": "input_text", "text": question}]
+    if image:
+        asked.append({"type": "input_image", "image_url": IMAGE_URL})
+    return {"instructions": INSTRUCTIONS,
+            "tools": [{"type": "function", "name": "read_file", "description": "Read a file", "parameters": PARAMETERS}],
+            "input": [{"role": "user", "content": TASK},
+                      {"type": "function_call", "call_id": "call_1", "name": "read_file", "arguments": ARGUMENTS},
+                      {"type": "function_call_output", "call_id": "call_1", "output": output},
+                      {"role": "user", "content": asked}]}
+
+
+def _anthropic(output: str, question: str, image: bool) -> dict[str, Any]:
+    asked: list[dict[str, Any]] = [{"type": "text", "text": question}]
+    if image:
+        asked.append({"type": "image", "source": {"type": "url", "url": IMAGE_URL}})
+    return {"system": INSTRUCTIONS, "max_tokens": 64,
+            "tools": [{"name": "read_file", "description": "Read a file", "input_schema": PARAMETERS}],
+            "messages": [{"role": "user", "content": TASK},
+                         {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "read_file",
+                                                            "input": {"path": "notes/museum.txt"}}]},
+                         {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": output},
+                                                      *asked]}]}
+
+
+def tool_output_of(api: str, body: dict[str, Any]) -> tuple[int, str]:
+    """(index, text) of the tool's result among the body's conversation messages."""
+    conversation = read_conversation(api, body)
+    (index,) = [i for i, m in enumerate(conversation.messages) if m["role"] == "tool"]
+    return index, conversation.messages[index]["content"]
+
+
+def assert_only_the_tool_output_changed(api: str, sent: dict[str, Any], body: dict[str, Any]) -> str:
+    """The engine got `body` but for the tool's result (everything else equal, field by field: tool
+    calls and their arguments, tool definitions, images, ids, order); returns the result it got."""
+    index, original = tool_output_of(api, body)
+    _, forwarded = tool_output_of(api, sent)
+    assert read_conversation(api, sent).write(sent, {index: original}) == body
+    return forwarded
