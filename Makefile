@@ -66,7 +66,7 @@ test: setup engine lingua litellm  ## everything: the real-model needle test, th
 test-fast: setup engine   ## skip the tests marked slow
 	$(PY) -m pytest -q -m "not slow"
 
-bench: setup engine litellm ## latency and peak memory; per dtype up to 1M tokens vs the roofline; documents asked again; service load; the sidecar
+bench: setup engine litellm ## latency and peak memory; per dtype up to 1M tokens vs the roofline; documents asked again; service load; the sidecar; agents through it
 	$(PY) bench/default_bench.py
 	$(PY) bench/mixed_bench.py          # resumable: results/bench/mixed.jsonl
 	$(PY) bench/questions_bench.py      # resumable: results/bench/questions.jsonl
@@ -79,6 +79,7 @@ bench: setup engine litellm ## latency and peak memory; per dtype up to 1M token
 	$(PY) bench/scope_bench.py
 	$(PY) bench/service_bench.py
 	$(PY) bench/sidecar_bench.py
+	$(PY) bench/agent_bench.py          # resumable: results/bench/agent.jsonl
 	$(PY) bench/engine_connections.py
 	$(PY) bench/litellm_hook_bench.py
 	$(PY) bench/gateway_bench.py

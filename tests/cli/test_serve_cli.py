@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import threading
@@ -88,3 +89,26 @@ def test_sigterm_lets_the_call_in_flight_finish():
     assert served.proc.wait(300) == 0
     assert results and results[0].status_code == 200 and results[0].json()["compressed_tokens"] == 64
     assert any("shutting down" in line for line in served.lines)
+
+
+@pytest.mark.parametrize("command", ["serve", "sidecar"])
+def test_api_keys_from_the_environment_guard_each_front_end(command):
+    """`ILRE_API_KEYS=a,b ilre serve|sidecar`, as README, compose and k8s configure them: the process starts and
+    a call without a key is 401, with either key 200."""
+    args = ["--http-port", "0", "--grpc-port", "0"] if command == "serve" else ["--port", "0", "--engine-url", "http://127.0.0.1:9"]
+    proc = subprocess.Popen([*ILRE, command, *args], env={**os.environ, "ILRE_API_KEYS": "sk-a,sk-b"},
+                            stderr=subprocess.PIPE, text=True)
+    try:
+        line = proc.stderr.readline()
+        assert line.startswith("ilre: ") and "API keys on" in line, line
+        port = re.search(r"https?://[\d.]+:(\d+)", line).group(1)
+        url = f"http://127.0.0.1:{port}" + ("/v1/compress" if command == "serve" else "/ilre/v1/compress")
+        body = {"context": context(2), "query": QUERY, "budget": 16}
+        wait_for(lambda: httpx.post(url, json=body, headers={"authorization": "Bearer sk-b"}, timeout=60).status_code == 200,
+                 120, f"{command} to answer a call with a key", interval=0.5)
+        assert httpx.post(url, json=body, timeout=60).status_code == 401
+        assert httpx.post(url, json=body, headers={"authorization": "Bearer sk-c"}, timeout=60).status_code == 401
+        assert httpx.post(url, json=body, headers={"authorization": "Bearer sk-a"}, timeout=60).status_code == 200
+    finally:
+        proc.terminate()
+        proc.wait(timeout=60)

@@ -123,8 +123,10 @@ class ServiceConfig:
     def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> "ServiceConfig":
         """Overrides (None = not given) beat ILRE_* variables, which beat the defaults."""
         values = from_settings(cls, environ, overrides, error=ConfigError)
-        if overrides.get("api_keys") is None:  # ILRE_API_KEYS and the file's
-            values["api_keys"] = ApiKeys.load(environ, values["api_keys_file"])
+        keys = values.get("api_keys")
+        if not isinstance(keys, ApiKeys):  # ILRE_API_KEYS's text (as the command line resolved it, or unset) and the file's
+            listed = {**environ, "ILRE_API_KEYS": keys} if isinstance(keys, str) else environ
+            values["api_keys"] = ApiKeys.load(listed, values["api_keys_file"])
         return cls(**values)
 
 
