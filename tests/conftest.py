@@ -47,6 +47,7 @@ TESTS = Path(__file__).parent
 PACKAGE_MODULES = {"test_wheel.py", "test_thin_client.py"}
 
 
+@pytest.hookimpl(tryfirst=True)  # before xdist's own hook, which names each test's group from these marks
 def pytest_collection_modifyitems(config, items):
     """One xdist group per module (the wheel's and thin client's modules one group, "package"); the groups of
     LONGEST_FIRST first, in its order, the rest as collected."""

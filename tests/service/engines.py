@@ -191,7 +191,7 @@ class SGLangServer(EngineServer):
 
     name = "sglang"
 
-    def __init__(self, context_length: int = 4096, *extra: str, mem_fraction: float = 0.05):
+    def __init__(self, context_length: int = 4096, *extra: str, mem_fraction: float = 0.08):
         self.python, self.context_length = engine_python("sglang", SGLANG_VERSION), context_length
         self.extra, self.mem_fraction = extra, mem_fraction
         super().__init__()

@@ -1,8 +1,10 @@
-"""Which well-known chat templates are prefix-stable for the sidecar.
+"""Which well-known chat templates are prefix-stable: what an engine's prefix cache (vLLM's prefix caching,
+SGLang's radix cache, llama.cpp's slot reuse) can keep of one request for the next when the messages
+before the live question are sent the same bytes again (the sidecar's history mode frozen).
 
-A growing chat reuses the previous request's cached context encoding only when that context (the rendered
-prompt before its query, as the sidecar splits it: service/sidecar/prompt.py) is a character prefix of the
-next request's rendered prompt. Each real template in chat_templates/ (SOURCES.md says where it came from)
+The cache holds for a growing conversation only when the previous request's rendered prompt before its
+question (its last user turn; in a long last turn, documents followed by their question, its last
+QUERY_TOKENS tokens) is a character prefix of the next request's rendered prompt. Each real template in chat_templates/ (SOURCES.md says where it came from)
 is rendered through the embedded model's tokenizer for two growing conversations, and the outcome must
 match EXPECTED, so a template whose behaviour is misclassified fails here:
 
@@ -13,9 +15,9 @@ match EXPECTED, so a template whose behaviour is misclassified fails here:
 - dated: the rendering holds today's date (strftime_now), so a chat that goes on past midnight loses its
   prefix whatever the turns; checked by rendering the same messages on two different days.
 
-The documents are longer than MAX_CHAT_QUERY_TOKENS, as a compressor's are: a long last turn then joins
-the context (all but its last query tokens), so whatever a template renders inside the last user turn
-(or after it) becomes part of the context.
+The documents are longer than LONG_TURN_TOKENS: a long last turn then joins the context (all but its
+last query tokens), so whatever a template renders inside the last user turn (or after it) becomes part
+of the context.
 """
 
 from __future__ import annotations
@@ -26,15 +28,17 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import jinja2
 import pytest
 from transformers import AutoTokenizer
 from transformers.utils import chat_template_utils
 
+from ilre.engine.chat import last_user_index
 from ilre.models.embedded import embedded_checkpoint
-from ilre.service.sidecar.prompt import PromptSplitter
 
 TEMPLATES = Path(__file__).parent / "chat_templates"
 QUERY_TOKENS = 128
+LONG_TURN_TOKENS = 1024  # a last user turn longer than this holds documents before its question
 Message = dict[str, Any]
 
 
@@ -88,8 +92,8 @@ NOTES = "".join(f"Note {i}: box {i} holds {3 * i + 1} screws.\n" for i in range(
 
 
 @pytest.fixture(scope="module")
-def splitter() -> PromptSplitter:
-    return PromptSplitter(AutoTokenizer.from_pretrained(str(embedded_checkpoint())))
+def tokenizer():
+    return AutoTokenizer.from_pretrained(str(embedded_checkpoint()))
 
 
 def template(family: str) -> str:
@@ -148,13 +152,40 @@ def frozen_clock(day: dt.date) -> type[dt.datetime]:
     return Frozen
 
 
-def renderings(splitter: PromptSplitter, family: str, requests: list[list[Message]]) -> list[tuple[str, str]]:
-    """(rendered prompt, the sidecar's context: the rendered text before its query) for each request."""
-    out = []
-    for messages in requests:
-        split = splitter.chat(messages, QUERY_TOKENS, {"chat_template": template(family)})
-        out.append((split.rendered, split.rendered[:split.query_start]))
-    return out
+def before_question(tokenizer, family: str, messages: list[Message]) -> tuple[str, str]:
+    """(the rendered prompt, its text before the question): before the last user turn, which starts where
+    the turns before it render to (or just after the previous message's content; where the template moves
+    a content, at the turn's own); in a last turn longer than LONG_TURN_TOKENS, before its last
+    QUERY_TOKENS tokens."""
+    kwargs = {"tokenize": False, "chat_template": template(family)}
+    rendered = tokenizer.apply_chat_template(messages, add_generation_prompt=True, **kwargs)
+    last = last_user_index(messages)
+    spans, at = [], 0  # each content's place, found in order (a template may move or change one)
+    for message in messages:
+        found = rendered.find(message["content"], at)
+        if found < 0:
+            break
+        spans.append((found, found + len(message["content"])))
+        at = spans[-1][1]
+    if len(spans) < len(messages):  # the turn's own content
+        start = max(rendered.rfind(messages[last]["content"]), 0)
+    elif not last:
+        start = 0
+    else:  # where the turns before it render to, else the line after the previous message's content
+        head = tokenizer.apply_chat_template(messages[:last], add_generation_prompt=False, **kwargs)
+        newline = rendered.find("\n", spans[last - 1][1], spans[last][0])
+        start = len(head) if rendered.startswith(head) else newline + 1 if newline >= 0 else spans[last][0]
+    encoded = tokenizer(rendered, add_special_tokens=False, return_offsets_mapping=True)
+    offsets = [s for s, _ in encoded.offset_mapping]
+    inside = sum(1 for s in offsets if s >= start)
+    if inside > LONG_TURN_TOKENS:  # documents before the question: its last QUERY_TOKENS tokens are the question
+        start = offsets[len(offsets) - QUERY_TOKENS]
+    return rendered, rendered[:start]
+
+
+def renderings(tokenizer, family: str, requests: list[list[Message]]) -> list[tuple[str, str]]:
+    """(rendered prompt, its text before the question) for each request."""
+    return [before_question(tokenizer, family, messages) for messages in requests]
 
 
 def first_break(rendered: list[tuple[str, str]]) -> str | None:
@@ -173,30 +204,30 @@ def test_every_template_is_classified() -> None:
 
 
 @pytest.mark.parametrize("family", sorted(EXPECTED))
-def test_growing_chat(splitter: PromptSplitter, family: str) -> None:
+def test_growing_chat(tokenizer, family: str) -> None:
     expected = EXPECTED[family]
-    rendered = renderings(splitter, family, chat_requests(expected.system))
+    rendered = renderings(tokenizer, family, chat_requests(expected.system))
     assert all(len(context) > len(DOCUMENT) for _, context in rendered[1:])  # the document is context
     problem = first_break(rendered)
     assert (problem is None) == expected.chat, problem or "prefix-stable, but EXPECTED says it is not"
 
 
 @pytest.mark.parametrize("family", sorted(EXPECTED))
-def test_agent_loop(splitter: PromptSplitter, family: str) -> None:
+def test_agent_loop(tokenizer, family: str) -> None:
     expected = EXPECTED[family]
     if expected.agent is None:
-        with pytest.raises(ValueError, match="roles must alternate"):
-            renderings(splitter, family, agent_requests(expected.system))
+        with pytest.raises(jinja2.exceptions.TemplateError, match="roles must alternate"):
+            renderings(tokenizer, family, agent_requests(expected.system))
         return
-    problem = first_break(renderings(splitter, family, agent_requests(expected.system)))
+    problem = first_break(renderings(tokenizer, family, agent_requests(expected.system)))
     assert (problem is None) == expected.agent, problem or "prefix-stable, but EXPECTED says it is not"
 
 
 @pytest.mark.parametrize("family", sorted(EXPECTED))
-def test_date_in_rendering(splitter: PromptSplitter, family: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_date_in_rendering(tokenizer, family: str, monkeypatch: pytest.MonkeyPatch) -> None:
     requests = chat_requests(EXPECTED[family].system, turns=2)
     days = []
     for day in (dt.date(2025, 3, 1), dt.date(2025, 3, 2)):
         monkeypatch.setattr(chat_template_utils, "datetime", frozen_clock(day))
-        days.append(renderings(splitter, family, requests))
+        days.append(renderings(tokenizer, family, requests))
     assert (days[0] != days[1]) == EXPECTED[family].dated
