@@ -40,6 +40,19 @@ def test_the_tool_result_is_compressed_for_the_last_question_and_the_rest_passes
     assert answer in found["original_content"] and found["returned_tokens"] == 300 and found["compressed"]
 
 
+def test_a_text_part_beside_an_image_is_compressed_and_the_image_kept(http):
+    chat, answer = agent_chat(120)
+    image = {"type": "image_url", "image_url": {"url": "data:x"}}
+    pasted = {"role": "user", "content": [{"type": "text", "text": chat[3]["content"]}, image]}
+    messages = chat[:3] + [pasted] + chat[4:]
+    reply = http.post("/v1/compress", json={"messages": messages, "budget": 600})
+    assert reply.status_code == 200, reply.text
+    out = reply.json()["messages"]
+    assert [m for i, m in enumerate(out) if i != 3] == [m for i, m in enumerate(messages) if i != 3]
+    text, kept_image = out[3]["content"]
+    assert kept_image == image and text["text"].startswith("[ilre kept") and answer in text["text"]
+
+
 def test_without_a_question_each_message_keeps_its_own_end_and_short_chats_pass(http):
     chat, _ = agent_chat(60)
     tool = chat[3]

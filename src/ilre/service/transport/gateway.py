@@ -8,8 +8,10 @@ proxy reaches ilre by its URL alone (`api_base`). What a call does:
   (what to rank by), "budget" (tokens of all the text messages after compression; default the
   service's) and "granularity" (default "unit": whole sentences, lines, records, never across a message).
 - Which messages are compressed, to what share of the budget, and what the query is: engine/chat.py,
-  the rules the LiteLLM hook follows too. In short: tool and function results and user messages other
-  than the last are compressed when their content is text (a string or text parts), and so is a last
+  the rules the LiteLLM hook and the sidecar follow too, over the messages engine/conversation.py reads
+  (each text part of a content its own message, so a text beside an image is compressed like any). In
+  short: tool and function results and user messages other than the last are compressed when their
+  content is text (a string or text parts), and so is a last
   user message of documents before a question (over LONG_QUERY tokens) but for its last QUERY_TOKENS
   tokens, and so are system and developer messages over LONG_INSTRUCTIONS tokens (documents pasted into
   the instructions); assistant messages, shorter instructions, the last user message otherwise, messages
@@ -38,6 +40,7 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
+from ...engine.conversation import NotReadable, read_conversation
 from ...engine.document_ids import HASH_CHARS, is_hex
 from ...engine.messages import GRANULARITIES, CompressResult, InputError
 from ..common.errors import Code, ServiceError
@@ -144,17 +147,19 @@ class Gateway:
             budget, granularity = _budget(data, self.budget), _granularity(data)
         except InputError as exc:
             raise self._refused(GATEWAY, exc) from None
-        done = await compress_chat(lambda fields: self._call(fields, call), messages, lambda _: budget, query,
-                                   {"granularity": granularity})
-        out = [dict(m) for m in messages]
+        try:  # each text part its own message, as every door reads a conversation (engine/conversation.py)
+            conversation = read_conversation("openai.chat", {"messages": messages})
+        except NotReadable as exc:
+            raise self._refused(GATEWAY, InputError(exc.field, str(exc).partition(": ")[2])) from None
+        done = await compress_chat(lambda fields: self._call(fields, call), conversation.messages, lambda _: budget,
+                                   query, {"granularity": granularity})
         markers = {c.index: MARKER.format(kept=c.after, original=c.before, hash=c.hash) for c in done.compressed}
-        for c in done.compressed:
-            out[c.index]["content"] = markers[c.index] + c.text
+        out = conversation.write({"messages": messages}, {c.index: markers[c.index] + c.text for c in done.compressed})
         marked = await count_tokens(lambda fields: self._call(fields, call), "".join(markers.values()))
         hashes = [c.hash for c in done.compressed]
         before, after = done.before, done.after + marked
         transforms = [f"ilre:{granularity}"] if hashes else []
-        return {"messages": out, "tokens_before": before, "tokens_after": after, "tokens_saved": before - after,
+        return {"messages": out["messages"], "tokens_before": before, "tokens_after": after, "tokens_saved": before - after,
                 "compression_ratio": round(after / before, 6) if before else 1.0,
                 "transforms_applied": transforms, "ccr_hashes": hashes}
 
