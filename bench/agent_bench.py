@@ -251,8 +251,9 @@ def summary(rows: list[dict]) -> None:
                 continue
             later = [r for r in mine if r["step"] > 0]
             cost = sum(r["compress_ms"] for r in later) / 1000
-            base = sum(cold[r["step"]]["compress_ms"] for r in later if r["step"] in cold) / 1000
-            ratio = f"{cost / base:.2f}x" if base else "-"
+            both = [r for r in later if r["step"] in cold]  # the steps measured cold too
+            base = sum(cold[r["step"]]["compress_ms"] for r in both) / 1000
+            ratio = f"{sum(r['compress_ms'] for r in both) / 1000 / base:.2f}x ({len(both)} steps)" if base else "-"
             prompt = sum(r.get("engine_prompt_tokens", 0) for r in mine)
             prefilled = sum(r.get("engine_prefilled", 0) for r in mine)
             reached = sum(r["reached"] for r in mine)

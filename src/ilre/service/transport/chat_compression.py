@@ -26,6 +26,7 @@ from ...engine.chat import ChatSplit, Share, is_long_query, share_budget, split_
 from ...engine.defaults import QUERY_TOKENS
 from ...engine.document_ids import retrieve_hash
 from ...engine.messages import CompressResult
+from ..common.errors import Code, ServiceError
 
 Call = Callable[[dict[str, Any]], Awaitable[CompressResult]]  # one contract request through the front end
 Frozen = MutableMapping[str, tuple[str, int]]  # document_id -> (the text sent for it, its tokens)
@@ -105,7 +106,13 @@ async def compress_chat(call: Call, messages: Sequence[Any], budget_for: Callabl
     async def one(share: Share) -> Compressed:
         full = originals[share.index]
         if question and not share.by_its_end:
-            short = await call({"document_id": full.document_id, **question, "budget": share.budget, **extra})
+            asked = {**question, "budget": share.budget, **extra}
+            try:
+                short = await call({"document_id": full.document_id, **asked})
+            except ServiceError as exc:  # its IDs left the cache since they were counted (another key's flood)
+                if exc.code is not Code.NOT_FOUND:
+                    raise
+                short = await call({"context": split.text(share.index), **asked})
             text, kept = short.compressed_context, short.compressed_tokens
         else:  # the long last user message, or no question: its own last QUERY_TOKENS tokens are the
             # query, and stay (within the share)
