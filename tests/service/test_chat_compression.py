@@ -40,6 +40,17 @@ def test_a_tool_result_is_compressed_to_its_share_for_the_question(engine, steps
     assert result.before > 1500 and result.after <= 600 and done.after <= 600 < done.before
 
 
+def test_a_message_whose_document_left_the_cache_is_sent_as_text(steps):
+    """With no document cache (every document gone as soon as it is counted), each message is compressed
+    from its text: the same kept text as through the cache."""
+    from ilre.engine.engine import Engine, EngineConfig
+
+    first, _ = steps
+    uncached = Engine(EngineConfig(dtype="float32", doc_cache_mb=0))
+    (result,) = run(uncached, first, 600).compressed
+    assert result.index == 3 and FACT.strip() in result.text and result.after <= 600
+
+
 def test_frozen_history_sends_each_message_as_it_was_first_sent(engine, steps):
     first, second = steps
     frozen = FrozenTexts(1 << 20)

@@ -25,7 +25,7 @@ from typing import Any, Awaitable, Callable, MutableMapping, Sequence
 from ...engine.chat import ChatSplit, Share, is_long_query, share_budget, split_chat
 from ...engine.defaults import QUERY_TOKENS
 from ...engine.document_ids import retrieve_hash
-from ...engine.messages import CompressResult
+from ...engine.messages import CompressResult, NotFoundError
 from ..common.errors import Code, ServiceError
 
 Call = Callable[[dict[str, Any]], Awaitable[CompressResult]]  # one contract request through the front end
@@ -109,8 +109,8 @@ async def compress_chat(call: Call, messages: Sequence[Any], budget_for: Callabl
             asked = {**question, "budget": share.budget, **extra}
             try:
                 short = await call({"document_id": full.document_id, **asked})
-            except ServiceError as exc:  # its IDs left the cache since they were counted (another key's flood)
-                if exc.code is not Code.NOT_FOUND:
+            except (ServiceError, NotFoundError) as exc:  # its IDs left the cache since it was counted (a flood)
+                if isinstance(exc, ServiceError) and exc.code is not Code.NOT_FOUND:
                     raise
                 short = await call({"context": split.text(share.index), **asked})
             text, kept = short.compressed_context, short.compressed_tokens
