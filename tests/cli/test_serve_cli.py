@@ -12,6 +12,7 @@ import threading
 import httpx
 import pytest
 
+from ilre.service.client import Client, ClientError
 from tests.service.conftest import (ILRE, LINES_QUERY, QUERY, Served, assert_whole_lines, context, lines_context, served_by,
                        wait_for)
 
@@ -109,6 +110,13 @@ def test_api_keys_from_the_environment_guard_each_front_end(command):
         assert httpx.post(url, json=body, timeout=60).status_code == 401
         assert httpx.post(url, json=body, headers={"authorization": "Bearer sk-c"}, timeout=60).status_code == 401
         assert httpx.post(url, json=body, headers={"authorization": "Bearer sk-a"}, timeout=60).status_code == 200
+        if command == "serve":  # and its gRPC door
+            grpc_port = re.search(r"gRPC on [\d.]+:(\d+)", line).group(1)
+            with Client(f"127.0.0.1:{grpc_port}") as anonymous, pytest.raises(ClientError) as refused:
+                anonymous.compress(context(2), QUERY, budget=16)
+            assert refused.value.code == "UNAUTHENTICATED"
+            with Client(f"127.0.0.1:{grpc_port}", api_key="sk-a") as keyed:
+                assert keyed.compress(context(2), QUERY, budget=16).compressed_tokens == 16
     finally:
         proc.terminate()
         proc.wait(timeout=60)

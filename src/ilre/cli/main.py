@@ -16,20 +16,12 @@ from .output import EXIT_INPUT, CliError, summary
 from .parser import build_parser
 
 
-def _declared(args: argparse.Namespace, cls: type) -> dict[str, Any]:
-    """The resolved values (cli/parser.py) of the command's settings declared by `cls`."""
-    from ..engine.settings import settings_for
-
-    return {s.name: getattr(args, s.name) for s in settings_for(args.command, cls)}
-
-
 def _engine(args: argparse.Namespace):
     from ..engine.engine import Engine, EngineConfig
-    from ..engine.engine_settings import EngineSettings
+    from .configs import engine_settings
 
     try:
-        config = EngineConfig.from_settings(EngineSettings(**_declared(args, EngineSettings)))
-        return Engine(config)
+        return Engine(EngineConfig.from_settings(engine_settings(args)))
     except (FileNotFoundError, KeyError, ValueError) as exc:
         raise CliError(str(exc).strip("'\"")) from None
 
@@ -117,20 +109,25 @@ def _compress_remote(args: argparse.Namespace, request):
         raise CliError(f"tls: cannot read {exc.filename}: {exc.strerror}") from None
 
 
-def _service_config(args: argparse.Namespace):
-    """ServiceConfig of a server command: its resolved settings (cli/parser.py), the rest from the environment;
-    CliError naming a bad setting. Sets torch's thread count when the command gives one."""
-    from ..service.common.config import ServiceConfig
+def _server_configs(args: argparse.Namespace):
+    """The configs of a server command (cli/configs.py); sets torch's thread count when the command gives one."""
+    from .configs import command_configs
 
-    settings = _declared(args, ServiceConfig)
-    if settings.get("threads"):
+    configs = command_configs(args)
+    if configs.service.threads:
         import torch
 
-        torch.set_num_threads(settings["threads"])
-    try:
-        return ServiceConfig.from_env(os.environ, **settings, max_context_tokens=args.max_context_tokens)
-    except ValueError as exc:
-        raise CliError(str(exc)) from None
+        torch.set_num_threads(configs.service.threads)
+    return configs
+
+
+def run_print_settings(args: argparse.Namespace) -> int:
+    """`serve|sidecar|worker --print-settings`: the effective settings as JSON, checked as starting checks them;
+    nothing else runs (no model, no logging or tracing set up)."""
+    from .configs import command_configs, printed_settings
+
+    print(json.dumps(printed_settings(args, command_configs(args)), indent=2))
+    return 0
 
 
 def _check_placement(args: argparse.Namespace) -> None:
@@ -162,13 +159,12 @@ def _observed(run: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Na
 
 
 def run_serve(args: argparse.Namespace) -> int:
+    configs = _server_configs(args)
     from ..service.server import run_serve as serve
 
-    _check_placement(args)
-    config = _service_config(args)
     with _closing_engines(args) as engine:
         try:
-            return serve(config, engine, request_defaults(args))
+            return serve(configs.service, engine, request_defaults(args))
         except ValueError as exc:  # ConfigError: a port in use, unreadable TLS files
             raise CliError(str(exc)) from None
 
@@ -195,30 +191,26 @@ def _closing_engines(args: argparse.Namespace) -> Iterator[Callable[[], Any]]:
 
 
 def run_sidecar(args: argparse.Namespace) -> int:
+    configs = _server_configs(args)
     from ..models.loader import load_tokenizer, resolve_checkpoint
-    from ..service.common.config import SidecarConfig
     from ..service.server import run_serve as serve
 
-    _check_placement(args)
-    config = _service_config(args)
     try:
-        sidecar = SidecarConfig.from_env(os.environ, **_declared(args, SidecarConfig))
         tokenizer = load_tokenizer(resolve_checkpoint(args.model).path)
     except (FileNotFoundError, KeyError, ValueError) as exc:
         raise CliError(str(exc).strip("'\"")) from None
     with _closing_engines(args) as engine:
         try:
-            return serve(config, engine, request_defaults(args), sidecar=sidecar, tokenizer=tokenizer)
+            return serve(configs.service, engine, request_defaults(args), sidecar=configs.sidecar, tokenizer=tokenizer)
         except ValueError as exc:  # ConfigError: a port in use, unreadable TLS files
             raise CliError(str(exc)) from None
 
 
 def run_worker(args: argparse.Namespace) -> int:
+    configs = _server_configs(args)
     from ..service.queue.worker import run_worker as work
 
-    config = _service_config(args)
-    if not config.redis_url:
-        raise CliError("redis-url: a worker needs --redis-url (or ILRE_REDIS_URL)")
+    config = configs.service
     with _closing_engines(args) as engine:
         return work(engine(), config, name=config.worker_name, metrics_port=config.metrics_port)
 
@@ -383,6 +375,8 @@ def main(argv: list[str] | None = None) -> int:
     runners = {"compress": run_compress, "batch": run_batch, "demo": run_demo, "serve": _observed(run_serve),
                "sidecar": _observed(run_sidecar), "worker": _observed(run_worker), "calibrate": run_calibrate, "eval": run_evaluation,
                "train-locret": run_train_locret}
+    if getattr(args, "print_settings", False):
+        runners[args.command] = run_print_settings
     try:
         return runners[args.command](args)
     except (InputError, CliError) as exc:

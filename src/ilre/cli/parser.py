@@ -29,9 +29,11 @@ class SettingsParser(argparse.ArgumentParser):
         command = getattr(namespace, "command", None)
         if self.prog == "ilre" and command in COMMAND_SETTINGS:
             settings = settings_for(command, *COMMAND_SETTINGS[command])
-            values = read_settings(settings, os.environ, vars(namespace), command)
+            sources: dict[str, str] = {}
+            values = read_settings(settings, os.environ, vars(namespace), command, sources=sources)
             for name, value in values.items():
                 setattr(namespace, name, value)
+            namespace.setting_sources = sources
         return namespace, rest
 
 
@@ -110,12 +112,15 @@ def build_parser() -> argparse.ArgumentParser:
     demo = sub.add_parser("demo", help="compress a generated long document with a planted fact and report")
     demo.add_argument("--tokens", type=int, default=16000, help="length of the generated document")
     add_setting_flags(demo, "demo")
-    serve = sub.add_parser("serve", help="run the gRPC + HTTP service (in-process queue, or Redis with --redis-url)")
-    add_setting_flags(serve, "serve")
-    sidecar = sub.add_parser("sidecar", help="an engine's own HTTP API (SGLang, vLLM/OpenAI, llama.cpp) with long prompts compressed")
-    add_setting_flags(sidecar, "sidecar")
-    worker = sub.add_parser("worker", help="serve requests queued on Redis by `ilre serve --redis-url`")
-    add_setting_flags(worker, "worker")
+    servers = (("serve", "run the gRPC + HTTP service (in-process queue, or Redis with --redis-url)"),
+               ("sidecar", "an engine's own HTTP API (SGLang, vLLM/OpenAI, llama.cpp) with long prompts compressed"),
+               ("worker", "serve requests queued on Redis by `ilre serve --redis-url`"))
+    for command, help in servers:
+        server = sub.add_parser(command, help=help)
+        server.add_argument("--print-settings", action="store_true", help="print the effective settings as JSON "
+                            "(each with its source: flag, environment or default; secrets as set/unset), checked as "
+                            "starting checks them, and exit without loading a model")
+        add_setting_flags(server, command)
     calibrate = sub.add_parser("calibrate", help="find the model's retrieval layer l_R and write its profile")
     calibrate.add_argument("--model", default=None, help="checkpoint folder, .gguf file or hub id (default: embedded)")
     calibrate.add_argument("--lengths", default=None, help="context lengths, comma-separated (default 2048,6144)")

@@ -137,10 +137,15 @@ def check_settings(instance: Any, error: type[ValueError] = SettingError) -> Non
             raise error(str(exc)) from None
 
 
+SOURCES = ("flag", "environment", "default")  # where a resolved value came from, first wins
+
+
 def read_settings(settings: Iterable[Setting], environ: Mapping[str, str], given: Mapping[str, Any],
-                  command: str | None = None, error: type[ValueError] = SettingError) -> dict[str, Any]:
+                  command: str | None = None, error: type[ValueError] = SettingError,
+                  sources: dict[str, str] | None = None) -> dict[str, Any]:
     """{name: value} of `settings`: the given value (None = not given), else the environment's, else the
-    command's default; each checked, an environment value's error naming its variable."""
+    command's default; each checked, an environment value's error naming its variable. `sources`, when
+    given, receives {name: one of SOURCES}."""
     values: dict[str, Any] = {}
     try:
         for s in settings:
@@ -148,15 +153,20 @@ def read_settings(settings: Iterable[Setting], environ: Mapping[str, str], given
             raw = environ.get(s.env)
             if value is not None:
                 s.check(value)
+                source = "flag"
             elif raw not in (None, ""):
                 try:
                     value = s.from_text(raw)
                 except SettingError as exc:
                     raise SettingError(f"{s.env}: {exc}") from None
                 s.check(value, f"; env {s.env}")
+                source = "environment"
             else:
                 value = s.default_of(command)
+                source = "default"
             values[s.name] = value
+            if sources is not None:
+                sources[s.name] = source
     except SettingError as exc:
         raise error(str(exc)) from None
     return values

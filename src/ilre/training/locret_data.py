@@ -76,7 +76,6 @@ def dense_answer_logits(model: TruncatedLM, ids: torch.Tensor, n_context: int, a
                                              enable_gqa=True).squeeze(0)
         h = layer.finish(h, out)
     got = model.layer(top).parts(h, cos, sin, ("queries", "keys"))
-    group = spec.num_heads // spec.num_kv_heads
     q = got["queries"][:, answer].float().reshape(spec.num_kv_heads, -1, spec.head_dim)  # (KV, group*A, d)
     k = got["keys"][:, :n_context].float()
     return (q @ k.transpose(1, 2) / math.sqrt(spec.head_dim)).amax(dim=1)

@@ -133,9 +133,9 @@ def fallback_section(records: list[dict], threshold: float = STAGE22_THRESHOLD,
         out += ["A default (token) sample's compression time, by whether it fell back:", "", *seconds, ""]
     if replayed:
         heads = " | ".join(f"{t:g}" for t in thresholds)
-        out += [f"The threshold replayed on each sample: the candidates alone where the peak reaches it, the whole "
-                f"context (ILRe + layer 8 at half weight, what the fallback runs) where it does not. Retention % "
-                f"(samples falling back %):", "", f"| length | samples | {heads} |",
+        out += ["The threshold replayed on each sample: the candidates alone where the peak reaches it, the whole "
+                "context (ILRe + layer 8 at half weight, what the fallback runs) where it does not. Retention % "
+                "(samples falling back %):", "", f"| length | samples | {heads} |",
                 "| --- | ---: |" + " ---: |" * len(thresholds)]
         for length, row in replayed.items():
             cells = " | ".join(f"{k:.1f} ({f:.0f})" for k, f in zip(row["kept"], row["fall"]))

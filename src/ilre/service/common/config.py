@@ -57,7 +57,8 @@ class ServiceConfig:
     api_keys_file: str | None = setting(None, "accepted API keys, one per line, with optional limits (see also "
                                         "ILRE_API_KEYS)", FRONT_ENDS)
     api_keys: ApiKeys = setting(help="accepted API keys, comma-separated (none: no authentication)",
-                                commands=FRONT_ENDS, flag=None, secret=True, default_factory=ApiKeys)
+                                commands=FRONT_ENDS, flag=None, secret=True, parse=ApiKeys.from_text,
+                                default_factory=ApiKeys)
     document_secret: str | None = setting(None, f"keys the document ids, at least {MIN_SECRET_CHARS} characters "
                                           "(none: generated, kept on Redis by the workers)", SERVERS, flag=None,
                                           secret=True)
@@ -123,10 +124,7 @@ class ServiceConfig:
     def from_env(cls, environ: Mapping[str, str], **overrides: Any) -> "ServiceConfig":
         """Overrides (None = not given) beat ILRE_* variables, which beat the defaults."""
         values = from_settings(cls, environ, overrides, error=ConfigError)
-        keys = values.get("api_keys")
-        if not isinstance(keys, ApiKeys):  # ILRE_API_KEYS's text (as the command line resolved it, or unset) and the file's
-            listed = {**environ, "ILRE_API_KEYS": keys} if isinstance(keys, str) else environ
-            values["api_keys"] = ApiKeys.load(listed, values["api_keys_file"])
+        values["api_keys"] = values.get("api_keys", ApiKeys()).with_file(values["api_keys_file"])
         return cls(**values)
 
 

@@ -73,6 +73,7 @@ class ApiKeys:
     """The accepted keys (empty = authentication off) and their policies."""
 
     def __init__(self, keys: list[str] | tuple[str, ...] = (), policies: Mapping[str, KeyPolicy] | None = None):
+        self._keys, self._policies = tuple(keys), dict(policies or {})
         entries = []
         for key in keys:
             if key:
@@ -85,22 +86,30 @@ class ApiKeys:
             raise ConfigError(f"api_keys_file: the name {sorted(clash)[0]!r} is given to more than one key")
 
     @classmethod
+    def from_text(cls, text: str) -> "ApiKeys":
+        """The keys of ILRE_API_KEYS's text: comma-separated, blanks ignored."""
+        return cls([k.strip() for k in text.split(",") if k.strip()])
+
+    def with_file(self, path: str | None) -> "ApiKeys":
+        """These keys plus those of the keys file `path` (None: these alone); ConfigError naming the line."""
+        if not path:
+            return self
+        try:
+            lines = Path(path).read_text(encoding="utf-8").splitlines()
+        except OSError as exc:
+            raise ConfigError(f"api_keys_file: cannot read {path}: {exc.strerror}") from None
+        keys, policies = list(self._keys), dict(self._policies)
+        for number, line in enumerate(lines, 1):
+            words = line.split("#", 1)[0].split() if not line.lstrip().startswith("#") else []
+            if words:
+                keys.append(words[0])
+                policies[words[0]] = parse_policy(words[0], words[1:], f"{path}:{number}")
+        return ApiKeys(keys, policies)
+
+    @classmethod
     def load(cls, environ: Mapping[str, str], path: str | None = None) -> "ApiKeys":
         """Keys from ILRE_API_KEYS plus the file `path` (or ILRE_API_KEYS_FILE)."""
-        keys = [k.strip() for k in environ.get("ILRE_API_KEYS", "").split(",") if k.strip()]
-        policies: dict[str, KeyPolicy] = {}
-        path = path or environ.get("ILRE_API_KEYS_FILE") or None
-        if path:
-            try:
-                lines = Path(path).read_text(encoding="utf-8").splitlines()
-            except OSError as exc:
-                raise ConfigError(f"api_keys_file: cannot read {path}: {exc.strerror}") from None
-            for number, line in enumerate(lines, 1):
-                words = line.split("#", 1)[0].split() if not line.lstrip().startswith("#") else []
-                if words:
-                    keys.append(words[0])
-                    policies[words[0]] = parse_policy(words[0], words[1:], f"{path}:{number}")
-        return cls(keys, policies)
+        return cls.from_text(environ.get("ILRE_API_KEYS", "")).with_file(path or environ.get("ILRE_API_KEYS_FILE"))
 
     @property
     def enabled(self) -> bool:
