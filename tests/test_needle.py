@@ -1,4 +1,5 @@
-"""The real embedded model finds a passkey in a ~16K-token haystack (beyond its 8K window: DCA auto)."""
+"""The real embedded model finds a passkey in a ~16K-token haystack (beyond its 8K window: DCA auto), at 10
+depths, first token to last. The depths are two xdist groups, so `make test`'s two workers share them."""
 
 from __future__ import annotations
 
@@ -11,14 +12,11 @@ DEPTHS = [d / 9 for d in range(10)]  # first token .. last, evenly
 
 
 @pytest.mark.slow
-def test_whole_passkey_survives_at_every_depth(engine):
-    survived = []
-    for depth in DEPTHS:
-        sample = make_passkey_sample(engine.tokenizer, 16000, depth, digits=6, seed=11)
-        result = engine.compress(CompressRequest(
-            context_ids=sample.context_ids, query_ids=sample.query_ids, budget=1024))
-        assert result.dca and result.compressed_tokens == 1024 and result.layer == engine.layer
-        kept = set(result.kept_indices)
-        survived.append(all(i in kept for i in range(*sample.needle)))
-    print("whole needle kept per depth:", dict(zip([round(d, 2) for d in DEPTHS], survived)))
-    assert all(survived), survived  # README: the default keeps it at all 10 depths
+@pytest.mark.parametrize("depth", [pytest.param(d, id=f"depth{d:.2f}", marks=pytest.mark.xdist_group(f"test_needle.py#{i % 2}"))
+                                   for i, d in enumerate(DEPTHS)])
+def test_whole_passkey_survives_at_every_depth(engine, depth):
+    sample = make_passkey_sample(engine.tokenizer, 16000, depth, digits=6, seed=11)
+    result = engine.compress(CompressRequest(context_ids=sample.context_ids, query_ids=sample.query_ids, budget=1024))
+    assert result.dca and result.compressed_tokens == 1024 and result.layer == engine.layer
+    kept = set(result.kept_indices)
+    assert all(i in kept for i in range(*sample.needle))  # README: the default keeps it at all 10 depths
