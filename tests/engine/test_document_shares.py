@@ -12,6 +12,7 @@ import httpx
 import pytest
 import torch
 
+from ilre.compressor.prefill import encode_context
 from ilre.engine.document_names import DocumentNames
 from ilre.engine.documents import DocumentCache
 from ilre.engine.messages import CompressRequest
@@ -22,7 +23,7 @@ from tests.service.conftest import WorkerProcess
 from tests.tiny_models import random_ids
 
 from .test_deepening import deepening_on
-from .test_documents import CANDIDATES, tiny_state
+from .test_documents import CANDIDATES, CONFIG, tiny, tiny_state
 
 NAMES = DocumentNames(b"s" * 32)
 QUIET, FLOOD = NAMES.owner("key:quiet"), NAMES.owner("key:flood")
@@ -68,6 +69,37 @@ def test_a_key_over_its_share_gives_room_to_a_key_within_its_own():
     quiet = store(cache, QUIET, 0)
     assert cache.holds(quiet, "k") and not cache.holds(flood[0], "k")  # the flooder's oldest states made the room
     assert cache.stats.evicted["pressure"] == 2 and cache.stats.evicted["own"] == 0  # for the IDs, then the state
+
+
+def test_a_quiet_keys_state_over_its_share_goes_but_its_document_id_stays():
+    """A quiet key's one document whose state alone exceeds its share: a flood takes that state (over its share),
+    never its IDs, so its document_id is still answered (its state recomputed)."""
+    cache = DocumentCache(max_bytes=10 * per_document(), share=0.4)
+    slot, ids = doc(QUIET, 0)
+    cache.remember(slot, ids, QUIET)
+    big = encode_context(tiny(), random_ids(800, seed=800), CONFIG)  # ~6.5 documents: over a share of 4, under the cap
+    assert 0.4 * cache.max_bytes < big.nbytes < cache.max_bytes
+    cache.state(slot, "k", lambda: big, None)
+    assert cache.holds(slot, "k")
+    for n in range(100):
+        store(cache, FLOOD, n)
+    assert cache.holds(slot) and not cache.holds(slot, "k")
+    assert cache.stats.evicted["pressure"] == 1 and cache.stats.documents_evicted["pressure"] == 0
+    assert cache.stats.evicted["own"] > 0  # the flood gave up its own oldest states
+
+
+def test_a_writer_over_its_share_drops_its_new_state_before_a_quiet_keys_within_its_share():
+    """The incoming entry counts against its writer's share first: a state too large for what the quiet key leaves
+    is dropped (the request that brought it is answered), the quiet key's state within its share stays."""
+    cache = DocumentCache(max_bytes=4 * per_document(), share=0.3)
+    quiet = store(cache, QUIET, 0)
+    slot, ids = doc(FLOOD, 0)
+    cache.remember(slot, ids, FLOOD)
+    big = encode_context(tiny(), random_ids(400, seed=400), CONFIG)  # under the cap, over what is left
+    assert per_document() + big.nbytes > cache.max_bytes > big.nbytes
+    assert cache.state(slot, "k", lambda: big, None) is big
+    assert cache.holds(quiet, "k") and cache.holds(slot) and not cache.holds(slot, "k")
+    assert cache.stats.evicted == {"own": 1} and not cache.stats.documents_evicted
 
 
 def test_keys_off_is_one_share_as_before():

@@ -68,6 +68,7 @@ class CacheStats:
     misses: collections.Counter = field(default_factory=collections.Counter)
     evictions: int = 0
     evicted: collections.Counter = field(default_factory=collections.Counter)  # by cause: own, pressure
+    documents_evicted: collections.Counter = field(default_factory=collections.Counter)  # whole (IDs gone), by cause
     bytes: int = 0
     documents: int = 0
 
@@ -280,7 +281,8 @@ class DocumentCache:
 
     def _fit(self, keep: str) -> None:
         """Evict until the cap holds. Who gives up entries, in turn: the owner of `keep` (the document just used)
-        while it holds more than its share, owners over their share, then (shares oversubscribed) anyone; within
+        while it holds more than its share, owners over their share, the states of `keep` itself while its owner
+        is still over its share, then (shares oversubscribed) anyone; within
         each turn least recently used first, in the order: the states of documents named once, those documents,
         the states of documents named again, those documents. `keep` goes last: first its states, then, if its
         IDs alone do not fit, the document itself."""
@@ -289,7 +291,12 @@ class DocumentCache:
             used[entry.owner] += entry.nbytes
         total, share = sum(used.values()), self.share * self.max_bytes
         owner = self._docs[keep].owner if keep in self._docs else None
-        for turn in (lambda who: who == owner and used[who] > share, lambda who: used[who] > share, lambda who: True):
+        turns = (lambda who: who == owner and used[who] > share, lambda who: used[who] > share, None, lambda who: True)
+        for turn in turns:
+            if turn is None:  # the writer over its share gives up the states it just brought before anyone else's
+                if total > self.max_bytes and keep in self._docs and used[owner] > share and self._docs[keep].states:
+                    total -= self._evict(keep, False, used, "own")
+                continue
             for repeated, whole in ((False, False), (False, True), (True, False), (True, True)):
                 for slot in list(self._docs):
                     if total <= self.max_bytes:
@@ -314,6 +321,7 @@ class DocumentCache:
         if whole:
             self._forget(self._docs.pop(slot))
             count = 1
+            self.stats.documents_evicted[cause] += 1
         else:
             count = len(entry.states)
             entry.states.clear()

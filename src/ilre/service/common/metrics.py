@@ -102,6 +102,12 @@ class _DocumentCacheCollector:
             for cause in ("own", "pressure"):
                 evictions.add_metric([tier, cause], evicted.get(cause, 0))
         yield evictions
+        documents = CounterMetricFamily("ilre_doc_cache_documents_evicted", "Documents whose IDs left this process's "
+                                        "cache (their document_id then answers from the shared tier, or not at all), "
+                                        "by cause", labels=["cause"])
+        for cause in ("own", "pressure"):
+            documents.add_metric([cause], stats.documents_evicted.get(cause, 0))
+        yield documents
         at_risk = getattr(cache.shared, "at_risk", None)
         if at_risk is not None:
             family = CounterMetricFamily("ilre_doc_cache_ids_at_risk", "Document IDs on the shared tier a failover "
