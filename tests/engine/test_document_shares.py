@@ -202,3 +202,69 @@ def test_two_workers_keep_a_quiet_keys_document_while_another_key_floods(redis_s
         assert counts["shared", "pressure"] == counts["local", "pressure"] == 0, counts
     finally:
         deployed.stop()
+
+
+def _metric_values(http: str, name: str) -> dict[str, float]:
+    """{label text: value} of one metric family on a server's /metrics."""
+    found = {}
+    for line in httpx.get(f"{http}/metrics").text.splitlines():
+        if line.startswith(name):
+            labels, value = line.rsplit(" ", 1)
+            found[labels[len(name):]] = float(value)
+    return found
+
+
+def test_a_served_quiet_keys_document_over_its_share_is_answered_by_id_after_a_flood(tmp_path):
+    """`ilre serve` with two keys, an 8 MiB cache and shares of 1 MiB: the quiet key's one document (~4.8 MB
+    encoded, over its share) is asked once; the other key sends ten documents of ~6.3 MB each. The quiet key's
+    document_id is still answered (its state recomputed from the IDs it kept), with the same selection, and the
+    metrics count its state evicted by pressure and no document's IDs by pressure."""
+    from tests.service.conftest import served_by
+
+    keys = tmp_path / "keys.txt"
+    keys.write_text("sk-quiet-5e2a9c10 name=quiet\nsk-flood-8d4b1f77 name=flood\n")
+    text, query = shakespeare_text(), " Who speaks? Answer:"
+    with served_by("--api-keys-file", str(keys), "--doc-cache-mb", "8", "--doc-cache-share", "0.125", "--deepen", "off",
+                   "--max-wait-ms", "0") as served:
+        quiet = Client(served.grpc, api_key="sk-quiet-5e2a9c10", timeout=120)
+        flood = Client(served.grpc, api_key="sk-flood-8d4b1f77", timeout=120)
+        first = quiet.compress(text[:1200], query, budget=16)
+        held = _metric_values(served.http, "ilre_doc_cache_bytes")
+        assert 0.125 * (8 << 20) < sum(held.values()) < 8 << 20, held  # her share < her document < the cap
+        for n in range(1, 11):
+            flood.compress(text[n * 3000:(n + 1) * 3000], query, budget=16)
+        again = quiet.compress(None, query, document_id=first.document_id, budget=16)
+        assert again.kept_indices == first.kept_indices
+        evictions = _metric_values(served.http, "ilre_doc_cache_evictions_total")
+        assert evictions['{cause="pressure",tier="local"}'] >= 1, evictions  # her states (the cascade holds two)
+        documents = _metric_values(served.http, "ilre_doc_cache_documents_evicted_total")
+        assert documents['{cause="pressure"}'] == 0, documents  # the flood's own oldest may go whole, never hers
+
+
+def test_a_served_quiet_keys_state_within_its_share_outlasts_a_flood_of_share_sized_documents(tmp_path):
+    """The boundary: shares of half an 8 MiB cache, the quiet key's document (~3.6 MB) within its share, each
+    flooding document about a share (~4.3-5.2 MB: with hers, over the cap): the writer's own new state goes,
+    never the quiet key's, whose second question is then answered from its kept encoding."""
+    from tests.service.conftest import served_by
+
+    keys = tmp_path / "keys.txt"
+    keys.write_text("sk-quiet-5e2a9c10 name=quiet\nsk-flood-8d4b1f77 name=flood\n")
+    text, query = shakespeare_text(), " Who speaks? Answer:"
+    share = 0.5 * (8 << 20)
+    with served_by("--api-keys-file", str(keys), "--doc-cache-mb", "8", "--doc-cache-share", "0.5", "--deepen", "off",
+                   "--max-wait-ms", "0") as served:
+        quiet = Client(served.grpc, api_key="sk-quiet-5e2a9c10", timeout=120)
+        flood = Client(served.grpc, api_key="sk-flood-8d4b1f77", timeout=120)
+        first = quiet.compress(text[:900], query, budget=16)
+        held = sum(_metric_values(served.http, "ilre_doc_cache_bytes").values())
+        assert held < share, held
+        at = 1000
+        for chars in (1100, 1200, 1300) * 2:
+            flood.compress(text[at:at + chars], query, budget=16)
+            at += chars
+        again = quiet.compress(None, query, document_id=first.document_id, budget=16)
+        assert again.kept_indices == first.kept_indices
+        hits = _metric_values(served.http, "ilre_doc_cache_hits_total")
+        assert hits.get('{kind="state",tier="local"}', 0) >= 1, hits  # her encoding, kept through the flood
+        evictions = _metric_values(served.http, "ilre_doc_cache_evictions_total")
+        assert evictions['{cause="pressure",tier="local"}'] == 0 < evictions['{cause="own",tier="local"}'], evictions
