@@ -13,7 +13,9 @@ or a file of your own beside config.yaml, `callbacks: my_hooks.ilre` with
 `ilre = IlreCompression(target="127.0.0.1:50051", budget=2048, strict=True)`.
 
 What is compressed: chat messages (`messages`) and completion prompts (`prompt`) longer than the budget.
-- A chat follows engine/chat.py, the rules the gateway routes follow too: the query ILRe ranks by is
+- A chat follows engine/chat.py, the rules the gateway and the sidecar follow too, through the same code
+  (service/transport/chat_compression.py: each message a document of its own, so the next call carrying
+  it resumes its encoding): the query ILRe ranks by is
   the last user message (its last QUERY_TOKENS tokens, which stay whole, when it is documents before
   a question); earlier user messages, tool and function results (text content: a string or text
   parts), system and developer messages over LONG_INSTRUCTIONS tokens and the rest of a long last
@@ -39,9 +41,11 @@ from typing import Any, Mapping
 
 from litellm.integrations.custom_logger import CustomLogger
 
-from ..engine.chat import is_long_query, share_budget, split_chat
+from ..engine.chat import split_chat
+from ..engine.conversation import NotReadable, read_conversation
 from ..engine.defaults import DEFAULT_BUDGET, QUERY_TOKENS
-from ..engine.messages import GRANULARITIES
+from ..engine.messages import GRANULARITIES, CompressResult, NotFoundError
+from ..service.transport.chat_compression import compress_chat
 from .backend import Backend, chosen, compress_by_its_end, count_tokens
 
 log = logging.getLogger(__name__)
@@ -149,36 +153,36 @@ class IlreCompression(CustomLogger):
         return Outcome("passthrough", reason="no single text prompt")
 
     def _compress_chat(self, data: dict) -> Outcome:
-        messages = data["messages"]
-        split = split_chat(messages)
+        """The chat compressed message by message (service/transport/chat_compression.py, the path the gateway
+        and the sidecar take): each compressed message a document of its own, so the next call carrying it
+        (an agent's next step) resumes its encoding."""
+        try:
+            conversation = read_conversation("openai.chat", {"messages": data["messages"]})
+        except NotReadable as exc:
+            return Outcome("passthrough", reason=f"not readable: {exc}")
+        split = split_chat(conversation.messages)
         if split.query is None:
             return Outcome("passthrough", reason="no user message with text")
-        chat = split.whole_chat()
-        if len(chat.encode()) <= self.budget:  # a token is at least a byte: no need to ask
+        if len(split.whole_chat().encode()) <= self.budget:  # a token is at least a byte: no need to ask
             return Outcome("passthrough", reason="fits the budget")
-        total, _ = count_tokens(self.backend, chat)
-        if total <= self.budget:
-            return Outcome("passthrough", total, total, "fits the budget")
-        counted = {i: count_tokens(self.backend, split.text(i)) for i in split.counted}
-        tokens = {i: n for i, (n, _) in counted.items()}
-        shares = share_budget(split, tokens, total - sum(tokens.values()), self.budget)
-        if not shares:
-            return Outcome("passthrough", total, total, "no compressible message")
-        length, ids = counted.get(split.last_user, (0, []))  # counted alone when it may be long
-        question = {"query_ids": ids[-QUERY_TOKENS:]} if is_long_query(length) else {"query": split.query}
-        for share in shares:
-            if share.whole:
-                continue
-            text = split.text(share.index)
-            if share.by_its_end:  # the long last user message: its end is the query
-                new = compress_by_its_end(self.backend, text, share.budget, self.strategy, counted[share.index][1],
-                                          self.granularity).text
-            else:
-                new = self.backend.compress(context=text, budget=share.budget, **question,
-                                            **chosen(self.strategy, self.granularity)).compressed_context
-            messages[share.index] = {**messages[share.index], "content": new}
-        kept = total - sum(s.tokens for s in shares) + sum(s.kept for s in shares)
-        return Outcome("compressed", total, kept)
+        done = asyncio.run(compress_chat(self._call, conversation.messages, lambda _: self.budget,
+                                         fields=chosen(self.strategy, self.granularity)))
+        if not done.compressed:
+            reason = "fits the budget" if done.before <= self.budget else "no compressible message"
+            return Outcome("passthrough", done.before, done.before, reason)
+        texts = {c.index: c.text for c in done.compressed}
+        data["messages"] = conversation.write({"messages": data["messages"]}, texts)["messages"]
+        return Outcome("compressed", done.before, done.after)
+
+    async def _call(self, fields: dict[str, Any]) -> CompressResult:
+        """One contract request through the backend (blocking: this runs on the hook's worker thread); a
+        document_id the service no longer holds is NotFoundError, as in process."""
+        try:
+            return self.backend.compress(**fields)
+        except Exception as exc:
+            if getattr(exc, "code", None) == "NOT_FOUND" or " 404 " in str(exc):
+                raise NotFoundError("document_id", str(exc)) from None
+            raise
 
 
 compression = IlreCompression.from_env(os.environ)  # `callbacks: ilre.integrations.litellm.compression`
