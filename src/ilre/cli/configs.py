@@ -26,7 +26,7 @@ class CommandConfigs:
 
     command: str
     engine: EngineSettings
-    service: ServiceConfig | None = None
+    service: ServiceConfig
     sidecar: SidecarConfig | None = None
 
     def value_of(self, setting: Setting) -> Any:
@@ -59,7 +59,6 @@ def command_configs(args: argparse.Namespace) -> CommandConfigs:
     and dtype resolved, the service's and the sidecar's bounds and pairs; CliError naming the setting.
     Loads no model."""
     from ..models.device import resolve_placement
-    from ..service.common.errors import ConfigError
 
     engine = engine_settings(args)
     try:
@@ -68,7 +67,7 @@ def command_configs(args: argparse.Namespace) -> CommandConfigs:
                                          max_context_tokens=engine.max_context_tokens)
         sidecar = (SidecarConfig.from_env(os.environ, **declared_values(args, SidecarConfig))
                    if args.command == "sidecar" else None)
-    except (ConfigError, ValueError) as exc:
+    except ValueError as exc:  # ConfigError, PlacementError
         raise CliError(str(exc)) from None
     if args.command == "worker" and not service.redis_url:
         raise CliError("redis-url: a worker needs --redis-url (or ILRE_REDIS_URL)")

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..engine.defaults import QUERY_TOKENS
-from ..engine.messages import CompressRequest, CompressResult
+from ..engine.messages import CompressRequest, CompressResult, NotFoundError
 
 QUERY_TEMPLATE = "\nQuestion: {query}\nAnswer:"
 
@@ -23,7 +23,8 @@ QUERY_TEMPLATE = "\nQuestion: {query}\nAnswer:"
 class Backend:
     """Where a compression runs: `target` None = an in-process Engine (`model`: a checkpoint folder,
     .gguf or hub id; None = the embedded default), "HOST:PORT" = a service's gRPC API, "http(s)://HOST:PORT"
-    = its HTTP JSON API. Bad input raises ValueError naming the field, whichever the target."""
+    = its HTTP JSON API. Bad input raises ValueError naming the field, and a document_id the service does not
+    hold NotFoundError, whichever the target."""
 
     target: str | None = None
     api_key: str | None = None
@@ -48,6 +49,8 @@ class Backend:
                                timeout=self.timeout_s)
             if reply.status_code == 400:
                 raise ValueError(reply.json().get("error", reply.text))
+            if reply.status_code == 404:  # a document_id the service no longer holds, as in process
+                raise NotFoundError("document_id", reply.json().get("error", reply.text))
             if reply.status_code != 200:
                 raise RuntimeError(f"ilre {self.target}: {reply.status_code} {reply.json().get('error', reply.text)}")
             return CompressResult(**reply.json())
@@ -60,6 +63,8 @@ class Backend:
         except ClientError as exc:
             if exc.code == "INVALID_ARGUMENT":
                 raise ValueError(exc.message) from None
+            if exc.code == "NOT_FOUND":
+                raise NotFoundError("document_id", exc.message) from None
             raise
 
 

@@ -44,7 +44,7 @@ from litellm.integrations.custom_logger import CustomLogger
 from ..engine.chat import split_chat
 from ..engine.conversation import NotReadable, read_conversation
 from ..engine.defaults import DEFAULT_BUDGET, QUERY_TOKENS
-from ..engine.messages import GRANULARITIES, CompressResult, NotFoundError
+from ..engine.messages import GRANULARITIES, CompressResult
 from ..service.transport.chat_compression import compress_chat
 from .backend import Backend, chosen, compress_by_its_end, count_tokens
 
@@ -175,14 +175,8 @@ class IlreCompression(CustomLogger):
         return Outcome("compressed", done.before, done.after)
 
     async def _call(self, fields: dict[str, Any]) -> CompressResult:
-        """One contract request through the backend (blocking: this runs on the hook's worker thread); a
-        document_id the service no longer holds is NotFoundError, as in process."""
-        try:
-            return self.backend.compress(**fields)
-        except Exception as exc:
-            if getattr(exc, "code", None) == "NOT_FOUND" or " 404 " in str(exc):
-                raise NotFoundError("document_id", str(exc)) from None
-            raise
+        """One contract request through the backend (blocking: this runs on the hook's worker thread)."""
+        return self.backend.compress(**fields)
 
 
 compression = IlreCompression.from_env(os.environ)  # `callbacks: ilre.integrations.litellm.compression`
