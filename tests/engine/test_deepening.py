@@ -249,8 +249,9 @@ def test_no_step_runs_while_a_request_holds_its_turn_and_newest_offers_go_first(
     deepener, log, stored = Deepener(True), [], []
     try:
         with deepener.turn():
-            for name in ("old", "new"):
-                deepener.offer(name, counting(log, name, 3), stored.append, lambda: True)
+            with deepener._changed:  # both offered before the thread takes one
+                for name in ("old", "new"):
+                    deepener.offer(name, counting(log, name, 3), stored.append, lambda: True)
             time.sleep(0.2)
             assert log == [] and deepener.pending("old")  # "new" is taken, waiting for its turn
         assert deepener.wait_idle(10)
