@@ -65,8 +65,15 @@ def _dense_attention(q, k_per_chunk, v, mask, rows):
     return out
 
 
+def dense_stream(model, context_ids: torch.Tensor, query_ids: torch.Tensor, config: PrefillConfig,
+                 layer: int) -> torch.Tensor:
+    """The residual stream (L + Lq, D) of context then query entering `layer`, as `dense_prefill` computes it."""
+    return dense_prefill(model, context_ids, query_ids, config, layer, stream=True)
+
+
 def dense_prefill(
-    model, context_ids: torch.Tensor, query_ids: torch.Tensor, config: PrefillConfig, layer: int | None = None
+    model, context_ids: torch.Tensor, query_ids: torch.Tensor, config: PrefillConfig, layer: int | None = None,
+    stream: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Whole-sequence version of the streaming prefill with an explicit Λ mask.
 
@@ -94,6 +101,8 @@ def dense_prefill(
     with torch.no_grad():
         for l in range(1, layer + 1):
             lay = model.layer(l)
+            if l == layer and stream:
+                return h
             if l == layer:
                 keys = lay.keys(h[:length], cos[:length], sin[:length])  # (KV, L, d)
                 if config.dca and len(bounds) >= 3:
@@ -115,12 +124,14 @@ def dense_prefill(
 
 
 def dense_candidate_prefill(model, context_ids: torch.Tensor, candidates: list[int], query_ids: torch.Tensor,
-                            config: PrefillConfig) -> tuple[torch.Tensor, torch.Tensor]:
+                            config: PrefillConfig, start: tuple[int, torch.Tensor] | None = None
+                            ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference for compressor.candidate_prefill.candidate_prefill: the dense masked prefill of the sequence
     (candidates, then the query) at their original positions, where token i may attend token j iff
     the whole-context Λ mask lets it (the mask restricted to the candidates). DCA as in
     `dense_prefill`, each token in its original chunk. Returns the l_R keys of the candidates
-    (KV, C, d) and the query states (H, Lq, d)."""
+    (KV, C, d) and the query states (H, Lq, d). start: (layer, stream (L + Lq, D) entering it, as `dense_stream`
+    gives it): the rows enter that layer with their stream instead of layer 1 with their embeddings."""
     length, n_query = context_ids.numel(), query_ids.numel()
     total = length + n_query
     bounds = chunk_bounds(length, config)
@@ -139,11 +150,12 @@ def dense_candidate_prefill(model, context_ids: torch.Tensor, candidates: list[i
         else:
             rows.append((i, i + 1, c))
     sink_rows = [i for i, p in enumerate(keep) if p < config.sink]
-    h = model.embed(torch.cat((context_ids[candidates], query_ids)))
+    first, h = (1, model.embed(torch.cat((context_ids[candidates], query_ids)))) if start is None else (
+        start[0], start[1][keep].clone())
     cos, sin = model.rope(positions)
     l_r = model.n_layers
     with torch.no_grad():
-        for l in range(1, l_r + 1):
+        for l in range(first, l_r + 1):
             lay = model.layer(l)
             if l == l_r:
                 keys = lay.keys(h[:n_cand], cos[:n_cand], sin[:n_cand])

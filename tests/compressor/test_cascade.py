@@ -7,13 +7,13 @@ from functools import lru_cache
 import pytest
 import torch
 
-from ilre.compressor.candidate_prefill import candidate_prefill
-from ilre.compressor.pipeline import select_context, select_query
-from ilre.compressor.prefill import PrefillConfig, encode_context
+from ilre.compressor.candidate_prefill import Streams, candidate_prefill
+from ilre.compressor.pipeline import select_context, select_queries, select_query
+from ilre.compressor.prefill import PrefillConfig, encode_context, prefill_query
 from ilre.compressor.strategies import make_strategy
 from ilre.compressor.strategies.cascade import pick_candidates, recent_share
 from ilre.models.loader import load_truncated
-from tests.reference import dense_candidate_prefill, dense_prefill, dense_scores, literal_algorithm1
+from tests.reference import dense_candidate_prefill, dense_prefill, dense_scores, dense_stream, literal_algorithm1
 from tests.tiny_models import N_LAYERS, random_ids, single_thread, tiny_checkpoint  # noqa: F401
 
 LENGTH, N_QUERY, KERNELS = 90, 5, ((2, 4), (1, 3))
@@ -46,17 +46,19 @@ def literal_candidates(scores: list[float], count: int, sink: int, recent: int) 
 
 
 def reference_kept(context, query, config: PrefillConfig, coarse: int, factor: float, budget: int,
-                   weight: float) -> list[int]:
+                   weight: float, from_stream: bool = False) -> list[int]:
     """The cascade written out: the dense masked prefill to the coarse layer and its A^C, the literal
     candidates, the dense prefill of the candidates restricted by the Λ mask to l_R, A^C over them
     (zero elsewhere); each scaled to sum 1 outside the sink, the coarse one times `weight`, the larger
-    of the two per token; then Algorithm 1 loop by loop after the sink."""
+    of the two per token; then Algorithm 1 loop by loop after the sink. from_stream: the candidates and the
+    query enter the coarse layer with the dense prefill's stream (an encoding that kept its stream)."""
     keys, queries = dense_prefill(model(), context, query, config, coarse)
     coarse_scores = dense_scores(queries, keys)
     count = int(-(-factor * budget // 1))
     recent = min(config.window or count, count // 8)
     candidates = literal_candidates(coarse_scores.tolist(), count, config.sink, recent)
-    keys, queries = dense_candidate_prefill(model(), context, candidates, query, config)
+    start = (coarse, dense_stream(model(), context, query, config, coarse)) if from_stream else None
+    keys, queries = dense_candidate_prefill(model(), context, candidates, query, config, start)
     attention = torch.zeros(context.numel(), dtype=torch.float64)
     attention[candidates] = dense_scores(queries, keys)
     s = config.sink
@@ -90,6 +92,51 @@ def test_candidate_prefill_of_the_whole_context_is_the_streaming_prefill(config)
     ref_keys, ref_queries = dense_prefill(model(), context, query, config)
     torch.testing.assert_close(keys, ref_keys, atol=2e-5, rtol=1e-4)
     torch.testing.assert_close(queries, ref_queries, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+@pytest.mark.parametrize("candidates", [[0, 1, 2, 3, 4, 5, 20, 21, 22, 40, 41, 77, 88, 89], list(range(90))])
+def test_candidate_prefill_from_the_kept_stream_matches_the_restricted_dense_prefill(config, candidates):
+    """From an encoding that kept its stream at the coarse layer (2): the streams are the dense prefill's, and the
+    candidates run on from them as the dense prefill restricted to them from layer 2 on; over the whole context
+    that is the streaming prefill at l_R itself."""
+    context, query = random_ids(LENGTH, seed=1), random_ids(N_QUERY, seed=2)
+    chosen = torch.tensor(candidates)
+    with torch.inference_mode():
+        state = encode_context(model(), context, config, (2,), keep_hidden=True)
+        stream = prefill_query(model(), state, query).stream
+        keys, queries = candidate_prefill(model(), context, chosen, query, config, Streams(2, state.hidden, [stream]))
+    dense = dense_stream(model(), context, query, config, 2)
+    torch.testing.assert_close(torch.cat((state.hidden, stream)), dense, atol=2e-5, rtol=1e-4)
+    ref_keys, ref_queries = dense_candidate_prefill(model(), context, candidates, query, config, (2, dense))
+    torch.testing.assert_close(keys, ref_keys, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(queries, ref_queries, atol=2e-5, rtol=1e-4)
+    if len(candidates) == LENGTH:
+        ref_keys, ref_queries = dense_prefill(model(), context, query, config)
+        torch.testing.assert_close(keys, ref_keys, atol=2e-5, rtol=1e-4)
+        torch.testing.assert_close(queries, ref_queries, atol=2e-5, rtol=1e-4)
+
+
+@pytest.mark.parametrize("config", CONFIGS[:3])
+@pytest.mark.parametrize("factor, budget, coarse, weight", [(2.0, 20, 2, 0.5), (3.5, 16, 1, 0.0), (2.5, 9, 3, 0.5)])
+def test_a_cascade_on_an_encoding_that_kept_its_stream_matches_the_literal_reference(config, factor, budget, coarse,
+                                                                                     weight):
+    """The candidates start at the coarse layer from the kept stream, one question or several sharing a pass."""
+    context, queries = random_ids(LENGTH, seed=5), [random_ids(N_QUERY, seed=s) for s in (6, 16)]
+    strategy = cascade(coarse_layer=coarse, candidates=factor, coarse_weight=weight)
+    with torch.inference_mode():
+        state = encode_context(model(), context, config, strategy.encoded_layers(N_LAYERS), keep_hidden=True)
+    one = select_query(model(), state, queries[0], budget, strategy, context_ids=context, stream=state.hidden)
+    assert one.kept.tolist() == reference_kept(context, queries[0], config, coarse, factor, budget, weight, True)
+    assert one.measured["from_layer"] == coarse
+    shared = cascade(coarse_layer=2, candidates=2.0, coarse_weight=weight)  # a union of candidates cheaper than deep
+    with torch.inference_mode():
+        kept = encode_context(model(), context, config, shared.encoded_layers(N_LAYERS), keep_hidden=True)
+    both = select_queries(model(), kept, queries, 8, shared, context_ids=context, stream=kept.hidden)
+    assert [s.measured["from_layer"] for s in both] == [2, 2] and all("deep" not in s.measured for s in both)
+    plain = select_query(model(), state, queries[0], budget, strategy, context_ids=context)  # no stream: at layer 1
+    assert "from_layer" not in plain.measured
+    assert plain.kept.tolist() == reference_kept(context, queries[0], config, coarse, factor, budget, weight)
 
 
 @pytest.mark.parametrize("count, recent", [(30, 3), (12, 0), (89, 11), (200, 8)])

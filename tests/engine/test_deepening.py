@@ -10,7 +10,12 @@ import time
 
 import pytest
 
+import torch
+
+from ilre.compressor.pipeline import select_query
 from ilre.compressor.prefill import PrefillConfig, chunk_bounds, encode_context, encode_in_steps, run_steps
+from ilre.compressor.strategies import cascade as cascade_module
+from ilre.compressor.strategies import make_strategy
 from ilre.engine.deepening import Deepener, DeepeningStats
 from ilre.engine.documents import DocumentCache
 from ilre.engine.messages import CompressRequest
@@ -131,7 +136,53 @@ def test_requests_come_first_and_deepening_resumes_where_it_stopped(engine):
         assert engine.deepening.wait_idle(120) and stats.finished == 2  # then both documents, each once
     assert comparable(other) == alone
     chunks = [len(chunk_bounds(r.original_tokens, engine.config.prefill)) for r in (first, other)]
-    assert stats.steps == sum(n * (engine.layer - 1) + 1 for n in chunks)  # every step ran once: resumed, not restarted
+    # every step ran once (resumed, not restarted), from the coarse layer's stream the document's encoding kept
+    assert stats.steps == sum(n * (engine.layer - coarse_layer(engine)) + 1 for n in chunks)
+
+
+def coarse_layer(engine) -> int:
+    return engine.with_profile(make_strategy("cascade")).coarse_layer
+
+
+def test_a_question_before_deepening_ends_starts_its_candidates_from_the_kept_stream(engine, monkeypatch):
+    """While a document waits for deepening its encoding keeps the stream entering the coarse layer (counted in the
+    cache), and its later questions, by id or by text, start their candidates there: equal to the pipeline's
+    selection on an encoding that kept its stream. The first question runs from layer 1 (unchanged by deepening)."""
+    started, real = [], cascade_module.candidate_prefill
+
+    def spy(*args):
+        started.append(args[5].layer if args[5] is not None else 1)
+        return real(*args)
+
+    monkeypatch.setattr(cascade_module, "candidate_prefill", spy)
+    asked = [CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET, strategy_options=CANDIDATES)]
+    with deepening_on(engine):
+        with engine.deepening.paused():
+            first = engine.compress(asked[0])
+            asked += [CompressRequest(document_id=first.document_id, query=QUESTIONS[0], budget=BUDGET,
+                                      strategy_options=CANDIDATES),
+                      CompressRequest(context=long_text(), query=QUESTIONS[2], budget=BUDGET,
+                                      strategy_options=CANDIDATES)]
+            later = [engine.compress(request) for request in asked[1:]]
+            (entry,) = engine.documents._docs.values()
+            (held,) = entry.states.values()
+            assert held.hidden is not None and held.nbytes > held.hidden.numel() * held.hidden.element_size()
+            assert engine.deepening.stats.steps == 0
+        assert engine.deepening.wait_idle(120) and engine.deepening.stats.finished == 1
+        (deep,) = entry.states.values()
+        assert deep.hidden is None  # the deep encoding replaced the coarse one and its stream
+    coarse = coarse_layer(engine)
+    assert started == [1, coarse, coarse]
+    assert comparable(first) == uncached(engine, asked[0])
+    for request, result in zip(asked[1:], later):
+        job = engine.prepare(CompressRequest(context=long_text(), query=request.query, budget=BUDGET,
+                                             strategy_options=CANDIDATES))
+        with torch.inference_mode():
+            state = encode_context(job.model, job.context_ids, job.prefill, job.strategy.encoded_layers(job.layer),
+                                   keep_hidden=True)
+        want = select_query(job.model, state, job.queries[0], BUDGET, job.strategy, context_ids=job.context_ids,
+                            units=job.units, stream=state.hidden)
+        assert result.kept_indices == want.kept.tolist() and not result.fell_back
 
 
 def test_a_deepened_document_serves_another_worker_through_redis(engine, redis_server):

@@ -13,6 +13,12 @@ Cost: the streaming prefill to l_c over L tokens plus l_R layers over |C| tokens
 layers over L. With C = the whole context the second pass is the streaming prefill at l_R itself,
 so the result is plain ILRe at l_R. Memory: the key cache of l_c (as plain ILRe at l_c) plus one
 layer's K/V of the candidates; nothing per context token beyond the keys.
+
+Where the encoding kept its residual stream entering l_c (ContextState.hidden: the document cache keeps it
+while a document waits for deepening), the pass starts there instead (`Streams`, FastKV's token-selective
+propagation): the candidates and the query enter layer l_c with the states the streaming prefill gave them,
+which saw the whole window, and only layers l_c..l_R run over C. With C = the whole context this too is the
+streaming prefill at l_R (the layers below l_c are the same computation), so the limit is unchanged.
 """
 
 from __future__ import annotations
@@ -25,6 +31,16 @@ from ..kernels.chunk_attention import chunk_attention
 from ..kernels.rope import rerotate
 from ..models.llama import TruncatedLM
 from .prefill import PrefillConfig, chunk_bounds
+
+
+@dataclass(frozen=True)
+class Streams:
+    """Where a candidate pass starts when the encoding kept its stream: `layer` (the coarse layer l_c), the
+    context's residual stream entering it (L, D) and each query's (Lq_i, D), in the model's dtype."""
+
+    layer: int
+    context: torch.Tensor
+    queries: list[torch.Tensor]
 
 
 @dataclass(frozen=True)
@@ -73,7 +89,8 @@ def _groups(candidates: torch.Tensor, n_queries: list[int], length: int, config:
 
 
 def candidate_prefill(model: TruncatedLM, context_ids: torch.Tensor, candidates: torch.Tensor,
-                      query_ids: torch.Tensor, config: PrefillConfig) -> tuple[torch.Tensor, torch.Tensor]:
+                      query_ids: torch.Tensor, config: PrefillConfig, streams: Streams | None = None
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
     """The streaming prefill of the candidates and the query through layers 1..l_R.
 
     context_ids: (L,) int64; candidates: (C,) int64 ascending context indices (the sink among them);
@@ -83,19 +100,21 @@ def candidate_prefill(model: TruncatedLM, context_ids: torch.Tensor, candidates:
     chunk. Returns the l_R keys of the candidates (kv_heads, C, d) and the query states (heads, Lq, d).
     Layer by layer over all C candidates at once: the projections and the MLP run on row blocks of
     `config.chunk` (the same matrix shapes as the streaming prefill's and from one request to the next,
-    so the CPU's kernel cache keeps them), the attention chunk by chunk.
+    so the CPU's kernel cache keeps them), the attention chunk by chunk. `streams`: start at layer
+    streams.layer from the kept residual streams instead of at layer 1 from the ids.
     """
-    keys, (queries,) = candidate_prefill_many(model, context_ids, candidates, [query_ids], config)
+    keys, (queries,) = candidate_prefill_many(model, context_ids, candidates, [query_ids], config, streams)
     return keys, queries
 
 
 def candidate_prefill_many(model: TruncatedLM, context_ids: torch.Tensor, candidates: torch.Tensor,
-                           queries_ids: list[torch.Tensor], config: PrefillConfig
+                           queries_ids: list[torch.Tensor], config: PrefillConfig, streams: Streams | None = None
                            ) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """`candidate_prefill` for several queries over one candidate set: the candidates run once, each query
     after them as in its own pass (at positions L.., seeing the sink, the last window's candidates and
     itself, no other query), in row blocks of its own, so each query's states equal its own pass's bit
-    for bit. queries_ids: [(Lq_i,) int64] -> the l_R keys (kv_heads, C, d), [(heads, Lq_i, d)]."""
+    for bit. queries_ids: [(Lq_i,) int64] -> the l_R keys (kv_heads, C, d), [(heads, Lq_i, d)].
+    streams: start at streams.layer (its queries in the order of queries_ids)."""
     length, device, l_r = context_ids.numel(), model.device, model.n_layers
     candidates = candidates.to(device)
     lengths = [q.numel() for q in queries_ids]
@@ -103,12 +122,17 @@ def candidate_prefill_many(model: TruncatedLM, context_ids: torch.Tensor, candid
     groups, n_sink = _groups(candidates, lengths, length, config)
     positions = torch.cat([candidates] + [torch.arange(length, length + n, device=device) for n in lengths])
     cos, sin = model.rope(positions)
-    h = model.embed(torch.cat([context_ids.to(device)[candidates]] + [q.to(device) for q in queries_ids]))
+    if streams is None:
+        first = 1
+        h = model.embed(torch.cat([context_ids.to(device)[candidates]] + [q.to(device) for q in queries_ids]))
+    else:
+        first = streams.layer
+        h = torch.cat([streams.context[candidates]] + list(streams.queries))
     ends = torch.tensor([0] + lengths).cumsum(0).tolist()
     query_blocks = [(n_c + a, n_c + b) for a, b in zip(ends[:-1], ends[1:])]
     blocks = [(i, min(i + config.chunk, n_c)) for i in range(0, n_c, config.chunk)] + query_blocks
     spec = model.spec
-    for l in range(1, l_r):
+    for l in range(first, l_r):
         layer = model.layer(l)
         q = torch.empty(spec.num_heads, n_c + n_q, spec.head_dim, dtype=model.dtype, device=device)
         k, v = (torch.empty(spec.num_kv_heads, n_c + n_q, spec.head_dim, dtype=model.dtype, device=device)

@@ -46,11 +46,13 @@ def empty_part(name: str, model: TruncatedLM, length: int) -> torch.Tensor:
 class RetrievalState:
     """keys[l]: (kv_heads, L, d) context keys at score layer l (re-rotated if DCA);
     queries[l]: (heads, Lq, d) query states at score layer l; parts: the extras asked for at l_R:
-    values, raw_keys (kv_heads, L, d: before RoPE, so never moved by DCA), raw_queries (heads, Lq, d)."""
+    values, raw_keys (kv_heads, L, d: before RoPE, so never moved by DCA), raw_queries (heads, Lq, d);
+    stream: (Lq, D) the query's residual stream entering the top encoded layer (None where not made)."""
 
     keys: dict[int, torch.Tensor]
     queries: dict[int, torch.Tensor]
     parts: dict[str, torch.Tensor] = field(default_factory=dict)
+    stream: torch.Tensor | None = None
 
 
 def chunk_bounds(length: int, config: PrefillConfig) -> list[tuple[int, int]]:

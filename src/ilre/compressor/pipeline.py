@@ -85,6 +85,10 @@ class Encodings(Protocol):
     def deepened(self) -> ContextState:
         """The context encoded as the strategy's `deepened()` form reads it (asked only when a query needs it)."""
 
+    def stream(self) -> torch.Tensor | None:
+        """The residual stream (L, D) entering the encoding's top layer where the questions' candidates start there
+        (a document cache's later questions: compressor/candidate_prefill.Streams); None: they start at layer 1."""
+
 
 class OnceEncodings:
     """`Encodings` made on first ask (`_make_encoded`, `_make_deepened`) and kept for the request in attributes.
@@ -104,6 +108,9 @@ class OnceEncodings:
         if self._deepened is None:
             self._deepened = self._make_deepened()
         return self._deepened
+
+    def stream(self) -> torch.Tensor | None:
+        return None
 
     def _make_encoded(self) -> ContextState:
         raise NotImplementedError
@@ -163,13 +170,14 @@ def select_context_queries(model: TruncatedLM | None, context_ids: torch.Tensor,
         state = encodings.encoded()
     deepened = encodings.deepened if strategy.deepened() is not None else None
     return select_queries(model, state, queries_ids, budget, strategy, {"prefill": _lap(clock)}, context_ids, units,
-                          deepened)
+                          deepened, encodings.stream())
 
 
-def resumed(model: TruncatedLM, state: ContextState, deep: Strategy) -> Callable[[], ContextState]:
-    """The encoding `deep` reads, taken on from `state` (encoded with keep_hidden, whose resume point it takes)
-    on first call and kept: layers 1..state.top are not run again (prefill.resume_context)."""
-    hidden = state.take_hidden()
+def resumed(model: TruncatedLM, state: ContextState, deep: Strategy, take: bool = True) -> Callable[[], ContextState]:
+    """The encoding `deep` reads, taken on from `state` (encoded with keep_hidden, whose resume point it takes
+    unless `take` is False: a document cache that keeps the stream with the encoding) on first call and kept:
+    layers 1..state.top are not run again (prefill.resume_context)."""
+    hidden = state.take_hidden() if take else state.hidden
     shallow = ContextState(state.length, state.n_chunks, state.config, state.keys, state.caches, hidden=hidden,
                            resume=state.resume)
     return once(lambda: resume_context(model, shallow, deep.encoded_layers(model.n_layers), deep.context_parts))
@@ -189,23 +197,27 @@ def once(make: Callable[[], ContextState]) -> Callable[[], ContextState]:
 
 def select_query(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor, budget: int, strategy: Strategy,
            timings: dict[str, float] | None = None, context_ids: torch.Tensor | None = None,
-           units: Units | None = None, deepened: Callable[[], ContextState] | None = None) -> Selection:
+           units: Units | None = None, deepened: Callable[[], ContextState] | None = None,
+           stream: torch.Tensor | None = None) -> Selection:
     """The query-dependent part: the query chunk against an encoded context, scoring, allocation.
     Any number of queries may be selected from one ContextState, one after another; `timings`
     (ms so far, e.g. the context's "prefill") are carried into the Selection; their "prefill" grows by the
     query pass and what the strategy runs to get its attention (a cascade's candidates, which need the
     context's ids (L,)). `units`: the context's units to keep whole (None: single tokens); `deepened`: as
-    in `select_context`."""
-    return select_queries(model, state, [query_ids], budget, strategy, timings, context_ids, units, deepened)[0]
+    in `select_context`; `stream`: the state's residual stream entering its top layer (ContextState.hidden), where
+    a cascade's candidates are to start there (Encodings.stream)."""
+    return select_queries(model, state, [query_ids], budget, strategy, timings, context_ids, units, deepened,
+                          stream)[0]
 
 
 def select_queries(model: TruncatedLM, state: ContextState, queries_ids: list[torch.Tensor], budget: int,
                    strategy: Strategy, timings: dict[str, float] | None = None, context_ids: torch.Tensor | None = None,
-                   units: Units | None = None, deepened: Callable[[], ContextState] | None = None) -> list[Selection]:
+                   units: Units | None = None, deepened: Callable[[], ContextState] | None = None,
+                   stream: torch.Tensor | None = None) -> list[Selection]:
     """`select_query` for several queries against one encoded context, the queries' strategy work shared
     (Strategy.query_attention_many: a cascade's questions share one candidate pass). Each Selection's
     "prefill" timing is the context's plus the queries' shared pass. `deepened` (run at most once) defaults to
-    the strategy's `deepened()` form encoded here when a query first needs it."""
+    the strategy's `deepened()` form encoded here when a query first needs it; `stream`: as in `select_query`."""
     if state.length <= budget:
         return [Selection(torch.arange(state.length), dict(timings or {}), passthrough=True) for _ in queries_ids]
     missing = set(strategy.context_parts) - set(state.parts)
@@ -227,7 +239,7 @@ def select_queries(model: TruncatedLM, state: ContextState, queries_ids: list[to
     clock = time.perf_counter()
     with torch.inference_mode():
         passes = [QueryPass(model, prefill_query(model, state, query_ids, strategy.query_parts), context_ids, query_ids,
-                            budget, state.config, deepened) for query_ids in queries_ids]
+                            budget, state.config, deepened, stream=stream) for query_ids in queries_ids]
         attentions = strategy.query_attention_many(passes)
     spent = _lap(clock)
     selections = []

@@ -193,8 +193,8 @@ def prefill_query(model: TruncatedLM, state: ContextState, query_ids: torch.Tens
     L, L+1, ... right after the context."""
     if set(parts) & set(state.parts):
         raise ValueError(f"parts: {sorted(set(parts) & set(state.parts))} asked of both the context and the query")
-    queries, found = _query_chunk(model, state, query_ids, tuple(parts))
-    return RetrievalState(keys=score_keys(model, state), queries=queries, parts={**state.parts, **found})
+    queries, found, stream = _query_chunk(model, state, query_ids, tuple(parts))
+    return RetrievalState(keys=score_keys(model, state), queries=queries, parts={**state.parts, **found}, stream=stream)
 
 
 def streaming_prefill(
@@ -259,10 +259,10 @@ def _context_chunk(model: TruncatedLM, state: ContextState, ids: torch.Tensor, s
 
 
 def _query_chunk(model: TruncatedLM, state: ContextState, ids: torch.Tensor, parts: tuple[str, ...]
-                 ) -> tuple[dict[int, torch.Tensor], dict[str, torch.Tensor]]:
+                 ) -> tuple[dict[int, torch.Tensor], dict[str, torch.Tensor], torch.Tensor]:
     """The query (ids (Lq,)) as chunk N_C after the context, through layers 1..top against the state's
     window caches, which it reads and leaves as they were: its queries (heads, Lq, d) at every score
-    layer, and at l_R the query `parts` asked for."""
+    layer, at l_R the query `parts` asked for, and its residual stream entering the top layer (Lq, D)."""
     l_r, top = model.n_layers, max(state.keys)
     h, cos, sin, sink_shift = _chunk_inputs(model, state, ids, state.length, state.n_chunks)
     queries: dict[int, torch.Tensor] = {}
@@ -271,11 +271,11 @@ def _query_chunk(model: TruncatedLM, state: ContextState, ids: torch.Tensor, par
         if l == l_r:
             got = layer.parts(h, cos, sin, ("queries", *parts))
             queries[l] = got.pop("queries")
-            return queries, got
+            return queries, got, h
         q, k, v = layer.qkv(h, cos, sin)
         if l in state.keys:
             queries[l] = q
         if l == top:
             break
         h = layer.finish(h, state.caches[l - 1].attend(q, k, v, sink_shift, model.inv_freq))
-    return queries, {}
+    return queries, {}, h

@@ -98,6 +98,18 @@ class Deepener:
                 self._waiting -= 1
                 self._changed.notify_all()
 
+    @contextlib.contextmanager
+    def paused(self) -> Iterator[None]:
+        """No deepening step starts while held (requests run as usual): as if a request were always waiting."""
+        with self._changed:
+            self._waiting += 1
+        try:
+            yield
+        finally:
+            with self._changed:
+                self._waiting -= 1
+                self._changed.notify_all()
+
     def offer(self, name: str, start: Callable[[], Generator[None, None, ContextState]],
               store: Callable[[ContextState], None], wanted: Callable[[], bool], owner: str = "") -> None:
         """Queue document `name` (a cache slot and state key) of `owner` (the caller's scope tag) for deepening,

@@ -22,7 +22,8 @@ from typing import Callable, Generator
 import torch
 
 from ..compressor.pipeline import OnceEncodings, Selection, resumed
-from ..compressor.prefill import ContextState, chunk_bounds, encode_in_steps, extend_in_steps, run_steps
+from ..compressor.prefill import (ContextState, chunk_bounds, encode_in_steps, extend_in_steps, resume_in_steps,
+                                  run_steps)
 from ..compressor.strategies import Strategy
 from .deepening import Deepener
 from .documents import DocumentCache, state_key
@@ -43,17 +44,26 @@ class DocumentEncodings(OnceEncodings):
         self.resumed_tokens = 0  # of the context, taken on from a cached prefix's encoding by this request
         self._resume: Callable[[], ContextState] | None = None
         self._encoded = held
+        self._first = False  # the encoding was made from the start by this request (its first question)
+
+    def stream(self) -> torch.Tensor | None:
+        """The encoding's stream at its top layer, unless this request encoded the context from the start: a document's
+        first question runs its candidates from layer 1 whatever the cache keeps, its later questions and a context
+        that takes a kept encoding on start them there."""
+        encoded = self._encoded
+        return None if encoded is None or self._first else encoded.hidden
 
     def _make_encoded(self) -> ContextState:
         job, strategy = self.job, self.strategy
         length = job.context_ids.numel()
-        keep = self.keep_resume and strategy.for_context(length, job.budget).reads_deep(
+        streamed = self.policy.keeps_stream(strategy.for_context(length, job.budget))
+        keep = streamed or self.keep_resume and strategy.for_context(length, job.budget).reads_deep(
             length, job.budget, len(job.queries), job.layer)
 
         def encode() -> ContextState:
             state = self._encode(strategy, keep)
             if state.hidden is not None:
-                self._resume = resumed(job.model, state, strategy.deepened())
+                self._resume = resumed(job.model, state, strategy.deepened(), take=not streamed)
             return state
 
         return self.policy.documents.state(job.slot, self.policy.key(job, strategy), encode, self.policy.restore(job),
@@ -65,6 +75,7 @@ class DocumentEncodings(OnceEncodings):
         found = self.prefix if strategy is self.strategy else None
         steps, resumed = self.policy.steps(self.job, strategy, keep_hidden, found)
         self.resumed_tokens = max(self.resumed_tokens, resumed)
+        self._first = self._first or (strategy is self.strategy and not resumed)
         state = run_steps(steps)
         self.policy.name_prefix(self.job, state)
         return state
@@ -77,6 +88,9 @@ class DocumentEncodings(OnceEncodings):
         key = policy.key(job, deep)
         held = policy.documents.held_state(job.slot, key, policy.restore(job))
         if held is None:
+            encoded = self._encoded
+            if self._resume is None and encoded is not None and encoded.hidden is not None:  # held with its stream
+                self._resume = resumed(job.model, encoded, deep, take=False)
             if self._resume is not None:
                 held = self._resume()
                 policy.name_prefix(job, held)
@@ -103,6 +117,13 @@ class EncodingPolicy:
 
     def __init__(self, documents: DocumentCache, deepening: Deepener, dtype_name: str, resume: bool = True):
         self.documents, self.deepening, self.dtype_name, self.resume = documents, deepening, dtype_name, resume
+
+    def keeps_stream(self, strategy: Strategy) -> bool:
+        """Whether the cached encoding of `strategy` keeps the residual stream entering its top layer ((L, D), counted by
+        the cache's bound): with deepening on, for a strategy whose deepened form reads deeper (a cascade), so that
+        deepening takes the encoding on from there and the document's questions before it ends start their candidates
+        there (compressor/candidate_prefill.Streams). The deep encoding that replaces it keeps none."""
+        return self.deepening.enabled and strategy.deepened() is not None
 
     def key(self, job: Prepared, strategy: Strategy) -> str:
         """The document cache's key of the encoded context `strategy` reads on this job's layer and prefill."""
@@ -185,9 +206,15 @@ class EncodingPolicy:
             self.name_prefix(job, state)
             return stored
 
+        def start() -> Generator[None, None, ContextState]:  # from the held encoding's stream where it kept one
+            held = self.documents.held_state(slot, first, self.restore(job))
+            if held is not None and held.hidden is not None:
+                return resume_in_steps(job.model, held, deep.encoded_layers(job.layer), deep.context_parts)
+            return self.steps(job, deep)[0]
+
         self.deepening.offer(
             f"{slot}/{key}",
-            start=lambda: self.steps(job, deep)[0],
+            start=start,
             store=store,
             wanted=lambda: self.documents.holds(slot) and not self.documents.holds(slot, key),
             owner=job.owner)

@@ -46,7 +46,9 @@ class QueryPass:
     context_ids (L,) and query_ids (Lq,) int64 (None: not at hand); the budget; the prefill settings;
     deepened: the whole context encoded as the strategy's `deepened()` form reads it, for a strategy that
     falls back to that form (the document cache's; None: the strategy encodes it itself); measured: what
-    the strategy measured on the way, for the caller to read (the cascade: `peak`, its peak strength)."""
+    the strategy measured on the way, for the caller to read (the cascade: `peak`, its peak strength);
+    stream: the context's residual stream entering the encoding's top layer (L, D), where the encoding kept
+    it (ContextState.hidden; a cascade's candidates then start there)."""
 
     model: TruncatedLM
     retrieval: RetrievalState
@@ -56,6 +58,7 @@ class QueryPass:
     config: PrefillConfig
     deepened: Callable[[], ContextState] | None = None
     measured: dict[str, float] = field(default_factory=dict)
+    stream: torch.Tensor | None = None
 
 
 def option_names(cls: type) -> set[str]:

@@ -22,7 +22,7 @@ import torch
 
 from ...kernels.query_scores import blend_layers, query_key_scores
 from ..allocation import PoolingAllocator
-from ..candidate_prefill import candidate_prefill, candidate_prefill_many
+from ..candidate_prefill import Streams, candidate_prefill, candidate_prefill_many
 from ..prefill import PrefillConfig, encode_context, prefill_query
 from .base import QueryPass, ScoreInputs, Strategy, check_int
 
@@ -138,7 +138,8 @@ class Cascade(Strategy):
         scores, candidates = self._candidates(query, coarse)
         if candidates is None:  # the coarse layer found nothing: depth at once
             return self._whole_context(query, coarse)
-        keys, queries = candidate_prefill(query.model, query.context_ids, candidates, query.query_ids, query.config)
+        keys, queries = candidate_prefill(query.model, query.context_ids, candidates, query.query_ids, query.config,
+                                          self._streams([query], coarse))
         return self._ranked(query, coarse, scores, candidates, query_key_scores(queries, keys))
 
     def query_attention_many(self, passes: list[QueryPass]) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
@@ -160,11 +161,23 @@ class Cascade(Strategy):
         ranked: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
         if shared:
             keys, queries = candidate_prefill_many(first.model, first.context_ids, union,
-                                                   [passes[i].query_ids for i in shared], first.config)
+                                                   [passes[i].query_ids for i in shared], first.config,
+                                                   self._streams([passes[i] for i in shared], coarse))
             for i, query_states in zip(shared, queries):
                 passes[i].measured["candidates"] = float(union.numel())
                 ranked[i] = self._ranked(passes[i], coarse, picked[i][0], union, query_key_scores(query_states, keys))
         return [ranked[i] if i in ranked else self._whole_context(query, coarse) for i, query in enumerate(passes)]
+
+    @staticmethod
+    def _streams(passes: list[QueryPass], coarse: int) -> Streams | None:
+        """Where the candidate pass starts: at the coarse layer from the kept streams where the encoding kept the
+        context's (measured: `from_layer`), else None (at layer 1, from the ids)."""
+        first = passes[0]
+        if first.stream is None or max(first.retrieval.keys) != coarse or any(p.retrieval.stream is None for p in passes):
+            return None
+        for query in passes:
+            query.measured["from_layer"] = float(coarse)
+        return Streams(coarse, first.stream, [query.retrieval.stream for query in passes])
 
     def _candidates(self, query: QueryPass, coarse: int) -> tuple[torch.Tensor, torch.Tensor | None]:
         """The coarse layer's A^C (L,) and the candidates it picks (C,) ascending; None when `coarse_below`
