@@ -1,11 +1,12 @@
 """`make bench`: asking one document many questions, and ingesting a million-token document.
 
 1. Through the service (in-process queue, real gRPC on loopback, background deepening on as `ilre serve`
-   has it), per document length: the first query (tokenize + prefill + select); the same query again
-   at once by document_id (the deepening has just begun: the cascade's candidate pass again); the
-   seconds of idle time the deepening then takes (engine/deepening.py); the query by document_id once
-   the document is deepened, and by resending the text (tokenized and hashed again, then a cache hit);
-   speed-ups over the first.
+   has it), per document length, twice from a cold cache: the first question (tokenize + prefill + select);
+   another question by document_id and another by text (tokenized and hashed again, then a cache hit), sent as
+   soon as the first answer arrives (deepening has not begun: their candidates start at the coarse layer from
+   the stream the document kept, layers l_c..l_R only), then the seconds of idle time the deepening takes
+   (engine/deepening.py); the same 60 s after the first answer, nothing else sent (from the deepened
+   encoding where deepening ended by then); speed-ups over the first.
 2. 20 questions over one 32K document in one CompressQueries request, against one question (`--lengths ''`
    measures this row alone; `--questions 0` leaves it out).
 3. `ilre compress --context-file` of a ~1M-token document in its own process: peak RSS beyond the
@@ -57,17 +58,22 @@ def questions(n: int) -> list[str]:
     return [f" Question {i + 1}: what is {subjects[i % len(subjects)]}? Answer:" for i in range(n)]
 
 
-def median_of(call, repeats: int = 3) -> tuple[float, object]:
-    """(median seconds, last result) of `repeats` calls."""
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        out = call()
-        times.append(time.perf_counter() - start)
-    return statistics.median(times), out
+FOLLOW_UPS = (" Question: what is the secret passkey? Answer: the secret passkey is",
+              " Remind me, what was the secret passkey? The secret passkey is")
+LATER_S = 60.0  # the later follow-ups: this long after the first answer, the service otherwise idle
+
+
+def timed(call) -> tuple[float, object]:
+    start = time.perf_counter()
+    out = call()
+    return time.perf_counter() - start, out
 
 
 def service_rows(lengths: list[int], n_questions: int) -> list[str]:
+    """Per length, twice from a cold cache: the first question, then other questions about the same document by
+    document_id and by text, sent as soon as the first answer arrives (deepening has not begun: their candidates
+    start at the coarse layer from the stream the document kept), and again LATER_S seconds after the first
+    answer with nothing else sent (deepened where it finished by then)."""
     from ilre.engine.engine import Engine, EngineConfig
     from ilre.service.client import Client
     from ilre.service.common.config import ServiceConfig
@@ -75,30 +81,39 @@ def service_rows(lengths: list[int], n_questions: int) -> list[str]:
 
     engine = Engine(EngineConfig(deepen=True))
     config = ServiceConfig(host="127.0.0.1", grpc_port=0, http_port=0)
-    lines = ["| context tokens | first query s | again at once s | deepening s | again by document_id s | speed-up | "
-             "again by text s | speed-up | needle first / deepened |", "|---|---|---|---|---|---|---|---|---|"]
+    lines = [f"First question, then another by document_id and another by text, sent at once and {LATER_S:.0f} s after "
+             "the first answer (in-process queue, gRPC on loopback, background deepening on); x = first / follow-up",
+             "| context tokens | first s | at once by id s | by text s | deepening s | "
+             f"{LATER_S:.0f} s later by id s | by text s | deepened by then | needle first / at once / later |",
+             "|---|---|---|---|---|---|---|---|---|"]
     with ServiceThread(config, engine) as svc, Client(f"127.0.0.1:{svc.grpc_port}", timeout=3600) as client:
         client.compress("warm up " * 300, QUERY, budget=64)
         for length in lengths:
-            text = document(length)
-            engine.deepening.wait_idle()
-            spent = engine.deepening.stats.seconds  # from here on, every step is this document's
-            start = time.perf_counter()
-            first = client.compress(text, QUERY, budget=1024)
-            first_s = time.perf_counter() - start
-            start = time.perf_counter()
-            at_once = client.compress(document_id=first.document_id, query=QUERY, budget=1024)
-            at_once_s = time.perf_counter() - start
-            assert at_once.kept_indices == first.kept_indices  # not deepened yet: the cascade again
-            engine.deepening.wait_idle()
-            deepening_s = engine.deepening.stats.seconds - spent
-            by_id_s, by_id = median_of(lambda: client.compress(document_id=first.document_id, query=QUERY, budget=1024))
-            by_text_s, by_text = median_of(lambda: client.compress(text, QUERY, budget=1024))
-            assert by_id.kept_indices == by_text.kept_indices
-            needles = "/".join("kept" if "83921" in r.compressed_context else "lost" for r in (first, by_id))
-            lines.append(f"| {first.original_tokens} | {first_s:.2f} | {at_once_s:.2f} | {deepening_s:.1f} | {by_id_s:.3f} | "
-                         f"{first_s / by_id_s:.0f}x | {by_text_s:.3f} | {first_s / by_text_s:.0f}x | {needles} |")
-            print(f"  measured {length}", file=sys.stderr, flush=True)
+            text, runs = document(length), []
+            for wait in (0.0, LATER_S):
+                engine.deepening.wait_idle()
+                engine.documents.clear()
+                spent, finished = engine.deepening.stats.seconds, engine.deepening.stats.finished
+                first_s, first = timed(lambda: client.compress(text, QUERY, budget=1024))
+                answered = time.perf_counter()
+                time.sleep(max(0.0, answered + wait - time.perf_counter()))
+                deepened = engine.deepening.stats.finished > finished
+                by_id_s, by_id = timed(lambda: client.compress(document_id=first.document_id, query=FOLLOW_UPS[0],
+                                                               budget=1024))
+                by_text_s, by_text = timed(lambda: client.compress(text, FOLLOW_UPS[1], budget=1024))
+                engine.deepening.wait_idle()
+                runs.append({"first": first_s, "by_id": by_id_s, "by_text": by_text_s, "deepened": deepened,
+                             "deepening": engine.deepening.stats.seconds - spent, "tokens": first.original_tokens,
+                             "needles": ["kept" if "83921" in r.compressed_context else "lost" for r in (first, by_id, by_text)]})
+            now, later = runs
+            first_s = statistics.mean([now["first"], later["first"]])
+            lines.append(f"| {now['tokens']} | {first_s:.2f} | {now['by_id']:.2f} ({first_s / now['by_id']:.1f}x) | "
+                         f"{now['by_text']:.2f} ({first_s / now['by_text']:.1f}x) | {now['deepening']:.1f} | "
+                         f"{later['by_id']:.3f} ({first_s / later['by_id']:.0f}x) | "
+                         f"{later['by_text']:.3f} ({first_s / later['by_text']:.0f}x) | "
+                         f"{'yes' if later['deepened'] else 'no'} | {now['needles'][0]} / "
+                         f"{'+'.join(now['needles'][1:])} / {'+'.join(later['needles'][1:])} |")
+            print(lines[-1], file=sys.stderr, flush=True)
         if n_questions:
             lines += ["", questions_row(engine, client, n_questions)]
     return lines

@@ -6,7 +6,10 @@ Two conversations on the embedded model (float32 on this CPU, the default cascad
          each turn is one POST /v1/chat/completions (one new token); the sidecar reads the chat message by
          message and compresses the document and the earlier questions for the last one, each to its share
   agent  in process: a 16K-token history, then 20 steps, each appending a ~1K-token tool result; the query is fixed
-Each turn is sent twice, in the same process:
+  agent-at-once  the same steps sent back to back, as an agent sends its next step seconds after a tool returns:
+         deepening never runs, each step takes the step before on and starts its candidates from the stream it
+         kept (then every step encoded whole, for the baseline and for the path a resumed step stands for)
+Each turn of chat and agent is sent twice, in the same process:
   resuming  the cache holds the earlier turns, resuming and deepening on (the sidecar's defaults); between turns
             (while the engine downstream answers) the turn's document is deepened in the background, which takes
             the deepened prefix on: that time is printed apart, it is not the request's
@@ -202,6 +205,55 @@ def run(engine: Engine, kind: str, turns: int, rows: Path, document: int | None)
     summarize(kind, turns, [r for r in read_rows(rows) if r["kind"] == kind and "turn" in r], rows)
 
 
+def run_at_once(engine: Engine, turns: int, rows: Path, document: int | None) -> None:
+    """The agent's steps sent back to back (no wait: deepening never gets its turn), resuming on, then each step
+    encoded whole for the baseline. A resumed step takes on the kept encoding of the step before and starts its
+    candidates from the stream it kept; the path it stands for is that, computed whole (the whole context encoded
+    with its stream, the candidates started there: compressor/candidate_prefill.Streams), and is compared with it."""
+    kind = "agent-at-once"
+    done = [r for r in read_rows(rows) if r["kind"] == kind and "turn" in r]
+    if any(r["kind"] == kind and "ratio" in r for r in read_rows(rows)):
+        print(f"{kind}: already in {rows}")
+        return
+    steps = agent_steps(engine, turns) if document is None else agent_steps(engine, turns, document)
+    send = in_process(engine, steps[0][1])
+    set_way(engine, DocumentCache(4 << 30), True)
+    resumed = []
+    for _, _, ids in steps:  # every step again (a rerun too): the cache must hold the steps before
+        resumed.append(send(ids))
+        print(f"{kind} step {len(resumed):2} resumed {resumed[-1][2]:6} tokens in {resumed[-1][0]:9.1f} ms", flush=True)
+    set_way(engine, DocumentCache(0), False)
+    for number in range(len(done) + 1, turns + 1):
+        context, query, ids = steps[number - 1]
+        on_ms, on_ids, taken = resumed[number - 1]
+        off_ms, off_ids, _ = send(ids)
+        want = off_ids if taken == 0 else from_stream(engine, context, query)
+        row = {"kind": kind, "turn": number, "tokens": len(context), "resume_ms": round(on_ms, 1),
+               "whole_ms": round(off_ms, 1), "resumed_tokens": taken, "same_sent": on_ids == want,
+               "read": "the same encoding" if taken == 0 else "from the kept stream"}
+        append(rows, row)
+        print(f"{kind} step {number:2}  {row['tokens']:6} tokens  resumed {taken:6}  {row['resume_ms']:9.1f} ms  "
+              f"whole {row['whole_ms']:9.1f} ms  same as its path computed whole: {row['same_sent']}", flush=True)
+    summarize(kind, turns, [r for r in read_rows(rows) if r["kind"] == kind and "turn" in r], rows)
+
+
+def from_stream(engine: Engine, context: list[int], query: list[int]) -> list[int]:
+    """The step's kept tokens as a resumed step computes them, the whole context encoded at once: the default strategy
+    on an encoding that kept its stream, its candidates started there."""
+    import torch
+
+    from ilre.compressor.pipeline import select_query
+    from ilre.compressor.prefill import encode_context
+
+    job = engine.prepare(CompressRequest(context_ids=context, query_ids=query, budget=BUDGET))
+    with torch.inference_mode():
+        state = encode_context(job.model, job.context_ids, job.prefill, job.strategy.encoded_layers(job.layer),
+                               keep_hidden=True)
+        kept = select_query(job.model, state, job.queries[0], BUDGET, job.strategy, context_ids=job.context_ids,
+                            units=job.units, stream=state.hidden).kept
+    return [context[i] for i in kept.tolist()] + list(query)  # as the engine's token_ids: the kept, then the query
+
+
 def summarize(kind: str, turns: int, done: list[dict], rows: Path) -> None:
     later_on = sum(r["resume_ms"] for r in done[1:])
     later_off = sum(r["whole_ms"] for r in done[1:])
@@ -225,7 +277,7 @@ def append(path: Path, row: dict) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--turns", type=int, default=20)
-    parser.add_argument("--kinds", default="chat,agent")
+    parser.add_argument("--kinds", default="chat,agent,agent-at-once")
     parser.add_argument("--rows", type=Path, default=ROWS)
     parser.add_argument("--fresh", action="store_true")
     parser.add_argument("--document-tokens", type=int, help="a shorter start (a quick look): chat 32000, agent 16000")
@@ -235,7 +287,10 @@ def main() -> None:
     engine = Engine(EngineConfig(dtype="float32"))
     print(f"{engine.model_name}, layer {engine.layer}, float32, budget {BUDGET}", flush=True)
     for kind in args.kinds.split(","):
-        run(engine, kind, args.turns, args.rows, args.document_tokens)
+        if kind == "agent-at-once":
+            run_at_once(engine, args.turns, args.rows, args.document_tokens)
+        else:
+            run(engine, kind, args.turns, args.rows, args.document_tokens)
 
 
 if __name__ == "__main__":
