@@ -175,14 +175,20 @@ def test_a_question_before_deepening_ends_starts_its_candidates_from_the_kept_st
     assert started == [1, coarse, coarse]
     assert comparable(first) == uncached(engine, asked[0])
     for request, result in zip(asked[1:], later):
-        job = engine.prepare(CompressRequest(context=long_text(), query=request.query, budget=BUDGET,
-                                             strategy_options=CANDIDATES))
-        with torch.inference_mode():
-            state = encode_context(job.model, job.context_ids, job.prefill, job.strategy.encoded_layers(job.layer),
-                                   keep_hidden=True)
-        want = select_query(job.model, state, job.queries[0], BUDGET, job.strategy, context_ids=job.context_ids,
-                            units=job.units, stream=state.hidden)
-        assert result.kept_indices == want.kept.tolist() and not result.fell_back
+        want = kept_from_stream(engine, CompressRequest(context=long_text(), query=request.query, budget=BUDGET,
+                                                        strategy_options=CANDIDATES))
+        assert result.kept_indices == want and not result.fell_back
+
+
+def kept_from_stream(engine, request: CompressRequest) -> list[int]:
+    """What the pipeline keeps for `request` on its context encoded whole with its stream, the candidates started
+    there: the path a question asked before deepening ends stands for."""
+    job = engine.prepare(request)
+    with torch.inference_mode():
+        state = encode_context(job.model, job.context_ids, job.prefill, job.strategy.encoded_layers(job.layer),
+                               keep_hidden=True)
+    return select_query(job.model, state, job.queries[0], job.budget, job.strategy, context_ids=job.context_ids,
+                        units=job.units, stream=state.hidden).kept.tolist()
 
 
 def test_a_deepened_document_serves_another_worker_through_redis(engine, redis_server):

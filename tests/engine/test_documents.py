@@ -249,20 +249,21 @@ def test_several_queries_in_one_request_equal_separate_requests_but_the_cascades
     share (plain ILRe); the cascade's questions also share one candidate pass (the union of their candidates,
     tests/compressor/test_shared_candidates.py), so together they are the pipeline's answers to all of them."""
     ids = [uncached.tokenizer(q, add_special_tokens=False).input_ids for q in QUESTIONS]
+    text = long_text()[:6000]  # ~1.5K tokens: each question's 256 candidates, their union cheaper than reading it to l_R
     for strategy in ("ilre", "cascade"):
-        alone = [uncached.compress(CompressRequest(context=long_text(), query=q, budget=150, strategy=strategy))
+        alone = [uncached.compress(CompressRequest(context=text, query=q, budget=64, strategy=strategy))
                  for q in QUESTIONS]
-        together = uncached.compress(CompressRequest(context=long_text(), queries=QUESTIONS, budget=150, id="m",
+        together = uncached.compress(CompressRequest(context=text, queries=QUESTIONS, budget=64, id="m",
                                                      strategy=strategy))
         assert isinstance(together, CompressResults) and together.id == "m"
         assert together.document_id == alone[0].document_id
-        by_ids = uncached.compress(CompressRequest(context=long_text(), queries_ids=ids, budget=150, strategy=strategy))
+        by_ids = uncached.compress(CompressRequest(context=text, queries_ids=ids, budget=64, strategy=strategy))
         assert [r.kept_indices for r in by_ids.results] == [r.kept_indices for r in together.results]
         if strategy == "ilre":
             assert [comparable(r) for r in together.results] == [comparable(r) for r in alone]
             continue
-        job = uncached.prepare(CompressRequest(context=long_text(), queries=QUESTIONS, budget=150), "")
-        direct = select_context_queries(job.model, job.context_ids, job.queries, 150, job.strategy, job.prefill,
+        job = uncached.prepare(CompressRequest(context=text, queries=QUESTIONS, budget=64), "")
+        direct = select_context_queries(job.model, job.context_ids, job.queries, 64, job.strategy, job.prefill,
                                         units=job.units)
         assert [r.kept_indices for r in together.results] == [s.kept.tolist() for s in direct]
         assert all(s.measured.get("candidates") for s in direct)  # one candidate pass, shared

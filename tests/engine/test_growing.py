@@ -137,6 +137,21 @@ def test_a_chat_one_turn_longer_takes_its_deepened_prefix_on(engine):
                                                                               if k not in drop}
 
 
+def test_a_step_sent_before_the_deepening_ends_takes_the_prefix_on_with_its_stream(engine):
+    """An agent's next step at once: C's coarse encoding and its stream taken on (the new chunks only), the
+    candidates started from the stream: what the whole context encoded with its stream selects."""
+    from tests.engine.test_deepening import deepening_on, kept_from_stream
+
+    context = ids(engine)[: C_MID + 700]
+    ask = dict(query=QUERY, budget=256, strategy_options=CANDIDATES)
+    with deepening_on(engine), engine.deepening.paused():
+        engine.compress(CompressRequest(context_ids=context[:C_MID], **ask))
+        later = engine.compress(CompressRequest(context_ids=context, **ask))
+        assert engine.deepening.stats.steps == 0
+    assert later.resumed_tokens == resume_at(C_MID) and not later.fell_back
+    assert later.kept_indices == kept_from_stream(engine, CompressRequest(context_ids=context, **ask))
+
+
 def test_with_resuming_off_nothing_is_taken_on_and_no_resume_point_is_kept(engine):
     context = ids(engine)[: C_MID + 300]
     kept = engine.documents

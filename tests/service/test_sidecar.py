@@ -57,14 +57,15 @@ def http(sidecar):
 
 @pytest.fixture(scope="module")
 def long_prompt(engine):
-    return haystack(engine.tokenizer, 16000) + QUESTION
+    """~6,000 tokens with the fact planted: half again the engine's window."""
+    return haystack(engine.tokenizer, 6000) + QUESTION
 
 
-# -- a 16K-token prompt through every request format ---------------------------------------------
+# -- a prompt longer than the engine's window through every request format -------------------------------
 @pytest.mark.slow
 def test_plain_prompt_formats_forward_exactly_the_compressed_ids(engine, llama, relay, http, long_prompt):
     ids = engine.tokenizer(long_prompt).input_ids
-    assert len(ids) > 16000 > llama.ctx_size
+    assert len(ids) > 6000 > llama.ctx_size
     expected = reference_ids(engine, ids, 64)
     assert len(expected) == 1024 + 64
 
@@ -97,9 +98,9 @@ def test_plain_prompt_formats_forward_exactly_the_compressed_ids(engine, llama, 
 
 @pytest.mark.slow
 def test_an_agent_step_with_a_tool_call_in_its_history_is_compressed_and_answered(engine, llama, relay, http):
-    """A chat whose history holds an assistant tool call (content null) and a ~12K-token tool result, against
+    """A chat whose history holds an assistant tool call (content null) and a ~6K-token tool result, against
     a 4096-token window: the tool result alone is compressed, the engine answers from it."""
-    body = agent_step("openai.chat", haystack(engine.tokenizer, 12000, "pydoc"), max_tokens=24, temperature=0)
+    body = agent_step("openai.chat", haystack(engine.tokenizer, 6000, "pydoc"), max_tokens=24, temperature=0)
     direct = httpx.post(llama.url + "/v1/chat/completions", json=body, timeout=120)
     assert direct.status_code == 400 and "context" in direct.text  # whole, the engine refuses it
 
