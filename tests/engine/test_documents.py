@@ -378,7 +378,7 @@ def test_a_cached_document_costs_what_a_later_query_reads(engine, redis_server, 
 
 
 def test_a_burst_of_one_off_documents_keeps_a_document_asked_again(engine):
-    """Real sizes: a ~300-token document asked twice, then by id after every third of ten ~3K-token
+    """Real sizes: a ~300-token document asked twice, then by id after every third of ten ~1.6K-token
     documents seen once; the cache holds about two and a half of those. An LRU would evict the small one; here
     it is encoded once and never unknown."""
     text = shakespeare_text()
@@ -392,7 +392,7 @@ def test_a_burst_of_one_off_documents_keeps_a_document_asked_again(engine):
                                         strategy_options=CANDIDATES))  # asked again
         sizes = []
         for i in range(10):
-            burst = engine.compress(CompressRequest(context=text[20_000 * (i + 1):20_000 * (i + 1) + 13_000],
+            burst = engine.compress(CompressRequest(context=text[20_000 * (i + 1):20_000 * (i + 1) + 6_500],
                                                     query=QUESTIONS[1], budget=64, strategy_options=CANDIDATES))
             sizes.append(cache._docs[engine.names.slot('', burst.document_id)].nbytes)
             if i == 0:
