@@ -10,7 +10,7 @@ results/bench/heap-flood/ holds the runs behind engine/heap.py (the file names s
 glibc-defaults.log before 8615cc8; off-heap.log with the cache off the heap; the mmap/trim thresholds set
 from the environment, as tune_allocator now sets them).
 """
-import ctypes, gc, os, sys, time, random, subprocess, threading
+import ctypes, gc, os, sys, time, random, subprocess
 sys.path.insert(0, "bench")
 arena = int(os.environ.get("ARENA", "0"))
 libc = ctypes.CDLL("libc.so.6")
