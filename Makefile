@@ -76,6 +76,7 @@ bench: setup engine litellm ## latency and peak memory; per dtype up to 1M token
 	$(PY) bench/attention_kernels.py
 	$(PY) bench/document_bench.py
 	$(PY) bench/growing_bench.py        # resumable: results/bench/growing.jsonl
+	$(PY) bench/stream_agreement.py
 	$(PY) bench/scope_bench.py
 	$(PY) bench/service_bench.py
 	$(PY) bench/sidecar_bench.py
