@@ -166,7 +166,9 @@ def test_a_question_before_deepening_ends_starts_its_candidates_from_the_kept_st
             later = [engine.compress(request) for request in asked[1:]]
             (entry,) = engine.documents._docs.values()
             (held,) = entry.states.values()
-            assert held.hidden is not None and held.nbytes > held.hidden.numel() * held.hidden.element_size()
+            stream, held.hidden = held.hidden, None
+            bare, held.hidden = held.nbytes, stream
+            assert stream is not None and held.nbytes == bare + stream.numel() * stream.element_size()  # counted
             assert engine.deepening.stats.steps == 0
         assert engine.deepening.wait_idle(120) and engine.deepening.stats.finished == 1
         (deep,) = entry.states.values()

@@ -88,15 +88,8 @@ class Deepener:
     def turn(self) -> Iterator[None]:
         """Hold the model for one request: waits for a deepening step in progress, and no new step starts
         until every waiting request has had its turn."""
-        with self._changed:
-            self._waiting += 1
-        try:
-            with self._model:
-                yield
-        finally:
-            with self._changed:
-                self._waiting -= 1
-                self._changed.notify_all()
+        with self.paused(), self._model:
+            yield
 
     @contextlib.contextmanager
     def paused(self) -> Iterator[None]:

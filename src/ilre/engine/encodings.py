@@ -56,12 +56,13 @@ class DocumentEncodings(OnceEncodings):
     def _make_encoded(self) -> ContextState:
         job, strategy = self.job, self.strategy
         length = job.context_ids.numel()
-        streamed = self.policy.keeps_stream(strategy.for_context(length, job.budget))
-        keep = streamed or self.keep_resume and strategy.for_context(length, job.budget).reads_deep(
-            length, job.budget, len(job.queries), job.layer)
+        runs = strategy.for_context(length, job.budget)
+        streamed = self.policy.keeps_stream(runs)
+        keep = streamed or self.keep_resume and runs.reads_deep(length, job.budget, len(job.queries), job.layer)
 
         def encode() -> ContextState:
             state = self._encode(strategy, keep)
+            self._first = self.resumed_tokens == 0  # encoded from the start: the document's first question
             if state.hidden is not None:
                 self._resume = resumed(job.model, state, strategy.deepened(), take=not streamed)
             return state
@@ -75,7 +76,6 @@ class DocumentEncodings(OnceEncodings):
         found = self.prefix if strategy is self.strategy else None
         steps, resumed = self.policy.steps(self.job, strategy, keep_hidden, found)
         self.resumed_tokens = max(self.resumed_tokens, resumed)
-        self._first = self._first or (strategy is self.strategy and not resumed)
         state = run_steps(steps)
         self.policy.name_prefix(self.job, state)
         return state
