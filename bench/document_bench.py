@@ -69,20 +69,22 @@ def timed(call) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
-def service_rows(lengths: list[int], n_questions: int) -> list[str]:
+def service_rows(lengths: list[int], n_questions: int, deepen: bool = True) -> list[str]:
     """Per length, twice from a cold cache: the first question, then other questions about the same document by
     document_id and by text, sent as soon as the first answer arrives (deepening has not begun: their candidates
     start at the coarse layer from the stream the document kept), and again LATER_S seconds after the first
-    answer with nothing else sent (deepened where it finished by then)."""
+    answer with nothing else sent (deepened where it finished by then). deepen=False: `--deepen off`, every question
+    on the cascade with its candidates from layer 1 (no stream kept): the path the follow-ups took before."""
     from ilre.engine.engine import Engine, EngineConfig
     from ilre.service.client import Client
     from ilre.service.common.config import ServiceConfig
     from ilre.service.server import ServiceThread
 
-    engine = Engine(EngineConfig(deepen=True))
+    engine = Engine(EngineConfig(deepen=deepen))
     config = ServiceConfig(host="127.0.0.1", grpc_port=0, http_port=0)
     lines = [f"First question, then another by document_id and another by text, sent at once and {LATER_S:.0f} s after "
-             "the first answer (in-process queue, gRPC on loopback, background deepening on); x = first / follow-up",
+             f"the first answer (in-process queue, gRPC on loopback, background deepening {'on' if deepen else 'off'}); "
+             "x = first / follow-up",
              "| context tokens | first s | at once by id s | by text s | deepening s | "
              f"{LATER_S:.0f} s later by id s | by text s | deepened by then | needle first / at once / later |",
              "|---|---|---|---|---|---|---|---|---|"]
@@ -219,6 +221,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="32768,131072", help="document lengths asked twice through the service")
     parser.add_argument("--questions", type=int, default=20)
+    parser.add_argument("--deepen", choices=("idle", "off"), default="idle",
+                        help="the service's --deepen (off: later questions run their candidates from layer 1)")
     parser.add_argument("--ingest", default="131072,1040000", help="document lengths for the ingest run ('' = none)")
     parser.add_argument("--cached", default="300,3000,30000,300000", help="document lengths for the cached bytes ('' = none)")
     args = parser.parse_args()
@@ -227,7 +231,7 @@ def main() -> None:
     if ingest_lengths:  # first, while this process holds no model and no threads
         print("\n".join(ingest_rows(ingest_lengths)) + "\n", flush=True)
     if lengths or args.questions:
-        print("\n".join(service_rows(lengths, args.questions)) + "\n", flush=True)
+        print("\n".join(service_rows(lengths, args.questions, args.deepen == "idle")) + "\n", flush=True)
     cached = [int(x) for x in args.cached.split(",") if x]
     if cached:
         print("\n".join(cached_rows(cached)), flush=True)
