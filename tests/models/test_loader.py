@@ -195,3 +195,39 @@ def test_loader_rejects_wrong_shaped_tensor(tmp_path):
 def test_loader_rejects_layer_out_of_range(layer):
     with pytest.raises(ValueError, match="layer"):
         load_truncated(tiny_checkpoint("llama"), layer)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_config_read_as_json_equals_transformers_config(kind):
+    """load_hf_config reads config.json itself where the RoPE is the default (no transformers model configs
+    imported at start) and gives the spec and RoPE frequencies transformers' config gives; other RoPE types
+    are read by transformers."""
+    from transformers import AutoConfig
+
+    from ilre.models.spec import load_hf_config, rope_inv_freq, spec_from_config
+
+    checkpoint = tiny_checkpoint(kind)
+    ours, theirs = load_hf_config(checkpoint), AutoConfig.from_pretrained(str(checkpoint))
+    rope_type = theirs.rope_parameters["rope_type"]
+    assert (type(ours) is type(theirs)) == (rope_type != "default"), rope_type
+    assert spec_from_config(ours) == spec_from_config(theirs)
+    (freq_ours, scale_ours), (freq_theirs, scale_theirs) = rope_inv_freq(ours), rope_inv_freq(theirs)
+    assert torch.equal(freq_ours, freq_theirs) and scale_ours == scale_theirs
+
+
+def test_the_embedded_tokenizer_equals_autotokenizers():
+    """load_tokenizer builds the generic fast tokenizer the checkpoint names without AutoTokenizer's config
+    lookup: the same class, ids, special tokens and chat template."""
+    from transformers import AutoTokenizer
+
+    from ilre.models.embedded import embedded_checkpoint
+    from ilre.models.loader import load_tokenizer
+
+    checkpoint = embedded_checkpoint()
+    ours, theirs = load_tokenizer(checkpoint), AutoTokenizer.from_pretrained(str(checkpoint))
+    assert type(ours) is type(theirs)
+    for text in ("The passkey is 482913. Remember it.\n\n  def f(x):\treturn x", "naïve café 日本語 🙂 <|im_start|>"):
+        assert ours.encode(text) == theirs.encode(text)
+    assert ours.all_special_ids == theirs.all_special_ids and ours.eos_token_id == theirs.eos_token_id
+    chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
+    assert ours.apply_chat_template(chat, tokenize=False) == theirs.apply_chat_template(chat, tokenize=False)

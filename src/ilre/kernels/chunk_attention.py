@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from torch.nn.attention.bias import causal_lower_right
 
 # The CPU flash kernel that returns each row's log-sum-exp: lets the prefix (dense) and the chunk
 # (causal) be two unmasked calls merged exactly, instead of one call over a materialised mask.
@@ -34,6 +33,8 @@ def chunk_attention(
         weight_p = torch.sigmoid(lse_p - lse_c).unsqueeze(-1)  # share of the prefix in each row's softmax
         return torch.lerp(out_c.float(), out_p.float(), weight_p).to(q.dtype).squeeze(0)
     if visible is None:
+        from torch.nn.attention.bias import causal_lower_right  # imports torch._dynamo (~3 s): off the CPU path
+
         bias = causal_lower_right(n_chunk, n_prefix + n_chunk)
         return F.scaled_dot_product_attention(q4, k4, v4, attn_mask=bias, enable_gqa=True).squeeze(0)
     causal = torch.ones(n_chunk, n_chunk, dtype=torch.bool, device=q.device).tril()

@@ -216,7 +216,10 @@ class TruncatedLM(nn.Module):
         self.spec = spec
         self.n_layers = n_layers
         self.rope_scaling = rope_scaling
-        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size)
+        # built on the meta device and assigned from the checkpoint (loader.load_truncated): no random init, which
+        # on the meta device imports torch._dynamo (~3 s of every process start)
+        weight = torch.empty(spec.vocab_size, spec.hidden_size)
+        self.embed_tokens = nn.Embedding(spec.vocab_size, spec.hidden_size, _weight=weight)
         self.layers = nn.ModuleList(
             DecoderLayer(spec, full=i < n_layers - 1) for i in range(n_layers)
         )
