@@ -78,7 +78,7 @@ def test_bad_settings_fail_fast_with_one_line():
 def test_sigterm_lets_the_call_in_flight_finish():
     served = Served("--shutdown-grace", "300")
     wait_for(served.ready, 120, "the model to load")
-    long = context(0, 200)  # ~20K tokens: seconds in flight on any CPU, so the poll below cannot miss the window
+    long = context(0, 50)  # ~5K tokens: seconds in flight on a CPU (every test runs on one), so the poll cannot miss it
     with httpx.Client(base_url=served.http, timeout=300) as http:
         call = threading.Thread(target=lambda: results.append(
             http.post("/v1/compress", json={"context": long, "query": QUERY, "budget": 64})))

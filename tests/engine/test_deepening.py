@@ -27,7 +27,7 @@ from tests.tiny_models import N_LAYERS, random_ids, tiny_checkpoint
 from tests.service.conftest import comparable
 from .test_documents import CANDIDATES, QUESTIONS, long_text
 
-BUDGET = 200  # 800 candidates: well inside the ~3.5K-token document, so the first query runs the candidate pass
+BUDGET = 200  # 800 candidates: well inside the ~2.8K-token document, so the first query runs the candidate pass
 
 
 @contextlib.contextmanager
@@ -262,10 +262,10 @@ ASKED = [*QUESTIONS, " Question: who waits at the gate? Answer:"]
 
 
 def test_a_request_with_many_questions_shares_one_candidate_pass_or_reads_the_context_to_l_r_once(engine, monkeypatch):
-    """Three questions with 800 candidates each over ~4.4K tokens share one candidate pass (the union of their
+    """Three questions with 800 candidates each over ~2.8K tokens share one candidate pass (the union of their
     candidates costs less than reading the whole context on from the coarse layer: 19 x |U| < 11 x L; each
     question is ranked over the union, checked exactly in tests/compressor/test_shared_candidates.py). With
-    3,000 candidates each the union costs more, so the request reads the context once, resumed from the
+    2,000 candidates each the union costs more, so the request reads the context once, resumed from the
     coarse encoding, and every question is answered as a deepened document answers it, `fell_back` set."""
     import ilre.compressor.pipeline as pipeline
     import ilre.compressor.strategies.cascade as cascade_module
@@ -282,7 +282,7 @@ def test_a_request_with_many_questions_shares_one_candidate_pass_or_reads_the_co
         assert "deepen" not in few.results[0].timings_ms
         engine.documents = DocumentCache(1 << 30)  # not the first context's (which this one's prefill would take on)
         many = engine.compress(CompressRequest(context=long_text(), queries=ASKED, budget=BUDGET,
-                                               strategy_options={"candidates": 15}))
+                                               strategy_options={"candidates": 10}))
     finally:
         engine.documents = kept
     assert passes == [1] and resumes == [1]  # no candidate pass; layers 1..8 ran once, for the coarse encoding

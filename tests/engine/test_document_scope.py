@@ -153,10 +153,15 @@ class Deployment:
         return WorkerProcess(self.redis.url, self.prefix, name, "--max-wait-ms", "0")
 
     def start_front(self) -> Served:
-        for worker in self.workers:
-            worker.wait_registered(self.client)
+        """`ilre serve` started while the workers load, then ready once they have registered."""
         front = Served("--api-keys-file", self.keys_file, "--log-format", "json", env=self.env)
-        wait_for(front.ready, 120, "the front end to see a worker")
+        try:
+            for worker in self.workers:
+                worker.wait_registered(self.client)
+            wait_for(front.ready, 120, "the front end to see a worker")
+        except BaseException:
+            front.proc.kill()
+            raise
         return front
 
     def stop_front(self) -> None:

@@ -184,7 +184,8 @@ def test_shared_store_entries_expire(shared):
 
 @lru_cache(maxsize=None)
 def long_text() -> str:
-    return shakespeare_text()[:9000] + " The vault code is 7719. " + shakespeare_text()[9000:14000]
+    """~2.8K tokens (three prefill chunks) with the vault code at two thirds."""
+    return shakespeare_text()[:6000] + " The vault code is 7719. " + shakespeare_text()[6000:9000]
 
 
 @pytest.fixture()
@@ -219,7 +220,7 @@ def test_cached_results_equal_uncached(engine, strategy):
     finally:
         engine.documents = kept
     assert first == second == by_id == baseline
-    assert baseline["original_tokens"] > 3 * 1024  # several prefill chunks, DCA on
+    assert baseline["original_tokens"] > 2 * 1024  # several prefill chunks, DCA on
     if strategy != "streaming_llm":
         assert cache.stats.hits["state", "local"] == 2 and cache.stats.misses["state", "local"] == 1
 

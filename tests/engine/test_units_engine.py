@@ -19,7 +19,7 @@ from .test_documents import CANDIDATES
 RECORDS = [{"id": f"{a}-{b}", "status": s, "latency_ms": 1000 + 37 * k}
            for k, (a, b, s) in enumerate(zip(["amber", "birch", "cedar", "delta", "ember"] * 40,
                                              ["fox", "gull", "heron", "ibis", "jay", "kite", "lark", "moth"] * 25,
-                                             ["ok", "failed", "pending"] * 67))]
+                                             ["ok", "failed", "pending"] * 67))][:100]  # ~2.5K tokens
 CONTEXT = "Below is the output of the list_jobs tool, one record per line.\n" + "\n".join(map(json.dumps, RECORDS))
 QUERY = "Question: What is the latency_ms of the job whose id is cedar-kite? Answer:"
 OTHER = "Question: Which jobs failed? Answer:"
@@ -88,11 +88,11 @@ def test_a_granularity_not_offered_is_refused_naming_the_field():
     assert refused.value.field == "granularity" and "token, unit" in str(refused.value)
 
 
-@pytest.mark.parametrize("kind", ["random bytes", "json 10000 deep", "mixed scripts"])
+@pytest.mark.parametrize("kind", ["random bytes", "json 3000 deep", "mixed scripts"])
 def test_inputs_without_structure_degrade_and_meet_the_budget(engine, kind):
     rng = random.Random(5)
     context = {"random bytes": bytes(rng.randrange(256) for _ in range(6000)).decode("utf-8", "replace"),
-               "json 10000 deep": '{"a": [' * 5000 + "7" + "]}" * 5000,
+               "json 3000 deep": '{"a": [' * 1500 + "7" + "]}" * 1500,  # deeper than Python's recursion limit
                "mixed scripts": "".join(rng.choice(["東京は大きい。", " Привет, мир.", " مرحبا؟", " Hello there.", "\r\n",
                                                     " {\"k\": [1, 2", "]}", " e.g. 3.14 v2.0"]) for _ in range(700))}[kind]
     result = engine.compress(CompressRequest(context=context, query="What is here? Answer:", budget=256,

@@ -1,7 +1,7 @@
 """Real inference engines for the sidecar tests, each a process on a free loopback port serving the
 embedded SmolLM2 (built or installed by `make engine` into ~/.cache/ilre): llama.cpp's `llama-server`
-(the GGUF), vLLM's OpenAI server and SGLang's server (the converted safetensors folder, bfloat16, on
-the CPU). Also a recording TCP relay placed between the sidecar and the engine, so a test can read the
+(the GGUF), vLLM's OpenAI server and SGLang's server (the converted safetensors folder, on the CPU, in what
+`--dtype auto` picks: bfloat16 where the CPU multiplies it natively, float32 where it emulates it). Also a recording TCP relay placed between the sidecar and the engine, so a test can read the
 exact bytes of every request the engine got."""
 
 from __future__ import annotations
@@ -172,7 +172,7 @@ class VllmServer(EngineServer):
 
     def command(self) -> list[str]:
         return [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(smollm2_folder()),
-                "--served-model-name", "smollm2", "--max-model-len", str(self.max_model_len), "--dtype", "bfloat16",
+                "--served-model-name", "smollm2", "--max-model-len", str(self.max_model_len), "--dtype", engine_dtype(),
                 "--enforce-eager", "--host", "127.0.0.1", "--port", str(self.port), *self.extra]
 
     def environment(self) -> dict[str, str]:
@@ -198,7 +198,7 @@ class SGLangServer(EngineServer):
 
     def command(self) -> list[str]:
         return [str(self.python), "-m", "sglang.launch_server", "--model-path", str(smollm2_folder()),
-                "--served-model-name", "smollm2", "--device", "cpu", "--dtype", "bfloat16",
+                "--served-model-name", "smollm2", "--device", "cpu", "--dtype", engine_dtype(),
                 "--mem-fraction-static", str(self.mem_fraction), "--context-length", str(self.context_length),
                 "--enable-metrics", "--sleep-on-idle", "--host", "127.0.0.1", "--port", str(self.port), "--log-level", "warning",
                 *self.extra]
@@ -208,6 +208,14 @@ class SGLangServer(EngineServer):
 
     def running(self) -> int:
         return _gauge(httpx.get(self.url + "/metrics", timeout=5).text, "sglang:num_running_reqs")
+
+
+def engine_dtype() -> str:
+    """The dtype vLLM and SGLang compute in: bfloat16 where the CPU multiplies it natively, else float32 (emulated
+    bfloat16 is ~5x slower there), as ilre's own `--dtype auto`."""
+    from ilre.models.device import cpu_has_native_bfloat16
+
+    return "bfloat16" if cpu_has_native_bfloat16() else "float32"
 
 
 def engine_threads() -> int:

@@ -67,7 +67,7 @@ def keys_file(tmp_path_factory):
 
 
 def test_headroom_guardrail_reaches_ilre_by_url_and_the_model_can_take_back_what_was_cut(engine, keys_file, tmp_path):
-    chat, answer = agent_chat(220)  # ~10K tokens, nearly all in the tool result
+    chat, answer = agent_chat(110)  # ~5K tokens, nearly all in the tool result
     tool = chat[3]["content"]
     refused = direct(engine, chat)
     assert refused.status_code == 400 and "context" in refused.text  # the engine cannot take it whole
@@ -86,7 +86,7 @@ def test_headroom_guardrail_reaches_ilre_by_url_and_the_model_can_take_back_what
             marker = re.match(r'\[ilre kept (\d+) of (\d+) tokens .*hash "([0-9a-f]{24})"', sent[3]["content"])
             assert marker, sent[3]["content"][:300]
             kept, original, hash_ = int(marker[1]), int(marker[2]), marker[3]
-            assert original > 9000 and kept <= 1024
+            assert original > engine.ctx_size and kept <= 1024
             assert any(t["function"]["name"] == "headroom_retrieve" for t in first["tools"])
             saved = re.search(r"Headroom: compressed (\d+) tokens -> (\d+) tokens", proxy.log.read_text())
             assert saved and int(saved[1]) > original > int(saved[2]), saved  # LiteLLM logs what was saved

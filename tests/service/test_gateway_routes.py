@@ -18,7 +18,7 @@ def http(local_service):
 
 
 def test_the_tool_result_is_compressed_for_the_last_question_and_the_rest_passes(http):
-    chat, answer = agent_chat(120)
+    chat, answer = agent_chat(60)
     image = {"role": "user", "content": [{"type": "text", "text": "and this"}, {"type": "image_url", "image_url": {"url": "data:x"}}]}
     messages = chat[:5] + [image] + chat[5:]
     reply = http.post("/v1/compress", json={"messages": messages, "model": "smollm", "budget": 600})
@@ -41,7 +41,7 @@ def test_the_tool_result_is_compressed_for_the_last_question_and_the_rest_passes
 
 
 def test_a_text_part_beside_an_image_is_compressed_and_the_image_kept(http):
-    chat, answer = agent_chat(120)
+    chat, answer = agent_chat(60)
     image = {"type": "image_url", "image_url": {"url": "data:x"}}
     pasted = {"role": "user", "content": [{"type": "text", "text": chat[3]["content"]}, image]}
     messages = chat[:3] + [pasted] + chat[4:]
@@ -89,7 +89,7 @@ def test_a_retrieve_once_the_tool_result_is_deepened_ranks_every_token(http, eng
 
     from tests.engine.test_deepening import deepening_on, uncached
 
-    chat, answer = agent_chat(120)
+    chat, answer = agent_chat(60)
     coarse = engine.profile.strategy_options("cascade")["coarse_layer"]
     reference = uncached(engine, CompressRequest(context=chat[3]["content"], query=QUESTION, budget=300, granularity="unit",
                                                  strategy="ilre", strategy_options={"also_layers": [coarse]}))

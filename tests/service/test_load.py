@@ -16,7 +16,7 @@ from ilre.service.server import ServiceThread
 from ..conftest import DTYPE
 from .conftest import QUERY, WorkerProcess, comparable, context, service_config
 
-CLIENTS, PER_CLIENT = 32, 4
+CLIENTS, PER_CLIENT = 32, 2  # each client sends its next request once answered
 REQUESTS = [dict(context=context(i, 2), query=QUERY, budget=32 + 4 * i, strategy=("ilre", "snapkv")[i % 2])
             for i in range(8)]
 

@@ -60,8 +60,8 @@ def http(engine, served, relay):
 
 @pytest.fixture(scope="module")
 def long_prompt(engine):
-    """~6,000 tokens with the fact planted: more than the engine's window."""
-    return haystack(engine.tokenizer, 6000) + QUESTION
+    """~4,600 tokens with the fact planted: more than the engine's window."""
+    return haystack(engine.tokenizer, 4600) + QUESTION
 
 
 @pytest.fixture(scope="module")
