@@ -60,9 +60,9 @@ def resume_at(prefix: int) -> int:
 
 
 @pytest.mark.parametrize("prefix, added, dca", [(C_MID, 300, "on"), (C_EDGE, CHUNK, "on"),
-                                                (C_MID, 2 * CHUNK + 17, "on"), (C_MID, 2 * CHUNK + 17, "off")])
+                                                (C_MID, CHUNK + 17, "on"), (C_MID, CHUNK + 17, "off")])
 def test_a_grown_context_selects_what_a_fresh_engine_selects(engine, cache, prefix, added, dca):
-    """The default (the cascade), D shorter than a chunk, exactly one and many, C ending inside a chunk and on
+    """The default (the cascade), D shorter than a chunk, exactly one and more, C ending inside a chunk and on
     a boundary, DCA on and off."""
     [(later, fresh)] = grown(engine, prefix, added, [dict(dca=dca)])
     assert later["resumed_tokens"] == resume_at(prefix) > 0 and fresh["resumed_tokens"] == 0
