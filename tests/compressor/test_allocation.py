@@ -107,3 +107,14 @@ def test_allocator_rejects_bad_kernels(kwargs):
     field = next(iter(kwargs))
     with pytest.raises(ValueError, match=f"^{field}:"):
         PoolingAllocator(**kwargs)
+
+
+@pytest.mark.parametrize("n, k", [(1, 1), (50, 7), (4096, 513), (4096, 4096), (4096, 0), (300, 299)])
+def test_the_top_k_ranking_equals_the_head_of_the_full_stable_sort(n, k):
+    """_top_ranked (a top-k, then a sort of those alone) returns what a full stable descending sort starts with,
+    ties by lower index: values drawn from a few levels, so most are tied."""
+    from ilre.compressor.allocation import _ranked, _top_ranked
+
+    generator = torch.Generator().manual_seed(n + k)
+    for values in (torch.randint(0, 5, (n,), generator=generator).float(), torch.rand(n, generator=generator)):
+        assert torch.equal(_top_ranked(values, k), _ranked(values)[:k])

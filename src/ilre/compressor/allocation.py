@@ -29,9 +29,23 @@ def _ranked(values: torch.Tensor) -> torch.Tensor:
     return torch.sort(values, dim=-1, descending=True, stable=True).indices
 
 
+def _top_ranked(values: torch.Tensor, k: int) -> torch.Tensor:
+    """`_ranked(values)[:k]` for values (n,) without sorting all n: a top-k finds the k-th value, then only the
+    indices above it and the lowest-indexed ties at it are sorted (stably, so ties stay by lower index)."""
+    if k >= values.numel():
+        return _ranked(values)
+    if k <= 0:
+        return torch.empty(0, dtype=torch.int64, device=values.device)
+    threshold = torch.topk(values, k, sorted=False).values.min()
+    above = (values > threshold).nonzero().squeeze(1)
+    ties = (values == threshold).nonzero().squeeze(1)[: k - above.numel()]
+    chosen = torch.cat((above, ties))  # ascending indices within each part
+    return chosen[_ranked(values[chosen])]
+
+
 def top_k_indices(scores: torch.Tensor, budget: int) -> torch.Tensor:
     """The `budget` highest-scoring indices of scores (L,), ties by lower index; sorted ascending."""
-    return _ranked(scores)[:budget].sort().values
+    return _top_ranked(scores, budget).sort().values
 
 
 @dataclass(frozen=True)
@@ -71,7 +85,7 @@ class PoolingAllocator:
             maxed = block_max_pool(scores, m)  # (ceil(L/m),)
             offsets = torch.arange(m, device=scores.device)
             for n in self.avg_kernels:  # one combination at a time, vectorised inside: O(L/m) memory
-                blocks = _ranked(same_length_avg_pools(maxed, (n,))[0])[:k_m]  # (K_m,)
+                blocks = _top_ranked(same_length_avg_pools(maxed, (n,))[0], k_m)  # (K_m,)
                 row = (blocks.unsqueeze(-1) * m + offsets).flatten()  # (K_m * m,) token indices
                 row = row[row < length]
                 fresh = row[~taken[row]]

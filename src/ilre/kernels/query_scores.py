@@ -13,7 +13,7 @@ def query_key_scores(q: torch.Tensor, keys: torch.Tensor, block: int = 8192) -> 
     q: (heads, Lq, d) query states at the retrieval layer; keys: (kv_heads, L, d) post-RoPE context
     keys. Query head h is scored against kv head h // (heads / kv_heads) without repeating keys.
     Two passes over key blocks: a running max/sum gives each (head, query) row's log-sum-exp, then
-    the normalised probabilities of each block are reduced by max. Peak memory is one
+    the normalised log-probabilities of each block are reduced by max (exponentiated once per token). Peak memory is one
     (heads, Lq, block) block. Returns (L,) float32.
     """
     n_heads, n_query, dim = q.shape
@@ -33,8 +33,8 @@ def query_key_scores(q: torch.Tensor, keys: torch.Tensor, block: int = 8192) -> 
     scores = torch.empty(length, device=q.device)
     for start in range(0, length, block):
         logits = qg @ keys[:, start : start + block].float().transpose(1, 2)
-        scores[start : start + block] = torch.exp(logits - lse).amax(dim=(0, 1))
-    return scores
+        scores[start : start + block] = (logits - lse).amax(dim=(0, 1))
+    return scores.exp_()  # exp is monotonic: the max of the probabilities is exp of the max, one exp per token
 
 
 def blend_layers(primary: torch.Tensor, others: list[torch.Tensor], weight: float, sink: int) -> torch.Tensor:
