@@ -28,20 +28,22 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 # `make test` runs two pytest workers (pytest-xdist, --dist loadgroup). A module is one group, so its
 # module-scoped servers start once; the wheel's and the thin client's tests share the package built once. The
-# longest modules are handed out first (measured serially, seconds), so that no long one is left for the end.
-LONGEST_FIRST = [
-    "service/test_sidecar_engines.py",  # 403: vLLM and SGLang, a start each
-    "engine/test_documents.py",  # 174
-    "test_needle.py",  # 173
-    "service/test_sidecar.py",  # 118
-    "package",  # test_wheel 79 + test_thin_client 74: one package build
-    "integrations/test_litellm.py",  # 105
-    "test_strategies_needle.py",  # 101
-    "engine/test_deepening.py",  # 101
-    "service/test_redis_queue.py",  # 80
-    "service/test_load.py",  # 77
-    "cli/test_serve_cli.py",  # 74
-    "cli/test_ingest_memory.py",  # 70
+# longest modules are handed out first (as measured), so that no long one is left for the end.
+LONGEST_FIRST = [  # worker-seconds under `make test` (2 workers, 2 cores without AVX-512)
+    "service/test_sidecar_engines.py",  # 576: vLLM and SGLang, a start each
+    "service/test_sidecar.py",  # 320
+    "engine/test_growing.py",  # 279
+    "engine/test_documents.py",  # 244
+    "package",  # test_wheel 112 + test_thin_client 115: one package build
+    "integrations/test_litellm.py",  # 217
+    "engine/test_deepening.py",  # 182
+    "integrations/test_llmlingua.py",  # 181
+    "engine/test_document_shares.py",  # 173
+    "cli/test_ingest_memory.py",  # 164
+    "evaluation/test_run_eval.py",  # 161
+    "test_needle.py",  # 306, as two groups of depths
+    "test_strategies_needle.py",  # 140
+    "service/test_gateway.py",  # 135
 ]
 TESTS = Path(__file__).parent
 PACKAGE_MODULES = {"test_wheel.py", "test_thin_client.py"}
