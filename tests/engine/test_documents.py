@@ -431,3 +431,29 @@ def test_a_documents_units_and_table_headers_come_back_from_the_shared_tier(engi
     finally:
         engine.documents = kept
         store.close()
+
+
+def test_a_text_sent_again_is_not_tokenized_again_while_its_ids_are_held(engine, monkeypatch):
+    """A context sent again as text by the same scope reads its IDs from the document cache (no tokenizing), and
+    is tokenized again from another scope or once the cache no longer holds them: the same document either way."""
+    import ilre.engine.prepared as prepared
+
+    text, tokenized = long_text()[:3000], []
+    real = prepared.tokenize_text
+    monkeypatch.setattr(prepared, "tokenize_text",
+                        lambda tokenizer, piece, limit: tokenized.append(piece == text) or real(tokenizer, piece, limit))
+    kept = engine.documents
+    try:
+        engine.documents = DocumentCache(1 << 30)
+        first = engine.compress(CompressRequest(context=text, query=QUESTIONS[0], budget=64))
+        again = engine.compress(CompressRequest(context=text, query=QUESTIONS[1], budget=64))
+        assert tokenized.count(True) == 1
+        other = engine.run(CompressRequest(context=text, query=QUESTIONS[1], budget=64), "key:b").results[0]
+        assert tokenized.count(True) == 2 and other.document_id != first.document_id
+        engine.documents = DocumentCache(1 << 30)  # the IDs no longer held
+        fresh = engine.compress(CompressRequest(context=text, query=QUESTIONS[1], budget=64))
+    finally:
+        engine.documents = kept
+    assert tokenized.count(True) == 3
+    assert again.document_id == first.document_id == fresh.document_id
+    assert comparable(again) == comparable(fresh)

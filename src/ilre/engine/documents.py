@@ -118,6 +118,12 @@ class DocumentCache:
             self._insert(slot, _Document(ids, uses=2, owner=owner))  # named again: another worker saw it first
         return ids
 
+    def held_ids(self, slot: str) -> torch.Tensor | None:
+        """(L,) IDs this process holds in `slot`, or None; a look only (no use counted, no shared tier asked)."""
+        with self._lock:
+            entry = self._docs.get(slot)
+            return None if entry is None else entry.ids
+
     def remember(self, slot: str, ids: torch.Tensor, owner: str = "") -> None:
         """Record a document's IDs in `slot` (in both tiers, in `owner`'s share) so that later requests may name it
         by id."""

@@ -29,6 +29,7 @@ from .document_names import DocumentNames
 from .encodings import EncodingPolicy
 from .engine_config import EngineConfig
 from .heap import HeapTrimmer
+from .known_texts import KnownTexts
 from .documents import DocumentCache, SharedDocuments
 from .info import ModelInfo
 from .messages import CompressRequest, CompressResult, CompressResults, InputError, NotFoundError, ScopedRequest
@@ -66,6 +67,7 @@ class Engine:
         self.layer = self.profile.retrieval_layer if config.layer is None else self.resolve_layer(config.layer)
         self.tokenizer = load_tokenizer(checkpoint.path)
         self.names = DocumentNames()
+        self.texts = KnownTexts()  # contexts sent as text: tokenized once while their IDs are cached
         self.deepening = Deepener(config.deepen)  # also whose turn it is: one request at a time
         self.heap = HeapTrimmer()  # freed memory back to the system after requests
         documents = DocumentCache(config.doc_cache_mb << 20, shared_documents, config.doc_cache_share)
@@ -151,6 +153,12 @@ class Engine:
         return self.documents.units(slot, UNITS_VERSION,
                                     lambda: document_units(context_bytes(token_bytes(self.tokenizer), context_ids)),
                                     owner)
+
+    def _known_text(self, text: bytes, names: DocumentNames, scope: str) -> torch.Tensor | None:
+        """The token IDs of a text `scope` sent before (KnownTexts key `text`) while this process's document cache
+        holds them, else None (tokenize it)."""
+        doc = self.texts.get(text)
+        return None if doc is None else self.documents.held_ids(names.slot(scope, doc))
 
     def _ids(self, name: str, text: str | None, ids: list[int] | None, limit: int, limit_name: str,
              ids_field: str | None = None) -> torch.Tensor:
@@ -282,11 +290,16 @@ class Engine:
             if context_ids is None:
                 raise NotFoundError("document_id", NOT_FOUND_MESSAGE)
         else:
-            context_ids = self._ids("context", request.context, request.context_ids,
-                                    self.config.max_context_tokens, "max_context_tokens")
+            text = KnownTexts.key(scope, request.context) if request.context is not None and request.context_ids is None else None
+            context_ids = self._known_text(text, names, scope) if text is not None else None
+            if context_ids is None:
+                context_ids = self._ids("context", request.context, request.context_ids,
+                                        self.config.max_context_tokens, "max_context_tokens")
             doc = names.document_id(scope, self.model_name, context_ids)
             slot = names.slot(scope, doc)
             self.documents.remember(slot, context_ids, names.owner(scope))
+            if text is not None:
+                self.texts.put(text, doc)
         queries = [torch.empty(0, dtype=torch.int64) if text is None and ids is None  # no query (lagkv)
                    else self._ids("query", text, ids, self.config.max_query_tokens, "max_query_tokens") if not request.multi
                    else self._ids(f"queries[{i}]" if text is not None else f"queries_ids[{i}]", text, ids,
