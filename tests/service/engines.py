@@ -1,8 +1,9 @@
 """Real inference engines for the sidecar tests, each a process on a free loopback port serving the
 embedded SmolLM2 (built or installed by `make engine` into ~/.cache/ilre): llama.cpp's `llama-server`
 (the GGUF), vLLM's OpenAI server and SGLang's server (the converted safetensors folder, on the CPU, in what
-`--dtype auto` picks: bfloat16 where the CPU multiplies it natively, float32 where it emulates it). Also a recording TCP relay placed between the sidecar and the engine, so a test can read the
-exact bytes of every request the engine got."""
+`--dtype auto` picks: bfloat16 where the CPU multiplies it natively, float32 where it emulates it). Also a
+recording TCP relay placed between the sidecar and the engine, so a test can read the exact bytes of every
+request the engine got."""
 
 from __future__ import annotations
 

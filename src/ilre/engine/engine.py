@@ -154,10 +154,10 @@ class Engine:
                                     lambda: document_units(context_bytes(token_bytes(self.tokenizer), context_ids)),
                                     owner)
 
-    def _known_text(self, text: bytes, names: DocumentNames, scope: str) -> torch.Tensor | None:
-        """The token IDs of a text `scope` sent before (KnownTexts key `text`) while this process's document cache
+    def _known_text(self, key: bytes, names: DocumentNames, scope: str) -> torch.Tensor | None:
+        """The token IDs of a text `scope` sent before (its KnownTexts `key`) while this process's document cache
         holds them, else None (tokenize it)."""
-        doc = self.texts.get(text)
+        doc = self.texts.get(key)
         return None if doc is None else self.documents.held_ids(names.slot(scope, doc))
 
     def _ids(self, name: str, text: str | None, ids: list[int] | None, limit: int, limit_name: str,
@@ -290,16 +290,17 @@ class Engine:
             if context_ids is None:
                 raise NotFoundError("document_id", NOT_FOUND_MESSAGE)
         else:
-            text = KnownTexts.key(scope, request.context) if request.context is not None and request.context_ids is None else None
-            context_ids = self._known_text(text, names, scope) if text is not None else None
+            sent_text = request.context is not None and request.context_ids is None
+            known = KnownTexts.key(scope, request.context) if sent_text else None
+            context_ids = self._known_text(known, names, scope) if known is not None else None
             if context_ids is None:
                 context_ids = self._ids("context", request.context, request.context_ids,
                                         self.config.max_context_tokens, "max_context_tokens")
             doc = names.document_id(scope, self.model_name, context_ids)
             slot = names.slot(scope, doc)
             self.documents.remember(slot, context_ids, names.owner(scope))
-            if text is not None:
-                self.texts.put(text, doc)
+            if known is not None:
+                self.texts.put(known, doc)
         queries = [torch.empty(0, dtype=torch.int64) if text is None and ids is None  # no query (lagkv)
                    else self._ids("query", text, ids, self.config.max_query_tokens, "max_query_tokens") if not request.multi
                    else self._ids(f"queries[{i}]" if text is not None else f"queries_ids[{i}]", text, ids,
