@@ -72,7 +72,8 @@ bench: setup engine litellm ## latency and peak memory; per dtype up to 1M token
 	$(PY) bench/questions_bench.py      # resumable: results/bench/questions.jsonl
 	$(PY) bench/units_bench.py
 	$(PY) bench/compress_bench.py
-	$(PY) bench/speed_bench.py
+	$(PY) bench/speed_bench.py          # float32, bfloat16 and int8 side by side
+	$(PY) bench/dtype_agreement.py      # int8's share of float32's selections on other texts
 	$(PY) bench/attention_kernels.py
 	$(PY) bench/document_bench.py
 	$(PY) bench/growing_bench.py        # resumable: results/bench/growing.jsonl

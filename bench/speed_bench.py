@@ -1,6 +1,7 @@
 """`make bench` (speed): compression per dtype and context length against the machine's roofline.
 
-For each dtype (float32, bfloat16) the same run measures the matmul peak of this machine, then
+For each dtype (float32, bfloat16, int8: the linear layers in int8, the rest float32) the same run measures the
+matmul peak of this machine, then
 compresses a passkey document (needle at 50% depth, budget 1024) with plain ILRe at the profile's
 `fast` layer (the streaming prefill the default cascade runs over the whole context; the default
 itself: default_bench.py) at every length, each in its own
@@ -11,7 +12,7 @@ kept indices with float32's. Then 32 short requests (~300 tokens, budget 64) com
 one vs as one batch (Engine.compress_many), with their results compared.
 Rows are appended to --results (JSONL) as they finish; a rerun skips rows already there (--fresh
 starts over), so a cut-short run resumes.
-Usage: bench/speed_bench.py [--lengths 8192,32768,131072,524288,1048576] [--dtypes float32,bfloat16]
+Usage: bench/speed_bench.py [--lengths 8192,32768,131072,524288,1048576] [--dtypes float32,bfloat16,int8]
 """
 
 from __future__ import annotations
@@ -48,12 +49,16 @@ def prefill_flops(spec, l_r: int, length: int, n_query: int, config) -> float:
 
 
 def machine_id() -> str:
-    """CPU model and thread count: rows measured on another machine are not resumed."""
+    """CPU model, thread count and whether it multiplies bfloat16 natively: rows measured on another machine
+    are not resumed (one CPU model name covers both kinds)."""
     import os
+
+    from ilre.models.device import cpu_has_native_bfloat16
 
     model = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                   if line.startswith("model name")), platform.machine())
-    return f"{model}, {os.cpu_count()} cpus"
+    native = "" if cpu_has_native_bfloat16() else ", no native bfloat16"
+    return f"{model}, {os.cpu_count()} cpus{native}"
 
 
 def _reset_peak_rss() -> None:
@@ -68,15 +73,23 @@ def _rss_mib(field: str) -> float:
 
 
 def measure_peak(dtype: str) -> dict:
-    """Best of a few 4096x4096 matmuls in `dtype` on this machine's threads: GFLOP/s."""
+    """Best of a few 4096x4096 matmuls in `dtype` on this machine's threads: GFLOP/s (int8: oneDNN's int8
+    linear as models/int8.py runs it, activations quantized per token included)."""
     import torch
 
-    a, b = (torch.randn(4096, 4096).to(getattr(torch, dtype)) for _ in range(2))
-    a @ b
+    if dtype == "int8":
+        from ilre.models.int8 import Int8Linear
+
+        linear, x = Int8Linear(torch.randn(4096, 4096)), torch.randn(4096, 4096)
+        multiply = lambda: linear(x)  # noqa: E731
+    else:
+        a, b = (torch.randn(4096, 4096).to(getattr(torch, dtype)) for _ in range(2))
+        multiply = lambda: a @ b  # noqa: E731
+    multiply()
     best = float("inf")
     for _ in range(5):
         start = time.perf_counter()
-        a @ b
+        multiply()
         best = min(best, time.perf_counter() - start)
     return {"kind": "peak", "dtype": dtype, "gflops": 2 * 4096**3 / best / 1e9, "threads": torch.get_num_threads()}
 
@@ -178,10 +191,14 @@ def report(rows: list[dict], dtypes: list[str], lengths: list[int]) -> str:
         if len(pts) >= 3:
             lines.append(f"{dt}: seconds linear in length, R^2 = {r_squared([p[0] for p in pts], [p[1] for p in pts]):.5f} "
                          f"over {', '.join(str(p[0]) for p in pts)}")
-    shared = [t for t in lengths if ("bfloat16", t) in found and t in f32]
-    if shared:
-        mean = sum(len(set(found[("bfloat16", t)]["kept"]) & f32[t]) / len(f32[t]) for t in shared) / len(shared)
-        lines.append(f"bfloat16 keeps {100 * mean:.1f}% of float32's kept indices on average over {len(shared)} lengths")
+    for dt in dtypes:
+        shared = [t for t in lengths if (dt, t) in found and t in f32]
+        if dt == "float32" or not shared:
+            continue
+        mean = sum(len(set(found[(dt, t)]["kept"]) & f32[t]) / len(f32[t]) for t in shared) / len(shared)
+        speed = ", ".join(f"{t}: {found[('float32', t)]['seconds'] / found[(dt, t)]['seconds']:.2f}x" for t in shared)
+        lines.append(f"{dt} keeps {100 * mean:.1f}% of float32's kept indices on average over {len(shared)} lengths; "
+                     f"its speed over float32's: {speed}")
     for r in rows:
         if r["kind"] == "batch":
             lines.append(f"{r['dtype']}: {r['requests']} requests ({r['tokens']} tokens): one by one {r['sequential_s']:.2f} s "
@@ -193,7 +210,7 @@ def report(rows: list[dict], dtypes: list[str], lengths: list[int]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="8192,32768,131072,524288,1048576")
-    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--dtypes", default="float32,bfloat16,int8")
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--results", default="results/bench/speed.jsonl", help="JSONL of measured rows (resumed)")
     parser.add_argument("--fresh", action="store_true", help="discard earlier rows")

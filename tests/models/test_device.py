@@ -75,7 +75,9 @@ def test_dtypes():
     assert resolve_dtype("BFloat16", cpu) == torch.bfloat16
     assert resolve_dtype("float16", cpu) == torch.float16
     assert resolve_dtype("auto", cpu) == (torch.bfloat16 if cpu_has_native_bfloat16() else torch.float32)
-    with pytest.raises(PlacementError, match="dtype: 'int8' is not one of auto, float32, bfloat16, float16"):
+    with pytest.raises(PlacementError, match="dtype: 'int4' is not one of auto, float32, bfloat16, float16, int8"):
+        resolve_dtype("int4", cpu)
+    with pytest.raises(PlacementError, match="dtype: int8 is a placement"):  # int8 is resolve_placement's
         resolve_dtype("int8", cpu)
 
 

@@ -18,6 +18,7 @@ from ..compressor.prefill import ContextState, PrefillConfig
 from ..compressor.strategies import STRATEGIES, Strategy
 from ..compressor.units import UNITS_VERSION, Units, document_units
 from ..models.device import resolve_placement
+from ..models.int8 import quantize as quantize_int8
 from ..models.llama import TruncatedLM
 from ..models.loader import load_spec, load_tokenizer, load_truncated, resolve_checkpoint
 from ..models.profiles import load_profile
@@ -92,6 +93,8 @@ class Engine:
         """The model truncated at `layer` (loaded on first use; loads are fast, reads are partial)."""
         if layer not in self._models:
             model = load_truncated(self.checkpoint.path, layer, self.placement.dtype, self.placement.device)
+            if self.placement.int8:
+                model = quantize_int8(model)
             self._models[layer] = attach_head(model, self.checkpoint.name)
         return self._models[layer]
 

@@ -1,9 +1,11 @@
-"""Where the compressor runs: `--device auto|cpu|cuda[:N]|npu[:N]` and `--dtype auto|float32|bfloat16|float16`.
+"""Where the compressor runs: `--device auto|cpu|cuda[:N]|npu[:N]` and `--dtype auto|float32|bfloat16|float16|int8`.
 
 `resolve_placement("auto", "auto")` picks, per device, what `make bench` measured fastest while
 keeping the selections: bfloat16 on GPUs and NPUs, and on CPUs with native bfloat16 dot products
 (avx512_bf16 / AMX); float32 on other CPUs, where bfloat16 is emulated. float16 is accepted
-everywhere but is ~100x slower than float32 on CPUs without float16 arithmetic.
+everywhere but is ~100x slower than float32 on CPUs without float16 arithmetic. int8 (CPUs only) runs the
+linear layers in int8 through oneDNN and the rest in float32 (models/int8.py); `auto` does not pick it, as it
+keeps fewer of float32's selections than bfloat16 does (docs/benchmarks.md).
 `torch_npu` is imported only when an NPU is asked for (or `auto` finds it installed).
 """
 
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import torch
 
-from .placement_names import DEVICE_HELP, DTYPE_CHOICES, DTYPE_NAMES
+from .placement_names import DEVICE_HELP, DTYPE_CHOICES, DTYPE_NAMES, INT8
 
 log = logging.getLogger(__name__)
 
@@ -39,14 +41,17 @@ class PlacementError(ValueError):
 
 @dataclass(frozen=True)
 class Placement:
-    """The device the model, key cache and scores live on, and the dtype of weights and activations."""
+    """The device the model, key cache and scores live on, and the dtype of weights and activations;
+    `int8`: the linear layers' weights and inputs in int8 (dtype is then float32, everything else's)."""
 
     device: torch.device
     dtype: torch.dtype
+    int8: bool = False
 
     @property
     def dtype_name(self) -> str:
-        return str(self.dtype).removeprefix("torch.")
+        """What `--dtype` names (int8 included): encodings and records made in another are not reused."""
+        return INT8 if self.int8 else str(self.dtype).removeprefix("torch.")
 
     def describe(self) -> str:
         """e.g. "cpu bfloat16", "cuda:0 bfloat16"."""
@@ -56,7 +61,20 @@ class Placement:
 def resolve_placement(device: str | None = "auto", dtype: str | None = "auto") -> Placement:
     """Parse and check `--device` / `--dtype` (None = auto); PlacementError naming the flag."""
     resolved = resolve_device(device or "auto")
+    if (dtype or "").strip().lower() == INT8:
+        _check_int8(resolved)
+        return Placement(resolved, torch.float32, int8=True)
     return Placement(resolved, resolve_dtype(dtype or "auto", resolved))
+
+
+def _check_int8(device: torch.device) -> None:
+    """PlacementError naming the flag where int8 cannot run on `device`."""
+    from .int8 import int8_available
+
+    if device.type != "cpu":
+        raise PlacementError(f"dtype: int8 runs on CPUs only (got device {device}); use bfloat16 there")
+    if not int8_available():
+        raise PlacementError(f"dtype: int8 needs oneDNN's int8 kernels, which this torch build lacks ({torch.__version__})")
 
 
 def resolve_device(name: str) -> torch.device:
@@ -112,6 +130,8 @@ def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
         if device.type == "cuda" and not torch.cuda.is_bf16_supported():
             return torch.float16
         return torch.bfloat16
+    if key == INT8:
+        raise PlacementError("dtype: int8 is a placement, not a tensor dtype (resolve_placement)")
     if key not in DTYPES:
         raise PlacementError(f"dtype: {name!r} is not one of {', '.join(DTYPE_CHOICES)}")
     if key == "float16" and device.type == "cpu":

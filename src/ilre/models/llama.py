@@ -68,9 +68,11 @@ class Attention(nn.Module):
 
     def _project(self, x: torch.Tensor, part: str) -> torch.Tensor:
         """x: (T, D) -> (T, rows) for part "q", "k" or "qkv" (q|k|v side by side)."""
-        rows = self._rows(part[0], part[-1])
-        bias = self.qkv_proj.bias
-        return F.linear(x, self.qkv_proj.weight[rows], None if bias is None else bias[rows])
+        rows, projection = self._rows(part[0], part[-1]), self.qkv_proj
+        if not isinstance(projection, nn.Linear):
+            return projection(x, rows)  # models/int8.Int8Linear: the same rows of its product
+        bias = projection.bias
+        return F.linear(x, projection.weight[rows], None if bias is None else bias[rows])
 
     def parts(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, wanted: tuple[str, ...]) -> dict[str, torch.Tensor]:
         """x: (T, D) normed hidden states -> the `wanted` RETRIEVAL_PARTS, in one matmul over the

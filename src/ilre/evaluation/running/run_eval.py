@@ -115,7 +115,8 @@ class Evaluator:
             reason = lingua_unavailable()
             if reason is None:
                 try:
-                    self._lingua = LinguaPeer(self.engine.checkpoint.path, cache_root() / "lingua-model", self.dtype)
+                    self._lingua = LinguaPeer(self.engine.checkpoint.path, cache_root() / "lingua-model",
+                                             str(self.engine.placement.dtype).removeprefix("torch."))  # int8: float32
                 except (OSError, RuntimeError, ValueError) as exc:
                     reason = str(exc)
             if reason is not None:

@@ -1,0 +1,66 @@
+"""How much of float32's selection another `--dtype` keeps, on texts the suite does not generate the same way:
+passkeys in Shakespeare at five depths, and a fact planted in Python's reference text.
+
+Per sample and dtype, one engine's first question (no cache): plain ILRe at the profile's fast layer (the
+speed row's path) and the default cascade. Printed: the share of float32's kept indices each dtype keeps,
+whether each keeps the needle, and the seconds of each (one thread each, as `make bench` runs).
+
+    .venv/bin/python bench/dtype_agreement.py [--tokens 8000] [--dtypes int8] [--budget 1024]
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from stream_agreement import samples  # noqa: E402
+
+from ilre.engine.engine import Engine, EngineConfig  # noqa: E402
+from ilre.engine.messages import CompressRequest  # noqa: E402
+
+PATHS = {"plain": {"strategy": "ilre", "layer": "fast"}, "default": {}}
+
+
+def selections(dtype: str, data: list, budget: int) -> dict[tuple[str, str], tuple[set[int], float]]:
+    """(path, sample name) -> (kept indices, seconds), one engine without a document cache."""
+    engine = Engine(EngineConfig(dtype=dtype, doc_cache_mb=0, deepen="off"))
+    out = {}
+    for path, extra in PATHS.items():
+        for name, context, query, _ in data:
+            start = time.perf_counter()
+            result = engine.compress(CompressRequest(context_ids=context, query_ids=query, budget=budget, **extra))
+            out[path, name] = set(result.kept_indices), time.perf_counter() - start
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=8000)
+    parser.add_argument("--budget", type=int, default=1024)
+    parser.add_argument("--dtypes", default="int8", help="compared with float32")
+    args = parser.parse_args()
+    data = samples(Engine(EngineConfig(doc_cache_mb=0, deepen="off")), args.tokens)
+    base = selections("float32", data, args.budget)
+    print(f"{args.tokens} tokens, budget {args.budget}; share of float32's kept indices, needle, seconds (float32's)")
+    print("| dtype | path | " + " | ".join(name for name, *_ in data) + " | mean |")
+    print("|---|---|" + "---|" * (len(data) + 1))
+    for dtype in [d for d in args.dtypes.split(",") if d]:
+        got = selections(dtype, data, args.budget)
+        for path in PATHS:
+            cells, shares = [], []
+            for name, _, _, (a, b) in data:
+                kept, seconds = got[path, name]
+                want, base_seconds = base[path, name]
+                shares.append(len(kept & want) / len(want))
+                needle = "kept" if all(i in kept for i in range(a, b)) else "LOST"
+                cells.append(f"{shares[-1]:.1%} {needle} {seconds:.1f} s ({base_seconds:.1f})")
+            print(f"| {dtype} | {path} | " + " | ".join(cells) + f" | {sum(shares) / len(shares):.1%} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
