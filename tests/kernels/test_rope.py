@@ -9,7 +9,7 @@ import torch
 
 from tests.tiny_models import single_thread  # noqa: F401 (autouse)
 
-from ilre.kernels.rope import apply_rope, rerotate, rope_cos_sin
+from ilre.kernels.rope import apply_rope, rerotate, rerotate_into, rope_cos_sin
 
 DIM = 16
 INV_FREQ = 1.0 / (10000.0 ** (torch.arange(0, DIM, 2, dtype=torch.float32) / DIM))  # (d/2,)
@@ -94,3 +94,12 @@ def test_rerotate_half_turn_of_lowest_frequency_pair():
     moved = rerotate(k, INV_FREQ, 3)
     expected = torch.tensor([math.cos(3) - 2 * math.sin(3), 2 * math.cos(3) + math.sin(3)])
     torch.testing.assert_close(moved[0, 0, [0, DIM // 2]], expected, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize("shift", [0, 7, 3000, -41])
+def test_rerotate_into_a_slice_equals_rerotate(x, shift):
+    """DCA's bulk move: written into a slice of a larger tensor, the same keys as rerotate's to float rounding."""
+    out = torch.full((x.shape[0], x.shape[1] + 3, x.shape[2]), float("nan"))
+    rerotate_into(out[:, 1:-2], x, INV_FREQ, shift)
+    torch.testing.assert_close(out[:, 1:-2], rerotate(x, INV_FREQ, shift), atol=1e-6, rtol=1e-6)
+    assert out[:, 0].isnan().all() and out[:, -2:].isnan().all()  # nothing written beside the slice

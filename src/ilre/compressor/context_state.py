@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ..kernels.rope import rerotate
+from ..kernels.rope import rerotate_into
 from ..models.llama import TruncatedLM
 from .prefill_config import PrefillConfig
 from .window_cache import WindowCache
@@ -184,9 +184,10 @@ def score_keys(model: TruncatedLM, state: ContextState) -> dict[int, torch.Tenso
     base = bounds[-2][0]
     moved = {}
     for layer, keys in state.keys.items():
-        moved[layer] = keys.clone()
+        moved[layer] = out = torch.empty_like(keys)
+        out[:, base:] = keys[:, base:]
         for start, end in bounds[:-2]:
-            moved[layer][:, start:end] = rerotate(keys[:, start:end], model.inv_freq, base - start)
+            rerotate_into(out[:, start:end], keys[:, start:end], model.inv_freq, base - start)
     return moved
 
 
