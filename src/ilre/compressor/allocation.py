@@ -84,8 +84,9 @@ class PoolingAllocator:
             k_m = budget // m + 1
             maxed = block_max_pool(scores, m)  # (ceil(L/m),)
             offsets = torch.arange(m, device=scores.device)
-            for n in self.avg_kernels:  # one combination at a time, vectorised inside: O(L/m) memory
-                blocks = _top_ranked(same_length_avg_pools(maxed, (n,))[0], k_m)  # (K_m,)
+            pooled = same_length_avg_pools(maxed, self.avg_kernels)  # (len(avg_kernels), ceil(L/m)): one cumsum
+            for row_scores in pooled:
+                blocks = _top_ranked(row_scores, k_m)  # (K_m,)
                 row = (blocks.unsqueeze(-1) * m + offsets).flatten()  # (K_m * m,) token indices
                 row = row[row < length]
                 fresh = row[~taken[row]]
