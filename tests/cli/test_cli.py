@@ -92,7 +92,7 @@ def test_passthrough_when_context_fits():
          "tokens exceed the limit of 10 (max_context_tokens)"),
         (["--context", "abc", "--layer", "99"], None, "layer: must be in 1..30"),
         (["--context", "abc", "--model", "/no/such/dir"], None, "model:"),
-        (["--context", "abc", "--dtype", "int8"], None, "dtype: 'int8' is not one of auto, float32, bfloat16, float16"),
+        (["--context", "abc", "--dtype", "int4"], None, "dtype: 'int4' is not one of auto, float32, bfloat16, float16, int8"),
         (["--context", "abc", "--device", "tpu"], None, "device: 'tpu' is not one of auto, cpu, cuda"),
         (["--context", "abc", "--device", "npu:0"], None, "device: npu needs the torch_npu package"),
         (["--context", "abc", "--device", "cuda:0"], None, "device: 'cuda:0' asked for, but"),
