@@ -5,7 +5,7 @@ Per sample and dtype, one engine's first question (no cache): plain ILRe at the 
 speed row's path) and the default cascade. Printed: the share of float32's kept indices each dtype keeps,
 whether each keeps the needle, and the seconds of each (one thread each, as `make bench` runs).
 
-    .venv/bin/python bench/dtype_agreement.py [--tokens 8000] [--dtypes int8] [--budget 1024]
+    .venv/bin/python bench/dtype_agreement.py [--tokens 8000] [--dtypes int8] [--budget 1024] [--paths plain,default]
 """
 
 from __future__ import annotations
@@ -26,11 +26,12 @@ from ilre.engine.messages import CompressRequest  # noqa: E402
 PATHS = {"plain": {"strategy": "ilre", "layer": "fast"}, "default": {}}
 
 
-def selections(dtype: str, data: list, budget: int) -> dict[tuple[str, str], tuple[set[int], float]]:
+def selections(dtype: str, data: list, budget: int, paths: list[str]) -> dict[tuple[str, str], tuple[set[int], float]]:
     """(path, sample name) -> (kept indices, seconds), one engine without a document cache."""
     engine = Engine(EngineConfig(dtype=dtype, doc_cache_mb=0, deepen="off"))
     out = {}
-    for path, extra in PATHS.items():
+    for path in paths:
+        extra = PATHS[path]
         for name, context, query, _ in data:
             start = time.perf_counter()
             result = engine.compress(CompressRequest(context_ids=context, query_ids=query, budget=budget, **extra))
@@ -43,15 +44,19 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=8000)
     parser.add_argument("--budget", type=int, default=1024)
     parser.add_argument("--dtypes", default="int8", help="compared with float32")
+    parser.add_argument("--paths", default=",".join(PATHS), help=f"of {', '.join(PATHS)}")
     args = parser.parse_args()
+    paths = [p for p in args.paths.split(",") if p]
+    if not paths or any(p not in PATHS for p in paths):
+        parser.error(f"--paths: each one of {', '.join(PATHS)} (got {args.paths!r})")
     data = samples(Engine(EngineConfig(doc_cache_mb=0, deepen="off")), args.tokens)
-    base = selections("float32", data, args.budget)
+    base = selections("float32", data, args.budget, paths)
     print(f"{args.tokens} tokens, budget {args.budget}; share of float32's kept indices, needle, seconds (float32's)")
     print("| dtype | path | " + " | ".join(name for name, *_ in data) + " | mean |")
     print("|---|---|" + "---|" * (len(data) + 1))
     for dtype in [d for d in args.dtypes.split(",") if d]:
-        got = selections(dtype, data, args.budget)
-        for path in PATHS:
+        got = selections(dtype, data, args.budget, paths)
+        for path in paths:
             cells, shares = [], []
             for name, _, _, (a, b) in data:
                 kept, seconds = got[path, name]

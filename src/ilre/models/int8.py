@@ -63,7 +63,7 @@ def _paley12() -> torch.Tensor:
 
 class Int8Linear(nn.Module):
     """y = x W^T with W (N, K) int8 per output channel and x int8 per token; `rotate_input`: a (b, b)
-    matrix applied to each b-wide block of x first (W was multiplied by it when rotated, see `rotate`)."""
+    matrix applied to each b-wide block of x first (W multiplied by it beforehand: `rotated_columns`)."""
 
     def __init__(self, weight: torch.Tensor, rotate_input: torch.Tensor | None = None):
         super().__init__()
