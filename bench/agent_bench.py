@@ -5,7 +5,9 @@ Each step adds the model's call of a tool (`read_file`, `grep`) and its result: 
 file on this machine (Python's own source, its reference text, JSON records of the installed packages,
 numpy's CSV validation sets, the package manager's log, a grep-like listing of the standard library),
 with one line planted in it naming an audit code. Each step's question asks for the code of one earlier
-result. Arms, each under an API key of its own (its own document scope):
+result. Arms, each under an API key of its own (its own document scope) and on an empty document cache (as
+on a service of its own: the arms' encodings together would outgrow the default 1 GiB), the sidecar's arms
+on an empty vLLM prefix cache:
 - fresh:   history mode fresh (every message compressed for the live question; encodings cached),
 - frozen:  history mode frozen (each message compressed once, then sent the same: the prefix cache hits),
 - cold:    the same messages through the gateway (`/ilre/v1/compress`, the same compression), each step
@@ -14,7 +16,8 @@ result. Arms, each under an API key of its own (its own document scope):
 Per step: compression ms, the engine's prompt tokens and the tokens it prefilled (its own metrics:
 prompt tokens less prefix-cache hits), the tokens of messages already sent (whose encodings the
 service holds), whether the answer's code reached the engine, and whether the model's answer holds it.
-Rows go to --rows as they finish; a rerun skips the rows already there (--fresh starts over).
+Rows go to --rows as they finish; a rerun skips the rows already there (--fresh starts over, --redo ARMS
+measures those arms again).
 
     .venv/bin/python bench/agent_bench.py [--apis openai.chat,openai.responses,anthropic.messages] [--steps 20]
 """
@@ -24,6 +27,7 @@ from __future__ import annotations
 import argparse
 import importlib.metadata
 import json
+import os
 import random
 import re
 import sys
@@ -37,6 +41,7 @@ import httpx
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ilre.engine.conversation import read_conversation  # noqa: E402
+from ilre.engine.documents import DocumentCache  # noqa: E402
 from ilre.engine.engine import Engine, EngineConfig  # noqa: E402
 from ilre.evaluation.tasks.haystack import pydoc_text  # noqa: E402
 from ilre.service.common.config import SidecarConfig  # noqa: E402
@@ -239,9 +244,22 @@ def keep(row: dict, out: Path) -> None:
         f.write(json.dumps(row) + "\n")
 
 
+def forget_prefixes(server: VllmServer) -> None:
+    """Empty vLLM's prefix cache (its development route, on with VLLM_SERVER_DEV_MODE=1), so that an arm's prefilled
+    tokens do not count hits on an earlier arm's prompts (vLLM renders the three APIs into the same prompts)."""
+    for _ in range(30):
+        reply = httpx.post(server.url + "/reset_prefix_cache", timeout=60)
+        reply.raise_for_status()
+        if reply.json().get("success"):
+            return
+        time.sleep(1)  # blocks still held by a request finishing
+    raise SystemExit("vLLM did not empty its prefix cache")
+
+
 def summary(rows: list[dict]) -> None:
     print("\nagents through the sidecar in front of vLLM (embedded SmolLM2-135M, float32), 2 CPU cores; "
-          f"each step ~{TOKENS}-token tool result from a real file, ratio {RATIO}, sent at once")
+          f"each step ~{TOKENS}-token tool result from a real file, ratio {RATIO}, sent at once; deepening on, as "
+          "`ilre sidecar` runs")
     print("| API | arm | steps | compress s, step 1 | compress s, steps 2-N | vs cold | engine prompt | engine prefilled | answers reached | answered |")
     for api in APIS:
         cold = {r["step"]: r for r in rows if r["api"] == api and r["arm"] == "cold"}
@@ -269,21 +287,27 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--rows", type=Path, default=ROWS)
     parser.add_argument("--fresh", action="store_true", help="forget the rows already measured")
+    parser.add_argument("--redo", default="", help="arms whose rows of --apis are measured again (the others kept)")
     args = parser.parse_args()
     apis, arms = args.apis.split(","), args.arms.split(",")
     args.rows.parent.mkdir(parents=True, exist_ok=True)
     if args.fresh:
         args.rows.unlink(missing_ok=True)
     rows = [json.loads(x) for x in args.rows.read_text().splitlines()] if args.rows.is_file() else []
+    if args.redo:
+        redo = set(args.redo.split(","))
+        rows = [r for r in rows if not (r["arm"] in redo and r["api"] in apis)]
+        args.rows.write_text("".join(json.dumps(r) + "\n" for r in rows))
     done = {(r["api"], r["arm"], r["step"]) for r in rows}
     if all((api, arm, i) in done for api in apis for arm in arms for i in range(args.steps)):
         summary(rows)
         return 0
-    engine = Engine(EngineConfig(dtype="float32"))
+    engine = Engine(EngineConfig(dtype="float32", deepen=True))  # as `ilre sidecar` runs: deepening while idle (its default)
     steps = trace(engine.tokenizer, args.steps)
     keys = Path(tempfile.mkdtemp()) / "keys.txt"
     keys.write_text("\n".join(f"agent-{arm}-{api}" for arm in ("fresh", "frozen", "gateway") for api in APIS) + "\n" +
                     "\n".join(f"agent-cold-{api}-{i}" for api in APIS for i in range(args.steps)) + "\n")
+    os.environ["VLLM_SERVER_DEV_MODE"] = "1"  # its /reset_prefix_cache, between arms
     server = VllmServer(WINDOW, "--enable-auto-tool-choice", "--tool-call-parser", "hermes", "--dtype", "float32",
                         kv_cache_gib=2).start()
     relay = RecordingRelay(server.port)
@@ -292,7 +316,10 @@ def main() -> int:
         with ServiceThread(service_config(api_keys_file=str(keys)), engine, sidecar=sidecar, tokenizer=engine.tokenizer) as svc:
             for api in apis:
                 for arm in arms:
+                    if any((api, arm, i) not in done for i in range(args.steps)):  # each arm as on a service of its own
+                        engine.documents = DocumentCache(engine.config.doc_cache_mb << 20, None, engine.config.doc_cache_share)
                     if arm in ("fresh", "frozen"):
+                        forget_prefixes(server)
                         through_sidecar(api, arm, steps, svc.http_port, relay, server, done, args.rows)
                     else:
                         through_gateway(api, arm, steps, svc.http_port, engine.tokenizer, done, args.rows)
