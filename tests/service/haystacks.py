@@ -19,6 +19,13 @@ def haystack(tokenizer, n_tokens: int, source: str = "shakespeare") -> str:
     return filler[:at] + FACT + filler[at:]
 
 
+def over_the_window(tokenizer) -> str:
+    """~4,120 tokens with FACT planted and QUESTION last: over a 4,096-token engine window, while its context (all
+    but a 64-token query) is within the default's 4 x 1,024 candidates, so the cascade reads it to l_R once and
+    the document cache answers a module's later requests of it from that encoding."""
+    return haystack(tokenizer, 4070) + QUESTION
+
+
 def reference_ids(engine, ids: list[int], n_query: int, budget: int = 1024) -> list[int]:
     """What `ilre compress` returns for the same context/query split."""
     result = engine.compress(CompressRequest(context_ids=ids[:-n_query], query_ids=ids[-n_query:], budget=budget))

@@ -19,7 +19,7 @@ from ilre.service.sidecar.upstream import IDLE_CONNECTION_S
 from .conftest import LINES_QUERY, assert_whole_lines, free_port, lines_context, service_config, wait_for
 from .engines import LlamaServer, RecordingRelay, wait_idle
 from .agent_steps import APIS, agent_step, assert_only_the_tool_output_changed
-from .haystacks import CHAT_QUESTION, FACT, QUESTION, haystack, reference_ids
+from .haystacks import CHAT_QUESTION, FACT, QUESTION, haystack, over_the_window, reference_ids
 
 GREEDY = {"temperature": 0, "top_k": 1}
 
@@ -57,15 +57,14 @@ def http(sidecar):
 
 @pytest.fixture(scope="module")
 def long_prompt(engine):
-    """~4,600 tokens with the fact planted: more than the engine's window."""
-    return haystack(engine.tokenizer, 4600) + QUESTION
+    return over_the_window(engine.tokenizer)
 
 
 # -- a prompt longer than the engine's window through every request format -------------------------------
 @pytest.mark.slow
 def test_plain_prompt_formats_forward_exactly_the_compressed_ids(engine, llama, relay, http, long_prompt):
     ids = engine.tokenizer(long_prompt).input_ids
-    assert len(ids) > 4600 > llama.ctx_size
+    assert len(ids) > llama.ctx_size == 4096
     expected = reference_ids(engine, ids, 64)
     assert len(expected) == 1024 + 64
 
@@ -98,9 +97,9 @@ def test_plain_prompt_formats_forward_exactly_the_compressed_ids(engine, llama, 
 
 @pytest.mark.slow
 def test_an_agent_step_with_a_tool_call_in_its_history_is_compressed_and_answered(engine, llama, relay, http):
-    """A chat whose history holds an assistant tool call (content null) and a ~6K-token tool result, against
+    """A chat whose history holds an assistant tool call (content null) and a ~12K-token tool result, against
     a 4096-token window: the tool result alone is compressed, the engine answers from it."""
-    body = agent_step("openai.chat", haystack(engine.tokenizer, 6000, "pydoc"), max_tokens=24, temperature=0)
+    body = agent_step("openai.chat", haystack(engine.tokenizer, 12000, "pydoc"), max_tokens=24, temperature=0)
     direct = httpx.post(llama.url + "/v1/chat/completions", json=body, timeout=120)
     assert direct.status_code == 400 and "context" in direct.text  # whole, the engine refuses it
 

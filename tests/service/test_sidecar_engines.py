@@ -17,7 +17,7 @@ from ilre.service.server import ServiceThread
 from .conftest import service_config, wait_for
 from .engines import RecordingRelay, SGLangServer, VllmServer, wait_idle
 from .agent_steps import APIS, agent_step, assert_only_the_tool_output_changed
-from .haystacks import FACT, QUESTION, haystack, reference_ids
+from .haystacks import FACT, haystack, over_the_window, reference_ids
 
 pytestmark = pytest.mark.slow
 
@@ -60,8 +60,7 @@ def http(engine, served, relay):
 
 @pytest.fixture(scope="module")
 def long_prompt(engine):
-    """~4,600 tokens with the fact planted: more than the engine's window."""
-    return haystack(engine.tokenizer, 4600) + QUESTION
+    return over_the_window(engine.tokenizer)
 
 
 @pytest.fixture(scope="module")
@@ -111,8 +110,9 @@ def test_completions_text_and_token_ids_streamed_and_not(engine, served, relay, 
 
 @pytest.fixture(scope="module")
 def tool_output(engine):
-    """~6,000 tokens of Python's reference text with the fact planted: half again the engine's window."""
-    return haystack(engine.tokenizer, 6000, "pydoc")
+    """~12,000 tokens of Python's reference text with the fact planted: three times the engine's window (the
+    document cache encodes it once for every API's step)."""
+    return haystack(engine.tokenizer, 12000, "pydoc")
 
 
 def prompt_tokens(api: str, answer: dict) -> int:
@@ -138,7 +138,7 @@ STREAM_EVENTS = {"openai.chat": "chat.completion.chunk", "openai.responses": "re
 
 @pytest.mark.parametrize("api", sorted(APIS))
 def test_an_agent_step_on_each_api_is_compressed_and_answered_in_its_shape(served, relay, http, tool_output, api):
-    """One agent step (a tool call and its ~6K-token result) on every conversation API the engine serves:
+    """One agent step (a tool call and its ~12K-token result) on every conversation API the engine serves:
     refused whole by the engine, answered through the sidecar with only the tool result compressed."""
     name, server = served
     if api not in AGENT_APIS[name]:
