@@ -316,8 +316,10 @@ def main() -> int:
         with ServiceThread(service_config(api_keys_file=str(keys)), engine, sidecar=sidecar, tokenizer=engine.tokenizer) as svc:
             for api in apis:
                 for arm in arms:
-                    if any((api, arm, i) not in done for i in range(args.steps)):  # each arm as on a service of its own
-                        engine.documents = DocumentCache(engine.config.doc_cache_mb << 20, None, engine.config.doc_cache_share)
+                    if all((api, arm, i) in done for i in range(args.steps)):
+                        continue
+                    # each arm as on a service of its own: an empty document cache (and engine prefix cache, below)
+                    engine.documents = DocumentCache(engine.config.doc_cache_mb << 20, None, engine.config.doc_cache_share)
                     if arm in ("fresh", "frozen"):
                         forget_prefixes(server)
                         through_sidecar(api, arm, steps, svc.http_port, relay, server, done, args.rows)
