@@ -65,11 +65,46 @@ def pytest_collection_modifyitems(config, items):
 
 
 @pytest.fixture(scope="session")
-def engine():
+def stored_engine():
     """An Engine on the embedded SmolLM2-135M-Instruct at its profiled retrieval layer, in float32."""
     from ilre.engine.engine import Engine, EngineConfig
 
     return Engine(EngineConfig(dtype=DTYPE))
+
+
+@pytest.fixture(scope="session")
+def engine(stored_engine):
+    """The stored profile's engine (`stored_engine`); a module about a flow overrides it with `shallow_engine`."""
+    return stored_engine
+
+
+SHALLOW_LAYER, SHALLOW_COARSE = 6, 3
+
+
+def shallow_profile():
+    """The embedded model's stored profile made shallow: l_R = 6, the cascade's coarse layer 3 ("fast"), its other
+    options as stored. The same weights, tokenizer and code paths at ~3x fewer layer-tokens a request, for tests whose
+    point is a flow (the cache, resuming, deepening, shares, batching), not the stored profile's selections."""
+    from dataclasses import replace
+
+    from ilre.models.loader import load_spec, resolve_checkpoint
+    from ilre.models.profiles import load_profile
+
+    checkpoint = resolve_checkpoint(None)
+    stored = load_profile(checkpoint.name, load_spec(checkpoint.path).num_layers)
+    cascade = {**stored.details["strategies"]["cascade"], "coarse_layer": SHALLOW_COARSE}
+    details = {**stored.details, "choices": {"fast": SHALLOW_COARSE, "default": SHALLOW_LAYER, "robust": SHALLOW_LAYER},
+               "strategies": {**stored.details["strategies"], "cascade": cascade}}
+    return replace(stored, retrieval_layer=SHALLOW_LAYER, details=details)
+
+
+@pytest.fixture(scope="session")
+def shallow_engine():
+    """An Engine on the embedded model in float32 under `shallow_profile()` (a module about a flow overrides
+    `engine` with it)."""
+    from ilre.engine.engine import Engine, EngineConfig
+
+    return Engine(EngineConfig(dtype=DTYPE), profile=shallow_profile())
 
 
 @pytest.fixture(scope="session")

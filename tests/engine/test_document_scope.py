@@ -28,6 +28,13 @@ from ilre.service.documents.redis_tier import RedisDocuments
 
 from tests.service.conftest import ILRE, QUERY, Served, WorkerProcess, context, service_config, wait_for
 
+
+@pytest.fixture(scope="module")
+def engine(shallow_engine):
+    """This module's point is a flow, not the stored profile's selections: the shallow calibration (tests/conftest.py)."""
+    return shallow_engine
+
+
 KEYS = {"alice": "sk-alice-5f0c2a9e71", "bob": "sk-bob-88d1e4c03b", "carol": "sk-carol-1a7e90c2d4",
         "dave": "sk-dave-c4b2e17f09"}
 KEYS_FILE = "\n".join([f"{KEYS['alice']} name=alice", f"{KEYS['bob']} name=bob rate=1000",

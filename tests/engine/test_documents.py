@@ -23,6 +23,13 @@ from tests.tiny_models import N_LAYERS, random_ids, tiny_checkpoint
 
 from tests.service.conftest import comparable
 
+
+@pytest.fixture(scope="module")
+def engine(shallow_engine):
+    """This module's point is a flow, not the stored profile's selections: the shallow calibration (tests/conftest.py)."""
+    return shallow_engine
+
+
 CONFIG = PrefillConfig(sink=2, window=5, chunk=7)
 CANDIDATES = {"deepen_below": 0.0, "coarse_below": 0.0}  # the cascade on its candidates alone: these tests are about the cache
 QUESTIONS = [" Question: who holds the key to the vault? Answer:", " Question: what is the vault code? Answer:",
@@ -226,7 +233,7 @@ def test_cached_results_equal_uncached(engine, strategy):
 
 
 def test_a_lower_layers_keys_are_cached_under_their_own_key(engine):
-    two = {"also_layers": [engine.layer - 1]}
+    two = {"also_layers": [engine.layer - 2]}
     request = CompressRequest(context=long_text(), query=QUESTIONS[1], budget=200, strategy="ilre", strategy_options=two)
     kept = engine.documents
     try:

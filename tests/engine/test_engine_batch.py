@@ -7,13 +7,20 @@ import pytest
 from ilre.engine.engine import Engine, EngineConfig
 from ilre.engine.messages import CompressRequest, InputError
 
-from ..conftest import DTYPE
+from ..conftest import DTYPE, SHALLOW_COARSE, shallow_profile
 from tests.service.conftest import QUERY, comparable, context
 
 
 @pytest.fixture(scope="module")
+def engine(shallow_engine):
+    """This module's point is batching, not the stored profile's selections: the shallow calibration (tests/conftest.py)."""
+    return shallow_engine
+
+
+@pytest.fixture(scope="module")
 def batched() -> Engine:
-    return Engine(EngineConfig(dtype=DTYPE, batch_tokens=4096))  # small groups: the 10 short requests need two
+    return Engine(EngineConfig(dtype=DTYPE, batch_tokens=4096),  # small groups: the 10 short requests need two
+                  profile=shallow_profile())
 
 
 def requests() -> list[CompressRequest]:
@@ -27,7 +34,7 @@ def requests() -> list[CompressRequest]:
         CompressRequest(context_ids=[1, 2, 10**9], query=QUERY),
         CompressRequest(context=context(0, 1), query=QUERY, budget=4096),
         CompressRequest(context=context(99, 14), query=QUERY, budget=64),
-        CompressRequest(context=context(5), query=QUERY, budget=40, layer=6),
+        CompressRequest(context=context(5), query=QUERY, budget=40, layer=SHALLOW_COARSE + 1),
     ] + short[3:]
 
 
@@ -45,7 +52,7 @@ def test_compress_many_equals_compress_one_by_one(batched, engine):
         alone = batched.compress(request)
         assert comparable(outcome) == comparable(alone)
         assert comparable(outcome) == comparable(engine.compress(request))  # and batching off (the CPU default)
-    assert outcomes[4].results[0].passthrough and outcomes[6].results[0].layer == 6
+    assert outcomes[4].results[0].passthrough and outcomes[6].results[0].layer == SHALLOW_COARSE + 1
 
 
 def test_batching_is_off_by_default_on_the_cpu(engine, batched):

@@ -18,6 +18,13 @@ from tests.reference import full_depth_options
 
 from .test_documents import CANDIDATES
 
+
+@pytest.fixture(scope="module")
+def engine(shallow_engine):
+    """This module's point is a flow, not the stored profile's selections: the shallow calibration (tests/conftest.py)."""
+    return shallow_engine
+
+
 QUERY = " Question: who speaks of the crown? Answer:"
 CHUNK = PrefillConfig().chunk
 C_MID, C_EDGE = 1500, 1028  # C ends inside its second chunk; C ends on the boundary of its first (1024 + 4)

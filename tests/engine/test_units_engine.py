@@ -16,6 +16,13 @@ from ilre.models.token_bytes import context_bytes, token_bytes
 
 from .test_documents import CANDIDATES
 
+
+@pytest.fixture(scope="module")
+def engine(shallow_engine):
+    """This module's point is a flow, not the stored profile's selections: the shallow calibration (tests/conftest.py)."""
+    return shallow_engine
+
+
 RECORDS = [{"id": f"{a}-{b}", "status": s, "latency_ms": 1000 + 37 * k}
            for k, (a, b, s) in enumerate(zip(["amber", "birch", "cedar", "delta", "ember"] * 40,
                                              ["fox", "gull", "heron", "ibis", "jay", "kite", "lark", "moth"] * 25,
@@ -61,9 +68,11 @@ def test_the_budget_is_met_with_whole_records(engine):
     assert tokens.granularity == "token" and "kept_spans" not in tokens.to_dict()
 
 
-def test_a_kept_row_brings_its_table_header(engine):
+def test_a_kept_row_brings_its_table_header(stored_engine):
     """An 8K-token CSV export (the suite's records_csv): the asked row is kept whole with the header row,
-    over 2K tokens before it; token selection keeps the row's numbers without their column names."""
+    over 2K tokens before it; token selection keeps the row's numbers without their column names (the stored
+    profile's selections: this test's point)."""
+    engine = stored_engine
     from ilre.evaluation.tasks.ruler import generate_sample
 
     sample = generate_sample(engine.tokenizer, "records_csv", 8192, 0, 1)

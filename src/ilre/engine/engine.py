@@ -21,7 +21,7 @@ from ..models.device import resolve_placement
 from ..models.int8 import quantize as quantize_int8
 from ..models.llama import TruncatedLM
 from ..models.loader import load_spec, load_tokenizer, load_truncated, resolve_checkpoint
-from ..models.profiles import load_profile
+from ..models.profiles import Profile, load_profile
 from ..models.retaining_head import attach_head, head_directories, head_path
 from ..models.token_bytes import context_bytes, token_bytes
 from .deepening import Deepener
@@ -55,13 +55,16 @@ class Engine:
     One engine runs one request at a time (a query pass uses its cached context as scratch); with
     `deepen`, a background thread uses the idle moments between requests (engine/deepening.py)."""
 
-    def __init__(self, config: EngineConfig | None = None, shared_documents: SharedDocuments | None = None):
+    def __init__(self, config: EngineConfig | None = None, shared_documents: SharedDocuments | None = None,
+                 profile: Profile | None = None):
+        """`profile`: a calibration other than the model's stored one (its l_R, named layers and strategy options;
+        e.g. one being tried before `ilre calibrate` stores it); None = the stored profile."""
         self.config = config = config or EngineConfig()
         self.placement = resolve_placement(config.device, config.dtype)
         checkpoint = resolve_checkpoint(config.model)
         self.checkpoint = checkpoint
         self.spec = load_spec(checkpoint.path)
-        self.profile = load_profile(checkpoint.name, self.spec.num_layers)
+        self.profile = profile or load_profile(checkpoint.name, self.spec.num_layers)
         if not self.profile.calibrated and config.layer is None:
             log.warning("no calibrated profile for %s: using layer %d (run `ilre calibrate`)",
                         checkpoint.name, self.profile.retrieval_layer)
