@@ -15,6 +15,12 @@ from .agent_steps import agent_step
 from .haystacks import FACT, haystack
 
 
+@pytest.fixture(scope="module")
+def engine(shallow_engine):
+    """This module's point is the API, not the stored profile's selections: the shallow calibration (tests/conftest.py)."""
+    return shallow_engine
+
+
 def run(engine, messages, budget, frozen=None):
     async def call(fields):
         return await asyncio.to_thread(lambda: engine.run(CompressRequest.from_json(fields)).results[0])

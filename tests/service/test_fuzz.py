@@ -18,6 +18,13 @@ from ilre.service.server import ServiceThread
 
 from .conftest import free_port, grpc_client, http_client, service_config
 
+
+@pytest.fixture(scope="module")
+def engine(shallow_engine):
+    """This module's point is the API, not the stored profile's selections: the shallow calibration (tests/conftest.py)."""
+    return shallow_engine
+
+
 FIELDS = ("id", "context", "context_ids", "query", "query_ids", "budget", "ratio", "strategy",
           "strategy_options", "dca", "layer")
 text = st.text(max_size=300)
