@@ -117,38 +117,33 @@ def ilre_served():
         yield served
 
 
-def test_long_chat_refused_whole_is_answered_through_the_proxy(engine, ilre_served, tmp_path):
+def test_long_chat_refused_whole_is_answered_and_with_ilre_stopped_fails_open_or_strict_refuses(engine, tmp_path):
+    """Through the proxy: a chat the engine refuses whole is compressed and answered, a short one passes through;
+    then ilre stops: the default hook lets the call go on uncompressed, a strict one refuses it (two proxies started
+    at once: one LiteLLM start is ~17 s of CPU)."""
     long = chat_of(20000)  # ~5K tokens
     refused = direct(engine, long)
     assert refused.status_code == 400 and "context" in refused.text  # the engine cannot take it whole
-    proxy = Proxy(engine, tmp_path, target=ilre_served.grpc, budget="1024", timeout_s="120")  # the default 30 s is short on a loaded 2-core machine
-    try:
-        answer = proxy.chat(long)
-        assert answer.status_code == 200, answer.text
-        assert answer.headers["x-ilre-action"] == "compressed"
-        original, kept = int(answer.headers["x-ilre-original-tokens"]), int(answer.headers["x-ilre-compressed-tokens"])
-        assert original > engine.ctx_size and kept <= 1024 + 64
-        usage = answer.json()["usage"]["prompt_tokens"]
-        assert kept <= usage <= kept + 64, (usage, kept)  # the engine saw the compressed prompt (plus its chat template)
-
-        short = [{"role": "user", "content": "Say hello."}]
-        untouched = proxy.chat(short)
-        assert untouched.status_code == 200 and untouched.headers["x-ilre-action"] == "passthrough"
-        assert untouched.headers["x-ilre-reason"] == "fits the budget"
-        assert untouched.json()["usage"]["prompt_tokens"] == direct(engine, short).json()["usage"]["prompt_tokens"]
-    finally:
-        proxy.stop()
-
-
-def test_ilre_stopped_fails_open_and_strict_mode_refuses(engine, tmp_path):
     middle = chat_of(8000)  # ~2K tokens: above the budget, within the engine's window
     proxies: list[Proxy] = []
     try:
         with served_by("--budget", "1024") as served:
-            proxies += [Proxy(engine, tmp_path, target=served.grpc, budget="1024", timeout_s="120", wait=False),
+            proxies += [Proxy(engine, tmp_path, target=served.grpc, budget="1024", timeout_s="120", wait=False),  # the default 30 s is short on a loaded 2-core machine
                         Proxy(engine, tmp_path, target=served.grpc, budget="1024", strict="1", wait=False)]
             proxy, strict = (p.ready() for p in proxies)  # started together
-            assert proxy.chat(middle).headers["x-ilre-action"] == "compressed"
+            answer = proxy.chat(long)
+            assert answer.status_code == 200, answer.text
+            assert answer.headers["x-ilre-action"] == "compressed"
+            original, kept = int(answer.headers["x-ilre-original-tokens"]), int(answer.headers["x-ilre-compressed-tokens"])
+            assert original > engine.ctx_size and kept <= 1024 + 64
+            usage = answer.json()["usage"]["prompt_tokens"]
+            assert kept <= usage <= kept + 64, (usage, kept)  # the engine saw the compressed prompt (plus its chat template)
+
+            short = [{"role": "user", "content": "Say hello."}]
+            untouched = proxy.chat(short)
+            assert untouched.status_code == 200 and untouched.headers["x-ilre-action"] == "passthrough"
+            assert untouched.headers["x-ilre-reason"] == "fits the budget"
+            assert untouched.json()["usage"]["prompt_tokens"] == direct(engine, short).json()["usage"]["prompt_tokens"]
         answer = proxy.chat(middle)  # ilre is gone: the call goes on uncompressed
         assert answer.status_code == 200, answer.text
         assert answer.headers["x-ilre-action"] == "failed" and "UNAVAILABLE" in answer.headers["x-ilre-reason"]
@@ -188,11 +183,16 @@ def test_a_granularity_ilre_does_not_offer_is_refused_by_name():
     if not python.is_file():
         pytest.fail(f"LiteLLM's environment not found at {python.parent}: run `make litellm` (make test does)")
     env = {**os.environ, "LITELLM_LOCAL_MODEL_COST_MAP": "True", "LITELLM_TELEMETRY": "False"}
-    checks = (("import ilre.integrations.litellm", {"ILRE_LITELLM_GRANULARITY": "sentence"},
-               "ILRE_LITELLM_GRANULARITY: granularity: must be one of token, unit (got 'sentence')"),
-              ("from ilre.integrations.litellm import IlreCompression; IlreCompression(granularity='lines')", {},
-               "granularity: must be one of token, unit (got 'lines')"))
-    for code, settings, message in checks:
-        proc = subprocess.run([str(python), "-c", code], env={**env, **settings}, capture_output=True, text=True,
-                              timeout=300)
-        assert proc.returncode != 0 and f"ValueError: {message}" in proc.stderr, proc.stderr[-2000:]
+    code = """import os
+try:
+    import ilre.integrations.litellm  # the hook's settings are read as LiteLLM loads it
+except ValueError as exc:
+    print(exc)
+del os.environ["ILRE_LITELLM_GRANULARITY"]
+from ilre.integrations.litellm import IlreCompression
+IlreCompression(granularity="lines")  # and given in code
+"""
+    proc = subprocess.run([str(python), "-c", code], env={**env, "ILRE_LITELLM_GRANULARITY": "sentence"},
+                          capture_output=True, text=True, timeout=300)
+    assert proc.stdout.strip() == "ILRE_LITELLM_GRANULARITY: granularity: must be one of token, unit (got 'sentence')", proc
+    assert proc.returncode != 0 and "ValueError: granularity: must be one of token, unit (got 'lines')" in proc.stderr, proc
