@@ -29,22 +29,21 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # `make test` runs two pytest workers (pytest-xdist, --dist loadgroup). A module is one group, so its
 # module-scoped servers start once; the wheel's and the thin client's tests share the package built once. The
 # longest modules are handed out first (as measured), so that no long one is left for the end.
-LONGEST_FIRST = [  # worker-seconds under `make test` (2 workers, 2 cores without AVX-512)
+LONGEST_FIRST = [  # worker-seconds under `make test` (2 workers, 2 cores without AVX-512), as last measured
     "service/test_sidecar_engines.py",  # 388: vLLM and SGLang, a start each
-    "engine/test_growing.py",  # 259
     "service/test_sidecar.py",  # 242
-    "engine/test_documents.py",  # 240
-    "integrations/test_litellm.py",  # 203
     "package",  # test_wheel 98 + test_thin_client 101: one package build
-    "engine/test_deepening.py",  # 189
-    "test_strategies_needle.py",  # 147
+    "integrations/test_litellm.py",  # ~160: two LiteLLM proxy starts at once, then one
     "cli/test_ingest_memory.py",  # 145
     "evaluation/test_run_eval.py",  # 133
     "service/test_gateway.py",  # 131
-    "engine/test_document_shares.py",  # 127
-    "service/test_redis_queue.py",  # 123
     "test_needle.py",  # 259, as two groups of depths
+    "service/test_redis_queue.py",  # 123
     "integrations/test_llmlingua.py",  # 112
+    "service/test_redis_failover.py",  # 102
+    "cli/test_serve_cli.py",  # 102
+    "test_strategies_needle.py",  # ~90
+    "engine/test_growing.py",  # ~85
 ]
 TESTS = Path(__file__).parent
 PACKAGE_MODULES = {"test_wheel.py", "test_thin_client.py"}
