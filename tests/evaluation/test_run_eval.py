@@ -18,9 +18,10 @@ from ilre.evaluation.running.records import Record, run_timing
 from ilre.evaluation.running.run_eval import Evaluator, done_cells
 
 
-def test_each_engine_row_is_the_engines_answer_to_its_request(engine):
+def test_each_engine_row_is_the_engines_answer_to_its_request(shallow_engine):
     """run_sample sends each row to the engine as a request (one encoding shared by the rows that read it)
-    and records what `Engine.compress` keeps for that request."""
+    and records what `Engine.compress` keeps for that request (a flow: on the shallow calibration, tests/conftest.py)."""
+    engine = shallow_engine
     from ilre.engine.messages import CompressRequest
     from ilre.evaluation.running.metrics import retention
     from ilre.evaluation.tasks.ruler import generate_sample
