@@ -15,9 +15,10 @@ from ilre.evaluation.running.other_corpus import run_other_corpus
 from ilre.evaluation.tasks.passkey import make_passkey_sample
 
 
-def test_records_are_the_engines_answers_and_a_rerun_adds_nothing(engine, tmp_path):
-    output = tmp_path / "other.jsonl"
-    run_other_corpus([2048], 2, 3, output, budget=256, progress=lambda _: None)
+def test_records_are_the_engines_answers_and_a_rerun_adds_nothing(shallow_engine, tmp_path):
+    """A flow: on the shallow calibration (tests/conftest.py), its cascade and plain ILRe at its own two layers."""
+    engine, output = shallow_engine, tmp_path / "other.jsonl"
+    run_other_corpus([2048], 2, 3, output, budget=256, progress=lambda _: None, engine=engine)
     records = [json.loads(line) for line in output.read_text().splitlines()]
     coarse, l_r = engine.with_profile(make_strategy("cascade")).coarse_layer, engine.layer
     assert sorted({r["strategy"] for r in records}) == sorted(["cascade", f"ilre@{coarse}", f"ilre@{l_r}"])
@@ -30,6 +31,6 @@ def test_records_are_the_engines_answers_and_a_rerun_adds_nothing(engine, tmp_pa
         result = engine.compress(CompressRequest(context_ids=sample.context_ids, query_ids=sample.query_ids, budget=256,
                                                  **fields))
         assert record["kept"] == needle_kept(torch.tensor(result.kept_indices), sample.needle), record
-    run_other_corpus([2048], 2, 3, output, budget=256, progress=lambda _: None)
+    run_other_corpus([2048], 2, 3, output, budget=256, progress=lambda _: None, engine=engine)
     assert len(output.read_text().splitlines()) == 6  # nothing measured twice
     assert any("plain ILRe at layer" in line for line in section(output))

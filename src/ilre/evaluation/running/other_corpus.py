@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import time
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -22,16 +23,20 @@ from ...engine.messages import CompressRequest
 from ..tasks.lengths import length_label
 from ..tasks.passkey import make_passkey_sample
 
+if TYPE_CHECKING:
+    from ...engine.engine import Engine
+
 SOURCE = "pydoc"
 OUTPUT = Path("results/eval/other_corpus.jsonl")
 
 
 def run_other_corpus(lengths: list[int], depths: int, distractors: int, output: Path, budget: int = 1024,
-                     digits: int = 8, progress=print) -> Path:
-    """Measure every (length, depth) not yet in `output` (JSONL, appended); returns `output`."""
+                     digits: int = 8, progress=print, engine: Engine | None = None) -> Path:
+    """Measure every (length, depth) not yet in `output` (JSONL, appended) on `engine` (None: the embedded model's,
+    `--dtype auto`); returns `output`."""
     from ...engine.engine import Engine, EngineConfig
 
-    engine = Engine(EngineConfig())
+    engine = engine or Engine(EngineConfig())
     coarse, l_r = engine.with_profile(make_strategy("cascade")).coarse_layer, engine.layer
     rows = {"cascade": {"strategy": "cascade"}, f"ilre@{coarse}": {"strategy": "ilre", "layer": coarse},
             f"ilre@{l_r}": {"strategy": "ilre", "layer": l_r}}  # the cascade first: its coarse encoding is then cached
