@@ -9,6 +9,7 @@ import copy
 import re
 
 import httpx
+import pytest
 
 from ilre.engine.documents import DocumentCache
 from ilre.evaluation.tasks.haystack import shakespeare_text
@@ -16,7 +17,15 @@ from tests.engine.test_chat import hook_module  # noqa: F401 (LiteLLM's base cla
 from tests.engine.test_growing import resume_at
 from tests.service.conftest import local_service  # noqa: F401 (the in-process service on the shared engine)
 
+
+@pytest.fixture(scope="module")
+def engine(shallow_engine):
+    """This module's point is a flow, not the stored profile's selections: the shallow calibration (tests/conftest.py)."""
+    return shallow_engine
+
+
 QUESTION = "Which lines speak of the crown?"
+
 
 def tool_chat(engine, start: int, tokens: int) -> list[dict]:
     """A tool result of `tokens` tokens of Shakespeare from character `start`, then the question."""
