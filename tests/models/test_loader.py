@@ -216,8 +216,9 @@ def test_config_read_as_json_equals_transformers_config(kind):
 
 
 def test_the_embedded_tokenizer_equals_autotokenizers():
-    """load_tokenizer builds the generic fast tokenizer the checkpoint names without AutoTokenizer's config
-    lookup: the same class, ids, special tokens and chat template."""
+    """load_tokenizer runs the embedded checkpoint's tokenizer.json on `tokenizers` (tests/models/test_fast_tokenizer.py)
+    and builds the generic fast tokenizer it names, for the rest, without AutoTokenizer's config lookup: the same
+    class, ids, special tokens and chat template."""
     from transformers import AutoTokenizer
 
     from ilre.models.embedded import embedded_checkpoint
@@ -225,9 +226,9 @@ def test_the_embedded_tokenizer_equals_autotokenizers():
 
     checkpoint = embedded_checkpoint()
     ours, theirs = load_tokenizer(checkpoint), AutoTokenizer.from_pretrained(str(checkpoint))
-    assert type(ours) is type(theirs)
+    assert type(ours).__name__ == "FastTokenizer" and type(ours.full) is type(theirs)
     for text in ("The passkey is 482913. Remember it.\n\n  def f(x):\treturn x", "naïve café 日本語 🙂 <|im_start|>"):
         assert ours.encode(text) == theirs.encode(text)
-    assert ours.all_special_ids == theirs.all_special_ids and ours.eos_token_id == theirs.eos_token_id
+    assert sorted(ours.all_special_ids) == sorted(theirs.all_special_ids) and ours.eos_token_id == theirs.eos_token_id
     chat = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "hi"}]
     assert ours.apply_chat_template(chat, tokenize=False) == theirs.apply_chat_template(chat, tokenize=False)
