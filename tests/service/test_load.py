@@ -13,7 +13,7 @@ from ilre.engine.messages import CompressRequest
 from ilre.service.client import AsyncClient
 from ilre.service.server import ServiceThread
 
-from ..conftest import DTYPE
+from ..conftest import DTYPE, shallow_profile
 from .conftest import QUERY, WorkerProcess, comparable, context, service_config
 
 CLIENTS, PER_CLIENT = 32, 2  # each client sends its next request once answered
@@ -21,9 +21,21 @@ REQUESTS = [dict(context=context(i, 2), query=QUERY, budget=32 + 4 * i, strategy
             for i in range(8)]
 
 
+def answers(engine) -> list[dict]:
+    return [comparable(engine.compress(CompressRequest(**r))) for r in REQUESTS]
+
+
 @pytest.fixture(scope="module")
 def wanted(engine):
-    return [comparable(engine.compress(CompressRequest(**r))) for r in REQUESTS]
+    """The answers of `ilre worker` processes (the stored profile)."""
+    return answers(engine)
+
+
+@pytest.fixture(scope="module")
+def wanted_shallow(shallow_engine):
+    """The answers of the in-process services, which run on the shallow calibration (tests/conftest.py): the load,
+    not the profile's selections, is their point."""
+    return answers(shallow_engine)
 
 
 def run_load(target: str) -> list[tuple[int, object]]:
@@ -54,18 +66,18 @@ def check(outcomes, wanted) -> None:
         assert comparable(result) == wanted[i]
 
 
-def test_load_in_process(engine, wanted):
-    with ServiceThread(service_config(max_queue=64), engine) as svc:
-        check(run_load(f"127.0.0.1:{svc.grpc_port}"), wanted)
+def test_load_in_process(shallow_engine, wanted_shallow):
+    with ServiceThread(service_config(max_queue=64), shallow_engine) as svc:
+        check(run_load(f"127.0.0.1:{svc.grpc_port}"), wanted_shallow)
         assert svc.service.metrics.errors.collect()[0].samples == []
 
 
-def test_load_in_process_with_batched_prefill(wanted):
+def test_load_in_process_with_batched_prefill(wanted_shallow):
     # short requests of one queue batch share a prefill (batch_tokens on, the default on GPUs):
     # every answer is still exactly the one-by-one answer
-    batched = Engine(EngineConfig(dtype=DTYPE, batch_tokens=16384))  # as the session engine
+    batched = Engine(EngineConfig(dtype=DTYPE, batch_tokens=16384), profile=shallow_profile())  # as the shallow engine
     with ServiceThread(service_config(max_queue=64, max_batch=16, max_wait_ms=20.0), batched) as svc:
-        check(run_load(f"127.0.0.1:{svc.grpc_port}"), wanted)
+        check(run_load(f"127.0.0.1:{svc.grpc_port}"), wanted_shallow)
         sizes = {s.name: s.value for s in svc.service.metrics.batch_size.collect()[0].samples}
         assert sizes["ilre_batch_size_sum"] > sizes["ilre_batch_size_count"]  # batches of more than one ran
 

@@ -400,8 +400,11 @@ def test_text_forwarding_sends_the_compressed_text(engine, relay, medium_prompt)
         assert FACT.strip() in sent[0]["content"]
 
 
-def test_compression_through_redis_workers_forwards_the_same_ids(engine, relay, redis_server, medium_prompt):
+def test_compression_through_redis_workers_forwards_the_same_ids(shallow_engine, relay, redis_server, medium_prompt):
+    """A flow (the queue between the sidecar and the worker): on the shallow calibration (tests/conftest.py)."""
     from .conftest import WorkerThread
+
+    engine = shallow_engine
 
     body = {"prompt": medium_prompt, "n_predict": 4, "temperature": 0, "compression": {"budget": 256}}
     config = service_config(redis_url=redis_server.url, redis_prefix="sidecar")
@@ -432,8 +435,11 @@ def test_api_keys_guard_every_route_but_the_probes(engine, relay, caplog):
         assert relay.last("/completion").headers["authorization"] == "Bearer k1"  # the engine sees it too
 
 
-def test_a_compressed_request_is_one_trace_with_the_engine_call(engine, relay, otlp, medium_prompt):
+def test_a_compressed_request_is_one_trace_with_the_engine_call(shallow_engine, relay, otlp, medium_prompt):
+    """(The trace, not the selection: on the shallow calibration, tests/conftest.py.)"""
     from ilre.service.common import tracing
+
+    engine = shallow_engine
 
     with sidecar_service(engine, relay.url) as svc, httpx.Client(base_url=f"http://127.0.0.1:{svc.http_port}", timeout=300) as http:
         reply = http.post("/completion", json={"prompt": medium_prompt, "n_predict": 4, **GREEDY},
