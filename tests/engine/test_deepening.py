@@ -26,12 +26,7 @@ from tests.tiny_models import N_LAYERS, random_ids, tiny_checkpoint
 
 from tests.service.conftest import comparable
 from .test_documents import CANDIDATES, QUESTIONS, long_text
-
-
-@pytest.fixture(scope="module")
-def engine(shallow_engine):
-    """This module's point is a flow, not the stored profile's selections: the shallow calibration (tests/conftest.py)."""
-    return shallow_engine
+from tests.shallow import engine_on_shallow_calibration  # noqa: F401 (engine: a flow, on the shallow calibration)
 
 
 BUDGET = 200  # 800 candidates: well inside the ~2.8K-token document, so the first query runs the candidate pass

@@ -27,12 +27,7 @@ from ilre.service.common.keys import ANONYMOUS, ApiKeys
 from ilre.service.documents.redis_tier import RedisDocuments
 
 from tests.service.conftest import ILRE, QUERY, Served, WorkerProcess, context, service_config, wait_for
-
-
-@pytest.fixture(scope="module")
-def engine(shallow_engine):
-    """This module's point is a flow, not the stored profile's selections: the shallow calibration (tests/conftest.py)."""
-    return shallow_engine
+from tests.shallow import engine_on_shallow_calibration  # noqa: F401 (engine: a flow, on the shallow calibration)
 
 
 KEYS = {"alice": "sk-alice-5f0c2a9e71", "bob": "sk-bob-88d1e4c03b", "carol": "sk-carol-1a7e90c2d4",

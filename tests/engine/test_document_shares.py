@@ -24,12 +24,7 @@ from tests.tiny_models import random_ids
 
 from .test_deepening import deepening_on
 from .test_documents import CANDIDATES, CONFIG, tiny, tiny_state
-
-
-@pytest.fixture(scope="module")
-def engine(shallow_engine):
-    """This module's point is a flow, not the stored profile's selections: the shallow calibration (tests/conftest.py)."""
-    return shallow_engine
+from tests.shallow import engine_on_shallow_calibration  # noqa: F401 (engine: a flow, on the shallow calibration)
 
 
 NAMES = DocumentNames(b"s" * 32)

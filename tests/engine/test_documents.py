@@ -22,12 +22,7 @@ from ilre.service.documents.redis_tier import RedisDocuments, charged
 from tests.tiny_models import N_LAYERS, random_ids, tiny_checkpoint
 
 from tests.service.conftest import comparable
-
-
-@pytest.fixture(scope="module")
-def engine(shallow_engine):
-    """This module's point is a flow, not the stored profile's selections: the shallow calibration (tests/conftest.py)."""
-    return shallow_engine
+from tests.shallow import engine_on_shallow_calibration  # noqa: F401 (engine: a flow, on the shallow calibration)
 
 
 CONFIG = PrefillConfig(sink=2, window=5, chunk=7)

@@ -9,12 +9,7 @@ from ilre.engine.messages import CompressRequest, InputError
 
 from ..conftest import DTYPE, SHALLOW_COARSE, shallow_profile
 from tests.service.conftest import QUERY, comparable, context
-
-
-@pytest.fixture(scope="module")
-def engine(shallow_engine):
-    """This module's point is batching, not the stored profile's selections: the shallow calibration (tests/conftest.py)."""
-    return shallow_engine
+from tests.shallow import engine_on_shallow_calibration  # noqa: F401 (engine: a flow, on the shallow calibration)
 
 
 @pytest.fixture(scope="module")

@@ -17,12 +17,7 @@ from tests.service.conftest import comparable
 from tests.reference import full_depth_options
 
 from .test_documents import CANDIDATES
-
-
-@pytest.fixture(scope="module")
-def engine(shallow_engine):
-    """This module's point is a flow, not the stored profile's selections: the shallow calibration (tests/conftest.py)."""
-    return shallow_engine
+from tests.shallow import engine_on_shallow_calibration  # noqa: F401 (engine: a flow, on the shallow calibration)
 
 
 QUERY = " Question: who speaks of the crown? Answer:"

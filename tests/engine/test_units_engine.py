@@ -15,12 +15,7 @@ from ilre.engine.messages import CompressRequest, InputError
 from ilre.models.token_bytes import context_bytes, token_bytes
 
 from .test_documents import CANDIDATES
-
-
-@pytest.fixture(scope="module")
-def engine(shallow_engine):
-    """This module's point is a flow, not the stored profile's selections: the shallow calibration (tests/conftest.py)."""
-    return shallow_engine
+from tests.shallow import engine_on_shallow_calibration  # noqa: F401 (engine: a flow, on the shallow calibration)
 
 
 RECORDS = [{"id": f"{a}-{b}", "status": s, "latency_ms": 1000 + 37 * k}

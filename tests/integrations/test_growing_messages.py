@@ -9,19 +9,13 @@ import copy
 import re
 
 import httpx
-import pytest
 
 from ilre.engine.documents import DocumentCache
 from ilre.evaluation.tasks.haystack import shakespeare_text
 from tests.engine.test_chat import hook_module  # noqa: F401 (LiteLLM's base class where LiteLLM is not installed)
 from tests.engine.test_growing import resume_at
 from tests.service.conftest import local_service  # noqa: F401 (the in-process service on the shared engine)
-
-
-@pytest.fixture(scope="module")
-def engine(shallow_engine):
-    """This module's point is a flow, not the stored profile's selections: the shallow calibration (tests/conftest.py)."""
-    return shallow_engine
+from tests.shallow import engine_on_shallow_calibration  # noqa: F401 (engine: a flow, on the shallow calibration)
 
 
 QUESTION = "Which lines speak of the crown?"

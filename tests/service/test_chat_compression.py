@@ -13,12 +13,7 @@ from ilre.service.transport.chat_compression import compress_chat
 
 from .agent_steps import agent_step
 from .haystacks import FACT, haystack
-
-
-@pytest.fixture(scope="module")
-def engine(shallow_engine):
-    """This module's point is the API, not the stored profile's selections: the shallow calibration (tests/conftest.py)."""
-    return shallow_engine
+from tests.shallow import engine_on_shallow_calibration  # noqa: F401 (engine: a flow, on the shallow calibration)
 
 
 def run(engine, messages, budget, frozen=None):

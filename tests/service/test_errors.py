@@ -16,12 +16,7 @@ from ilre.service.server import ServiceThread
 from ilre.service.transport.convert import pb, pb_grpc
 
 from .conftest import QUERY, grpc_client, http_client, service_config, wait_for
-
-
-@pytest.fixture(scope="module")
-def engine(shallow_engine):
-    """This module's point is the API, not the stored profile's selections: the shallow calibration (tests/conftest.py)."""
-    return shallow_engine
+from tests.shallow import engine_on_shallow_calibration  # noqa: F401 (engine: a flow, on the shallow calibration)
 
 
 SHORT = "The grass is green. The sky is blue. The vault code is 4471. The sun is yellow. " * 3  # ~60 tokens

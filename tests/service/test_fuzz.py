@@ -17,12 +17,7 @@ from ilre.service.common.config import SidecarConfig
 from ilre.service.server import ServiceThread
 
 from .conftest import free_port, grpc_client, http_client, service_config
-
-
-@pytest.fixture(scope="module")
-def engine(shallow_engine):
-    """This module's point is the API, not the stored profile's selections: the shallow calibration (tests/conftest.py)."""
-    return shallow_engine
+from tests.shallow import engine_on_shallow_calibration  # noqa: F401 (engine: a flow, on the shallow calibration)
 
 
 FIELDS = ("id", "context", "context_ids", "query", "query_ids", "budget", "ratio", "strategy",

@@ -17,12 +17,7 @@ from ilre.service.client import AsyncClient
 
 from .conftest import (LINES_QUERY, QUERY, assert_whole_lines, comparable, context, grpc_client, http_client,
                        lines_context)
-
-
-@pytest.fixture(scope="module")
-def engine(shallow_engine):
-    """This module's point is the API, not the stored profile's selections: the shallow calibration (tests/conftest.py)."""
-    return shallow_engine
+from tests.shallow import engine_on_shallow_calibration  # noqa: F401 (engine: a flow, on the shallow calibration)
 
 
 CONTRACT = {"id", "token_ids", "kept_indices", "compressed_context", "query", "original_tokens",
