@@ -56,7 +56,7 @@ def test_thin_install_compresses_through_a_running_service(tmp_path, built_packa
 
     run(sys.executable, "-m", "venv", str(tmp_path / "thin"))
     python, ilre = str(tmp_path / "thin" / "bin" / "python"), str(tmp_path / "thin" / "bin" / "ilre")
-    run(python, "-m", "pip", "install", "-q", f"{wheel}[langchain,llamaindex]")
+    run(python, "-m", "pip", "install", "-q", "--no-compile", f"{wheel}[langchain,llamaindex]")
     env = {k: v for k, v in os.environ.items() if k not in ("PYTHONPATH", "VIRTUAL_ENV")}
     no_torch = subprocess.run([python, "-c", "import torch"], capture_output=True, text=True, env=env, cwd=tmp_path)
     assert no_torch.returncode != 0 and "No module named 'torch'" in no_torch.stderr

@@ -38,18 +38,21 @@ class Proxy:
     `plugs`, the rest of config.yaml (default: the ilre hook, with its settings from the environment)."""
 
     def __init__(self, engine: LlamaServer | RecordingRelay, tmp_path: Path, plugs: str = HOOK,
-                 args: tuple[str, ...] = (), wait: bool = True, **settings: str):
+                 args: tuple[str, ...] = (), wait: bool = True, guardrails: dict[str, str] | None = None,
+                 **settings: str):
+        """`guardrails`: model name -> the guardrail that model runs (LiteLLM's model-level guardrails), one
+        model per entry; without it, one model, "smollm"."""
         binary = litellm_binary()
         if not binary.is_file():
             pytest.fail(f"LiteLLM's proxy not found at {binary}: run `make litellm` (make test does)")
         config = tmp_path / f"config-{len(list(tmp_path.glob('config-*')))}.yaml"
-        config.write_text(f"""model_list:
-  - model_name: smollm
+        models = "".join(f"""  - model_name: {name}
     litellm_params:
       model: openai/smollm
       api_base: {engine.url}/v1
       api_key: none
-""" + plugs)
+""" + (f"      guardrails: [{guardrail}]\n" if guardrail else "") for name, guardrail in (guardrails or {"smollm": ""}).items())
+        config.write_text("model_list:\n" + models + plugs)
         self.port = free_port()
         self.log = tmp_path / f"proxy-{self.port}.log"
         self.key = "sk-" + secrets.token_hex(24)  # the proxy refuses to start without a master key
@@ -75,10 +78,10 @@ class Proxy:
         except httpx.HTTPError:
             return False
 
-    def chat(self, messages: list[dict], max_tokens: int = 8) -> httpx.Response:
+    def chat(self, messages: list[dict], max_tokens: int = 8, model: str = "smollm") -> httpx.Response:
         return httpx.post(f"http://127.0.0.1:{self.port}/v1/chat/completions", timeout=600,
                           headers={"authorization": f"Bearer {self.key}"},
-                          json={"model": "smollm", "messages": messages, "max_tokens": max_tokens, "temperature": 0})
+                          json={"model": model, "messages": messages, "max_tokens": max_tokens, "temperature": 0})
 
     def stop(self) -> None:
         if self.proc.poll() is None:

@@ -27,13 +27,14 @@ ENGINES = {"vllm": (VllmServer, "openai"), "sglang": (SGLangServer, "sglang")}
 AGENT_APIS = {"vllm": ("openai.chat", "openai.responses", "anthropic.messages"), "sglang": ("openai.chat",)}
 TOOL_CALLS = {"vllm": ("--enable-auto-tool-choice", "--tool-call-parser", "hermes"),  # `tools` with tool_choice auto
               "sglang": ("--tool-call-parser", "qwen25")}
+FAST_START = {"vllm": (), "sglang": ("--skip-server-warmup",)}  # SGLang's own warm-up request: 7 s of a 52-s start
 
 
 @pytest.fixture(scope="module", params=sorted(ENGINES))
 def served(request):
     """(engine name, the running engine)."""
     server_class, _ = ENGINES[request.param]
-    server = server_class(WINDOW, *TOOL_CALLS[request.param]).start()
+    server = server_class(WINDOW, *TOOL_CALLS[request.param], *FAST_START[request.param]).start()
     print(f"\n{request.param}: ready in {server.start_s:.1f} s")
     yield request.param, server
     server.stop()
