@@ -9,6 +9,7 @@ import torch
 
 from ilre.compressor.prefill import PrefillConfig, chunk_bounds, streaming_prefill
 from ilre.kernels.rope import rerotate
+from ilre.kernels.rope import keys_as_read
 from ilre.models.loader import load_truncated
 from tests.reference import dense_prefill
 from tests.tiny_models import N_LAYERS, random_ids, single_thread, tiny_checkpoint  # noqa: F401
@@ -27,7 +28,7 @@ def run(kind, length, config, dca):
     cfg = PrefillConfig(config.sink, config.window, config.chunk, dca)
     context, query = random_ids(length, seed=length + 7), random_ids(N_QUERY, seed=8)
     state = streaming_prefill(model(kind), context, query, cfg)
-    return state.keys[N_LAYERS], state.queries[N_LAYERS], (context, query, cfg)
+    return keys_as_read(state.keys[N_LAYERS]), state.queries[N_LAYERS], (context, query, cfg)
 
 
 @pytest.mark.parametrize("kind", ["llama", "llama3", "qwen2_yarn", "qwen3"])

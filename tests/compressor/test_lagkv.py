@@ -10,6 +10,7 @@ import torch
 from ilre.compressor.pipeline import select_context, select_query
 from ilre.compressor.prefill import PrefillConfig, RetrievalState, encode_context
 from ilre.compressor.strategies import ScoreInputs, make_strategy
+from ilre.kernels.rope import keys_as_read
 from ilre.models.loader import load_truncated
 from tests.reference import literal_lagkv
 from tests.tiny_models import N_LAYERS, random_ids, tiny_checkpoint
@@ -73,5 +74,5 @@ def test_runs_without_a_query_and_scores_once_per_context():
     second = select_query(model, state, random_ids(3, seed=2), 30, strategy)
     assert second.kept.tolist() == first.kept.tolist() and state.scores.keys() == memo.keys()
     assert all(state.scores[k] is memo[k] for k in memo)  # not recomputed
-    keys, values = state.keys[N_LAYERS], state.parts["values"]
+    keys, values = keys_as_read(state.keys[N_LAYERS]), state.parts["values"]
     assert first.kept.tolist() == literal_lagkv(keys.float(), values.float(), 30, 4, 8)

@@ -9,6 +9,7 @@ import torch
 
 from ilre.compressor.prefill import PrefillConfig, chunk_bounds, streaming_prefill
 from ilre.kernels.query_scores import query_key_scores
+from ilre.kernels.rope import keys_as_read
 from ilre.models.loader import load_truncated
 from tests.reference import dense_prefill, dense_scores, lambda_mask
 from tests.tiny_models import N_LAYERS, random_ids, single_thread, tiny_checkpoint  # noqa: F401
@@ -62,9 +63,9 @@ def test_streaming_equals_dense_lambda_mask(kind, config_name, length):
     context, query = random_ids(length, seed=length), random_ids(N_QUERY, seed=100)
     state = streaming_prefill(lm, context, query, config)
     keys, queries = dense_prefill(lm, context, query, config)  # (KV, L, d), (H, Lq, d)
-    assert state.keys[N_LAYERS].shape == keys.shape
+    assert keys_as_read(state.keys[N_LAYERS]).shape == keys.shape
     assert state.queries[N_LAYERS].shape == queries.shape
-    torch.testing.assert_close(state.keys[N_LAYERS], keys, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(keys_as_read(state.keys[N_LAYERS]), keys, atol=2e-5, rtol=1e-5)
     torch.testing.assert_close(state.queries[N_LAYERS], queries, atol=2e-5, rtol=1e-5)
     scores = query_key_scores(state.queries[N_LAYERS], state.keys[N_LAYERS], block=8)  # (L,)
     torch.testing.assert_close(scores.double(), dense_scores(queries, keys), atol=1e-6, rtol=1e-4)
@@ -76,8 +77,9 @@ def test_window_matters_so_the_comparison_is_sensitive():
     context, query = random_ids(30, seed=30), random_ids(N_QUERY, seed=100)
     narrow = streaming_prefill(lm, context, query, PrefillConfig(sink=2, window=3, chunk=7))
     wide = streaming_prefill(lm, context, query, PrefillConfig(sink=2, window=None, chunk=7))
-    torch.testing.assert_close(narrow.keys[N_LAYERS][:, :9], wide.keys[N_LAYERS][:, :9])  # first chunk
-    assert (narrow.keys[N_LAYERS][:, 9:] - wide.keys[N_LAYERS][:, 9:]).abs().max() > 1e-2
+    narrow_keys, wide_keys = keys_as_read(narrow.keys[N_LAYERS]), keys_as_read(wide.keys[N_LAYERS])
+    torch.testing.assert_close(narrow_keys[:, :9], wide_keys[:, :9])  # first chunk
+    assert (narrow_keys[:, 9:] - wide_keys[:, 9:]).abs().max() > 1e-2
 
 
 @pytest.mark.parametrize("kind", ["llama", "qwen2"])
@@ -91,10 +93,10 @@ def test_several_score_layers_in_one_pass_equal_separate_passes(kind):
         assert list(alone.keys) == [layer]
         truncated = streaming_prefill(model(kind, layer), context, query, config)  # l_R = layer
         for other in (alone, truncated):
-            torch.testing.assert_close(together.keys[layer], other.keys[layer], atol=1e-6, rtol=1e-6)
+            torch.testing.assert_close(keys_as_read(together.keys[layer]), keys_as_read(other.keys[layer]), atol=1e-6, rtol=1e-6)
             torch.testing.assert_close(together.queries[layer], other.queries[layer], atol=1e-6, rtol=1e-6)
         keys, queries = dense_prefill(model(kind), context, query, config, layer=layer)
-        torch.testing.assert_close(together.keys[layer], keys, atol=2e-5, rtol=1e-5)
+        torch.testing.assert_close(keys_as_read(together.keys[layer]), keys, atol=2e-5, rtol=1e-5)
         torch.testing.assert_close(together.queries[layer], queries, atol=2e-5, rtol=1e-5)
 
 

@@ -8,6 +8,7 @@ import torch
 from tests.tiny_models import single_thread  # noqa: F401 (autouse)
 
 from ilre.kernels.query_scores import query_key_scores
+from ilre.kernels.rope import MovedKeys, rerotate
 from tests.reference import dense_scores
 
 N_KV, LENGTH, N_QUERY, DIM = 2, 23, 3, 16
@@ -54,3 +55,23 @@ def test_scores_uniform_for_zero_queries():
     q = torch.zeros(2, 2, DIM)
     keys = torch.randn(1, 10, DIM)
     torch.testing.assert_close(query_key_scores(q, keys, block=4), torch.full((10,), 0.1))
+
+
+@pytest.mark.parametrize("block", [1, 4, 64])
+@pytest.mark.parametrize("spans", [((0, 9, 14), (9, 14, 9)), ((0, 3, 20), (5, 11, -4)), ((0, LENGTH, 7),)],
+                         ids=["dca", "gaps", "all"])
+def test_moved_keys_score_as_the_moved_copy(block, spans):
+    """DCA's moved keys (MovedKeys: the query moved back per span, the keys never copied) score as the moved
+    copy does against a dense softmax, with gaps between spans, blocks across span ends and one span of all."""
+    q, keys = make(3, scale=2.0, seed=2)
+    moved = MovedKeys(keys, spans, rope_inv_freq(DIM))
+    copy = moved.moved()
+    for start, end, shift in spans:
+        torch.testing.assert_close(copy[:, start:end], rerotate(keys[:, start:end], moved.inv_freq, shift))
+    assert not torch.allclose(copy, keys)  # not vacuous: the spans moved the keys
+    torch.testing.assert_close(query_key_scores(q, moved, block=block).double(), dense_scores(q, copy),
+                               rtol=1e-5, atol=1e-7)
+
+
+def rope_inv_freq(dim: int, base: float = 10000.0) -> torch.Tensor:
+    return 1.0 / base ** (torch.arange(0, dim, 2, dtype=torch.float32) / dim)

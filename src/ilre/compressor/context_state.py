@@ -13,7 +13,7 @@ from typing import Callable
 
 import torch
 
-from ..kernels.rope import rerotate_into
+from ..kernels.rope import MovedKeys
 from ..models.llama import TruncatedLM
 from .prefill_config import PrefillConfig
 from .window_cache import WindowCache
@@ -44,12 +44,12 @@ def empty_part(name: str, model: TruncatedLM, length: int) -> torch.Tensor:
 
 @dataclass
 class RetrievalState:
-    """keys[l]: (kv_heads, L, d) context keys at score layer l (re-rotated if DCA);
+    """keys[l]: (kv_heads, L, d) context keys at score layer l (MovedKeys if DCA moves them: `keys_as_read`);
     queries[l]: (heads, Lq, d) query states at score layer l; parts: the extras asked for at l_R:
     values, raw_keys (kv_heads, L, d: before RoPE, so never moved by DCA), raw_queries (heads, Lq, d);
     stream: (Lq, D) the query's residual stream entering the top encoded layer (None where not made)."""
 
-    keys: dict[int, torch.Tensor]
+    keys: dict[int, torch.Tensor | MovedKeys]
     queries: dict[int, torch.Tensor]
     parts: dict[str, torch.Tensor] = field(default_factory=dict)
     stream: torch.Tensor | None = None
@@ -174,21 +174,16 @@ class ContextState:
         return state
 
 
-def score_keys(model: TruncatedLM, state: ContextState) -> dict[int, torch.Tensor]:
-    """The context keys as a query scores them: state.keys, or with DCA (eq. 7) a copy in which every chunk
-    i < N_C - 2 is moved to the start of chunk N_C - 2, so every query-key distance stays under two chunk
-    lengths. keys[l]: (kv_heads, L, d)."""
+def score_keys(model: TruncatedLM, state: ContextState) -> dict[int, torch.Tensor | MovedKeys]:
+    """The context keys as a query scores them: state.keys, or with DCA (eq. 7) every chunk i < N_C - 2 read
+    moved to the start of chunk N_C - 2, so every query-key distance stays under two chunk lengths (MovedKeys:
+    the scores move the query instead, nothing is copied). keys[l]: (kv_heads, L, d)."""
     bounds = chunk_bounds(state.length, state.config)
     if not state.config.dca or len(bounds) < 3:
         return state.keys
     base = bounds[-2][0]
-    moved = {}
-    for layer, keys in state.keys.items():
-        moved[layer] = out = torch.empty_like(keys)
-        out[:, base:] = keys[:, base:]
-        for start, end in bounds[:-2]:
-            rerotate_into(out[:, start:end], keys[:, start:end], model.inv_freq, base - start)
-    return moved
+    spans = tuple((start, end, base - start) for start, end in bounds[:-2])
+    return {layer: MovedKeys(keys, spans, model.inv_freq) for layer, keys in state.keys.items()}
 
 
 def _cache_tensors(prefix: str, cache: WindowCache) -> dict[str, torch.Tensor]:

@@ -290,7 +290,7 @@ def _check_text_or_ids(name: str, text: Any, ids: Any) -> None:
         if not text:
             raise InputError(name, "must not be empty")
     else:
-        if not isinstance(ids, list) or not all(_is_int(i) for i in ids):
+        if not isinstance(ids, list) or not {int}.issuperset(map(type, ids)):  # ints, not bools: at C speed
             raise InputError(f"{name}_ids", "must be a list of integer token ids")
         if not ids:
             raise InputError(f"{name}_ids", "must not be empty")

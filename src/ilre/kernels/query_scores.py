@@ -3,15 +3,19 @@
 from __future__ import annotations
 
 import math
+from typing import Iterator
 
 import torch
 
+from .rope import MovedKeys, rope_cos_sin, rotate_half
 
-def query_key_scores(q: torch.Tensor, keys: torch.Tensor, block: int = 8192) -> torch.Tensor:
+
+def query_key_scores(q: torch.Tensor, keys: torch.Tensor | MovedKeys, block: int = 2048) -> torch.Tensor:
     """A^C[j] = max over heads h and query positions t of softmax_j(q_{h,t} . k_j / sqrt(d)).
 
     q: (heads, Lq, d) query states at the retrieval layer; keys: (kv_heads, L, d) post-RoPE context
-    keys. Query head h is scored against kv head h // (heads / kv_heads) without repeating keys.
+    keys, or MovedKeys (DCA): each moved span is scored with the query moved back instead, the keys never copied.
+    Query head h is scored against kv head h // (heads / kv_heads) without repeating keys.
     Two passes over key blocks: a running max/sum gives each (head, query) row's log-sum-exp, then
     the normalised log-probabilities of each block are reduced by max (exponentiated once per token). Peak memory is one
     (heads, Lq, block) block. Returns (L,) float32.
@@ -20,21 +24,52 @@ def query_key_scores(q: torch.Tensor, keys: torch.Tensor, block: int = 8192) -> 
     n_kv, length, _ = keys.shape
     group = n_heads // n_kv
     qg = (q.float() / math.sqrt(dim)).reshape(n_kv, group * n_query, dim)  # (kv, g*Lq, d)
+    raw, blocks = (keys.keys, _moved_blocks(keys, block)) if isinstance(keys, MovedKeys) else \
+        (keys, [(start, min(length, start + block), 0) for start in range(0, length, block)])
+
+    def logits_of(start: int, end: int, query: torch.Tensor) -> torch.Tensor:  # (kv, g*Lq, end - start)
+        return query @ raw[:, start:end].float().transpose(1, 2)
+
     row_max = torch.full((n_kv, group * n_query), -math.inf, device=q.device)
     row_sum = torch.zeros(n_kv, group * n_query, device=q.device)
-    for start in range(0, length, block):
-        logits = qg @ keys[:, start : start + block].float().transpose(1, 2)  # (kv, g*Lq, blk)
+    for (start, end, shift), query in _moved_queries(qg, blocks, keys):
+        logits = logits_of(start, end, query)
         new_max = torch.maximum(row_max, logits.amax(dim=-1))
-        row_sum = row_sum * torch.exp(row_max - new_max) + torch.exp(
-            logits - new_max.unsqueeze(-1)
-        ).sum(dim=-1)
+        row_sum = row_sum * torch.exp(row_max - new_max) + torch.exp(logits - new_max.unsqueeze(-1)).sum(dim=-1)
         row_max = new_max
     lse = (row_max + row_sum.log()).unsqueeze(-1)  # (kv, g*Lq, 1)
     scores = torch.empty(length, device=q.device)
-    for start in range(0, length, block):
-        logits = qg @ keys[:, start : start + block].float().transpose(1, 2)
-        scores[start : start + block] = (logits - lse).amax(dim=(0, 1))
+    for (start, end, shift), query in _moved_queries(qg, blocks, keys):
+        scores[start:end] = (logits_of(start, end, query) - lse).amax(dim=(0, 1))
     return scores.exp_()  # exp is monotonic: the max of the probabilities is exp of the max, one exp per token
+
+
+def _moved_blocks(keys: MovedKeys, block: int) -> list[tuple[int, int, int]]:
+    """(start, end, shift) blocks of at most `block` keys covering [0, L), each within one span of `keys`."""
+    spans, at = [], 0
+    for start, end, shift in sorted(keys.spans):
+        if at < start:
+            spans.append((at, start, 0))
+        spans.append((start, end, shift))
+        at = end
+    spans.append((at, keys.shape[1], 0))
+    return [(a, min(end, a + block), shift) for start, end, shift in spans for a in range(start, end, block)]
+
+
+def _moved_queries(qg: torch.Tensor, blocks: list[tuple[int, int, int]], keys: torch.Tensor | MovedKeys
+                   ) -> Iterator[tuple[tuple[int, int, int], torch.Tensor]]:
+    """Each block with the query that scores it: qg (kv, g*Lq, d) moved by -shift (R(-s) q = q cos - rot(q) sin,
+    the tables of every shift made at once; one move per run of equal shifts)."""
+    shifts = sorted({shift for _, _, shift in blocks} - {0})
+    if shifts:
+        cos, sin = rope_cos_sin(keys.inv_freq, torch.tensor(shifts, device=qg.device))  # (n, d) each
+        row, turned = {shift: i for i, shift in enumerate(shifts)}, rotate_half(qg)
+    query, last = qg, 0
+    for start, end, shift in blocks:
+        if shift != last:
+            query = qg if shift == 0 else qg * cos[row[shift]] - turned * sin[row[shift]]
+            last = shift
+        yield (start, end, shift), query
 
 
 def blend_layers(primary: torch.Tensor, others: list[torch.Tensor], weight: float, sink: int) -> torch.Tensor:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 
@@ -52,3 +54,35 @@ def rerotate_into(out: torch.Tensor, k: torch.Tensor, inv_freq: torch.Tensor, sh
     out[..., :half].addcmul_(k[..., half:], sin[..., :half], value=-1)
     out[..., half:].addcmul_(k[..., :half], sin[..., half:])
     return out
+
+
+@dataclass(frozen=True)
+class MovedKeys:
+    """Context keys as a query reads them under DCA (eq. 7): `keys` (kv_heads, L, d) as encoded, and `spans`,
+    ranges (start, end, shift) whose keys are read moved by `shift` positions (R(shift) k); the rest as they are.
+    RoPE's rotations are orthogonal, so q . R(s) k = R(-s) q . k: scores move the query, once per span, instead of
+    copying the keys (kernels/query_scores.py). `moved()` makes the copy, for what reads the keys themselves."""
+
+    keys: torch.Tensor
+    spans: tuple[tuple[int, int, int], ...]
+    inv_freq: torch.Tensor
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.keys.shape
+
+    @property
+    def device(self) -> torch.device:
+        return self.keys.device
+
+    def moved(self) -> torch.Tensor:
+        """The keys moved: (kv_heads, L, d), a new tensor."""
+        out = self.keys.clone()
+        for start, end, shift in self.spans:
+            rerotate_into(out[:, start:end], self.keys[:, start:end], self.inv_freq, shift)
+        return out
+
+
+def keys_as_read(keys: torch.Tensor | MovedKeys) -> torch.Tensor:
+    """The keys a query reads (kv_heads, L, d): MovedKeys moved, a tensor as it is."""
+    return keys.moved() if isinstance(keys, MovedKeys) else keys

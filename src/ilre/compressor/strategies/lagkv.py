@@ -28,6 +28,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ...kernels.rope import keys_as_read
 from .base import ScoreInputs, Strategy
 
 EPS = 1e-6
@@ -108,7 +109,7 @@ class LagKV(Strategy):
 
     def score(self, inputs: ScoreInputs) -> torch.Tensor:
         """(L,) scores: +inf for the sink and the window, each scored partition's LagKV scores."""
-        keys = inputs.state.keys[max(inputs.state.keys)]
+        keys = keys_as_read(inputs.state.keys[max(inputs.state.keys)])  # as the query reads them (DCA moved)
         lay = self._layout(inputs.length, inputs.sink)
         scores = torch.full((inputs.length,), math.inf, dtype=torch.float32, device=keys.device)
         if lay.n:
