@@ -1,7 +1,7 @@
 """The LiteLLM proxy hook as a gateway runs it: LiteLLM's real proxy (its own environment with the thin
 ilre client, `make litellm`, built by `make test`) in front of llama.cpp's server (a 4096-token window),
-compressing through a real `ilre serve` on loopback; then the same with ilre stopped (fail-open) and in
-strict mode."""
+compressing through a real `ilre serve` on loopback, by tokens and by whole lines; then the same with ilre
+stopped (fail-open) and in strict mode."""
 
 from __future__ import annotations
 
@@ -114,25 +114,22 @@ def engine():
     server.stop()
 
 
-@pytest.fixture(scope="module")
-def ilre_served():
-    with served_by("--budget", "1024") as served:
-        yield served
-
-
-def test_long_chat_refused_whole_is_answered_and_with_ilre_stopped_fails_open_or_strict_refuses(engine, tmp_path):
-    """Through the proxy: a chat the engine refuses whole is compressed and answered, a short one passes through;
-    then ilre stops: the default hook lets the call go on uncompressed, a strict one refuses it (two proxies started
-    at once: one LiteLLM start is ~17 s of CPU)."""
+def test_long_chat_is_answered_whole_lines_kept_and_with_ilre_stopped_fails_open_or_strict_refuses(engine, tmp_path):
+    """Through the proxy: a chat the engine refuses whole is compressed and answered, a short one passes through; a
+    second proxy (strict, granularity unit) keeps whole lines of each compressed message; then ilre stops: the
+    default hook lets the call go on uncompressed, the strict one refuses it (the two proxies started at once: one
+    LiteLLM start is ~17 s of CPU)."""
     long = chat_of(20000)  # ~5K tokens
     refused = direct(engine, long)
     assert refused.status_code == 400 and "context" in refused.text  # the engine cannot take it whole
     middle = chat_of(8000)  # ~2K tokens: above the budget, within the engine's window
+    relay = RecordingRelay(engine.port)  # what the engine received from the strict proxy
     proxies: list[Proxy] = []
     try:
         with served_by("--budget", "1024") as served:
             proxies += [Proxy(engine, tmp_path, target=served.grpc, budget="1024", timeout_s="120", wait=False),  # the default 30 s is short on a loaded 2-core machine
-                        Proxy(engine, tmp_path, target=served.grpc, budget="1024", strict="1", wait=False)]
+                        Proxy(relay, tmp_path, target=served.grpc, budget="200", granularity="unit", strict="1",
+                              timeout_s="120", wait=False)]
             proxy, strict = (p.ready() for p in proxies)  # started together
             answer = proxy.chat(long)
             assert answer.status_code == 200, answer.text
@@ -147,6 +144,7 @@ def test_long_chat_refused_whole_is_answered_and_with_ilre_stopped_fails_open_or
             assert untouched.status_code == 200 and untouched.headers["x-ilre-action"] == "passthrough"
             assert untouched.headers["x-ilre-reason"] == "fits the budget"
             assert untouched.json()["usage"]["prompt_tokens"] == direct(engine, short).json()["usage"]["prompt_tokens"]
+            assert_whole_lines_kept(strict, relay)
         answer = proxy.chat(middle)  # ilre is gone: the call goes on uncompressed
         assert answer.status_code == 200, answer.text
         assert answer.headers["x-ilre-action"] == "failed" and "UNAVAILABLE" in answer.headers["x-ilre-reason"]
@@ -159,26 +157,22 @@ def test_long_chat_refused_whole_is_answered_and_with_ilre_stopped_fails_open_or
     finally:
         for proxy in proxies:
             proxy.stop()
-
-
-def test_granularity_unit_keeps_whole_lines_of_each_compressed_message(engine, ilre_served, tmp_path):
-    relay = RecordingRelay(engine.port)  # what the engine received
-    proxy = Proxy(relay, tmp_path, target=ilre_served.grpc, budget="200", granularity="unit", timeout_s="120")
-    try:
-        text = lines_context(300)  # ~5K tokens
-        messages = [{"role": "user", "content": text}, {"role": "assistant", "content": "Noted."},
-                    {"role": "user", "content": "What is the value of item 17?"}]
-        answer = proxy.chat(messages)
-        assert answer.status_code == 200, answer.text
-        assert answer.headers["x-ilre-action"] == "compressed"
-        sent = relay.last("/v1/chat/completions").json()["messages"]
-        assert sent[1:] == messages[1:]
-        kept, whole = sent[0]["content"].split("\n"), set(text.split("\n"))
-        assert len(kept) > 5 and len(sent[0]["content"]) < len(text) / 10
-        assert len([line for line in kept[1:] if line not in whole]) <= 1, kept  # but the sink and one cut to fit
-    finally:
-        proxy.stop()
         relay.close()
+
+
+def assert_whole_lines_kept(proxy: Proxy, relay: RecordingRelay) -> None:
+    """Granularity unit (the proxy's hook at budget 200): each compressed message keeps whole lines."""
+    text = lines_context(300)  # ~5K tokens
+    messages = [{"role": "user", "content": text}, {"role": "assistant", "content": "Noted."},
+                {"role": "user", "content": "What is the value of item 17?"}]
+    answer = proxy.chat(messages)
+    assert answer.status_code == 200, answer.text
+    assert answer.headers["x-ilre-action"] == "compressed"
+    sent = relay.last("/v1/chat/completions").json()["messages"]
+    assert sent[1:] == messages[1:]
+    kept, whole = sent[0]["content"].split("\n"), set(text.split("\n"))
+    assert len(kept) > 5 and len(sent[0]["content"]) < len(text) / 10
+    assert len([line for line in kept[1:] if line not in whole]) <= 1, kept  # but the sink and one cut to fit
 
 
 def test_a_granularity_ilre_does_not_offer_is_refused_by_name():
