@@ -75,6 +75,7 @@ bench: setup engine litellm ## latency and peak memory; per dtype up to 1M token
 	$(PY) bench/speed_bench.py          # float32, bfloat16 and int8 side by side
 	$(PY) bench/dtype_agreement.py      # int8's share of float32's selections on other texts
 	$(PY) bench/attention_kernels.py
+	$(PY) bench/query_scores_bench.py   # a deepened document's scores with DCA: the query moved, not the keys
 	$(PY) bench/document_bench.py
 	$(PY) bench/growing_bench.py        # resumable: results/bench/growing.jsonl
 	$(PY) bench/stream_agreement.py
