@@ -30,25 +30,25 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 # module-scoped servers start once; the wheel's and the thin client's tests share the package built once. The
 # longest modules are handed out first (as measured), so that no long one is left for the end.
 LONGEST_FIRST = [  # worker-seconds under `make test` (2 workers, 2 cores without AVX-512), as last measured
-    "service/test_sidecar_engines.py",  # 383: vLLM and SGLang, a start each
-    "service/test_sidecar.py",  # 279
-    "package",  # test_thin_client 114 + test_wheel 102: one package build
-    "integrations/test_litellm.py",  # 147: two LiteLLM proxy starts at once, then one
-    "test_needle.py",  # 270, as two groups of depths
-    "integrations/test_llmlingua.py",  # 124
-    "evaluation/test_run_eval.py",  # 123
-    "service/test_gateway.py",  # 122
-    "engine/test_document_shares.py",  # 106
-    "service/test_redis_failover.py",  # 88
-    "service/test_redis_queue.py",  # 88
-    "cli/test_serve_cli.py",  # 86
-    "engine/test_growing.py",  # 80
-    "engine/test_documents.py",  # 80
-    "test_strategies_needle.py",  # 66
-    "engine/test_document_scope.py",  # 64
-    "engine/test_deepening.py",  # 61
-    "integrations/test_integrations.py",  # 60
-    "service/test_gateway_routes.py",  # 57
+    "service/test_sidecar_engines.py",  # 377: vLLM and SGLang, a start each
+    "service/test_sidecar.py",  # 233
+    "package",  # test_thin_client 92 + test_wheel 72: one package build
+    "integrations/test_litellm.py",  # 122: two LiteLLM proxy starts at once
+    "test_needle.py",  # 256, as two groups of depths
+    "integrations/test_llmlingua.py",  # 107
+    "evaluation/test_run_eval.py",  # 119
+    "service/test_gateway.py",  # 111: one LiteLLM proxy start
+    "engine/test_document_shares.py",  # 104
+    "service/test_redis_failover.py",  # 96
+    "service/test_redis_queue.py",  # 80
+    "cli/test_serve_cli.py",  # 88
+    "engine/test_growing.py",  # 83
+    "engine/test_documents.py",  # 81
+    "test_strategies_needle.py",  # 72
+    "engine/test_document_scope.py",  # 66
+    "engine/test_deepening.py",  # 55
+    "integrations/test_integrations.py",  # 52
+    "service/test_gateway_routes.py",  # 56
 ]
 TESTS = Path(__file__).parent
 PACKAGE_MODULES = {"test_wheel.py", "test_thin_client.py"}
