@@ -11,10 +11,9 @@ Usage: bench/query_scores_bench.py [--lengths 32768,131072] [--repeats 5]
 from __future__ import annotations
 
 import argparse
-import time
-
 import torch
 
+from attention_kernels import best_ms  # bench/: the script's own folder is on the path
 from ilre.compressor.context_state import chunk_bounds
 from ilre.compressor.prefill_config import PrefillConfig
 from ilre.kernels.query_scores import query_key_scores
@@ -22,17 +21,6 @@ from ilre.kernels.rope import MovedKeys
 
 HEADS, KV_HEADS, DIM = 9, 3, 64
 INV_FREQ = 1.0 / 100000.0 ** (torch.arange(0, DIM, 2, dtype=torch.float32) / DIM)  # the embedded model's base
-
-
-def best_ms(fn, repeats: int) -> float:
-    fn()
-    best = float("inf")
-    for _ in range(3):
-        start = time.perf_counter()
-        for _ in range(repeats):
-            fn()
-        best = min(best, (time.perf_counter() - start) / repeats)
-    return best * 1000.0
 
 
 def moved_keys(keys: torch.Tensor, config: PrefillConfig) -> MovedKeys:
