@@ -11,23 +11,17 @@ Usage: bench/query_scores_bench.py [--lengths 32768,131072] [--repeats 5]
 from __future__ import annotations
 
 import argparse
+
 import torch
 
 from attention_kernels import best_ms  # bench/: the script's own folder is on the path
-from ilre.compressor.context_state import chunk_bounds
+from ilre.compressor.context_state import dca_spans
 from ilre.compressor.prefill_config import PrefillConfig
 from ilre.kernels.query_scores import query_key_scores
 from ilre.kernels.rope import MovedKeys
 
 HEADS, KV_HEADS, DIM = 9, 3, 64
 INV_FREQ = 1.0 / 100000.0 ** (torch.arange(0, DIM, 2, dtype=torch.float32) / DIM)  # the embedded model's base
-
-
-def moved_keys(keys: torch.Tensor, config: PrefillConfig) -> MovedKeys:
-    """The keys as compressor/context_state.score_keys gives them for a state of this length (DCA on)."""
-    bounds = chunk_bounds(keys.shape[1], config)
-    base = bounds[-2][0]
-    return MovedKeys(keys, tuple((start, end, base - start) for start, end in bounds[:-2]), INV_FREQ)
 
 
 def main() -> None:
@@ -37,12 +31,13 @@ def main() -> None:
     args = parser.parse_args()
     config = PrefillConfig(sink=4, window=512, chunk=1024, dca=True)
     print(f"threads {torch.get_num_threads()}; keys float32, chunks of {config.chunk}, DCA on")
-    print("| context | query tokens | moved copy + blocks of 8,192 ms | query moved per chunk ms | speed-up | copy MiB | max |diff| |")
+    print("| context | query tokens | moved copy + blocks of 8,192 ms | query moved per chunk ms | speed-up | copy MiB "
+          "| max |diff| |")
     print("|---|---|---|---|---|---|---|")
     generator = torch.Generator().manual_seed(0)
     for length in (int(x) for x in args.lengths.split(",") if x):
         keys = torch.randn(KV_HEADS, length, DIM, generator=generator)
-        moved = moved_keys(keys, config)
+        moved = MovedKeys(keys, dca_spans(length, config), INV_FREQ)  # as the engine's score_keys makes them
         for n_query in (15, 64):
             q = torch.randn(HEADS, n_query, DIM, generator=generator)
             before = best_ms(lambda: query_key_scores(q, moved.moved(), block=8192), args.repeats)

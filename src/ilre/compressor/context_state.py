@@ -175,15 +175,23 @@ class ContextState:
 
 
 def score_keys(model: TruncatedLM, state: ContextState) -> dict[int, torch.Tensor | MovedKeys]:
-    """The context keys as a query scores them: state.keys, or with DCA (eq. 7) every chunk i < N_C - 2 read
-    moved to the start of chunk N_C - 2, so every query-key distance stays under two chunk lengths (MovedKeys:
+    """The context keys as a query scores them: state.keys, or with DCA (eq. 7) read moved (`dca_spans`; MovedKeys:
     the scores move the query instead, nothing is copied). keys[l]: (kv_heads, L, d)."""
-    bounds = chunk_bounds(state.length, state.config)
-    if not state.config.dca or len(bounds) < 3:
+    spans = dca_spans(state.length, state.config)
+    if not spans:
         return state.keys
-    base = bounds[-2][0]
-    spans = tuple((start, end, base - start) for start, end in bounds[:-2])
     return {layer: MovedKeys(keys, spans, model.inv_freq) for layer, keys in state.keys.items()}
+
+
+def dca_spans(length: int, config: PrefillConfig) -> tuple[tuple[int, int, int], ...]:
+    """DCA's key moves (eq. 7) for a context of `length`: (start, end, shift) for every chunk i < N_C - 2, moved to
+    the start of chunk N_C - 2 so that every query-key distance stays under two chunk lengths; () without DCA or
+    with fewer than three chunks."""
+    bounds = chunk_bounds(length, config)
+    if not config.dca or len(bounds) < 3:
+        return ()
+    base = bounds[-2][0]
+    return tuple((start, end, base - start) for start, end in bounds[:-2])
 
 
 def _cache_tensors(prefix: str, cache: WindowCache) -> dict[str, torch.Tensor]:

@@ -24,52 +24,53 @@ def query_key_scores(q: torch.Tensor, keys: torch.Tensor | MovedKeys, block: int
     n_kv, length, _ = keys.shape
     group = n_heads // n_kv
     qg = (q.float() / math.sqrt(dim)).reshape(n_kv, group * n_query, dim)  # (kv, g*Lq, d)
-    raw, blocks = (keys.keys, _moved_blocks(keys, block)) if isinstance(keys, MovedKeys) else \
-        (keys, [(start, min(length, start + block), 0) for start in range(0, length, block)])
+    raw, spans, inv_freq = (keys.keys, keys.spans, keys.inv_freq) if isinstance(keys, MovedKeys) else (keys, (), None)
+    blocks = _blocks(spans, length, block)
 
     def logits_of(start: int, end: int, query: torch.Tensor) -> torch.Tensor:  # (kv, g*Lq, end - start)
         return query @ raw[:, start:end].float().transpose(1, 2)
 
     row_max = torch.full((n_kv, group * n_query), -math.inf, device=q.device)
     row_sum = torch.zeros(n_kv, group * n_query, device=q.device)
-    for (start, end, shift), query in _moved_queries(qg, blocks, keys):
+    for (start, end), query in _moved_queries(qg, blocks, inv_freq):
         logits = logits_of(start, end, query)
         new_max = torch.maximum(row_max, logits.amax(dim=-1))
         row_sum = row_sum * torch.exp(row_max - new_max) + torch.exp(logits - new_max.unsqueeze(-1)).sum(dim=-1)
         row_max = new_max
     lse = (row_max + row_sum.log()).unsqueeze(-1)  # (kv, g*Lq, 1)
     scores = torch.empty(length, device=q.device)
-    for (start, end, shift), query in _moved_queries(qg, blocks, keys):
+    for (start, end), query in _moved_queries(qg, blocks, inv_freq):
         scores[start:end] = (logits_of(start, end, query) - lse).amax(dim=(0, 1))
     return scores.exp_()  # exp is monotonic: the max of the probabilities is exp of the max, one exp per token
 
 
-def _moved_blocks(keys: MovedKeys, block: int) -> list[tuple[int, int, int]]:
-    """(start, end, shift) blocks of at most `block` keys covering [0, L), each within one span of `keys`."""
-    spans, at = [], 0
-    for start, end, shift in sorted(keys.spans):
+def _blocks(spans: tuple[tuple[int, int, int], ...], length: int, block: int) -> list[tuple[int, int, int]]:
+    """(start, end, shift) blocks of at most `block` keys covering [0, length), each within one of the moved `spans`
+    (start, end, shift) or in the unmoved rest (shift 0)."""
+    runs, at = [], 0
+    for start, end, shift in sorted(spans):
         if at < start:
-            spans.append((at, start, 0))
-        spans.append((start, end, shift))
+            runs.append((at, start, 0))
+        runs.append((start, end, shift))
         at = end
-    spans.append((at, keys.shape[1], 0))
-    return [(a, min(end, a + block), shift) for start, end, shift in spans for a in range(start, end, block)]
+    runs.append((at, length, 0))
+    return [(a, min(end, a + block), shift) for start, end, shift in runs for a in range(start, end, block)]
 
 
-def _moved_queries(qg: torch.Tensor, blocks: list[tuple[int, int, int]], keys: torch.Tensor | MovedKeys
-                   ) -> Iterator[tuple[tuple[int, int, int], torch.Tensor]]:
-    """Each block with the query that scores it: qg (kv, g*Lq, d) moved by -shift (R(-s) q = q cos - rot(q) sin,
-    the tables of every shift made at once; one move per run of equal shifts)."""
+def _moved_queries(qg: torch.Tensor, blocks: list[tuple[int, int, int]], inv_freq: torch.Tensor | None
+                   ) -> Iterator[tuple[tuple[int, int], torch.Tensor]]:
+    """Each block's (start, end) with the query that scores it: qg (kv, g*Lq, d) moved by -shift (R(-s) q =
+    q cos - rot(q) sin, the tables of every shift made at once; one move per run of equal shifts)."""
     shifts = sorted({shift for _, _, shift in blocks} - {0})
     if shifts:
-        cos, sin = rope_cos_sin(keys.inv_freq, torch.tensor(shifts, device=qg.device))  # (n, d) each
+        cos, sin = rope_cos_sin(inv_freq, torch.tensor(shifts, device=qg.device))  # (n, d) each
         row, turned = {shift: i for i, shift in enumerate(shifts)}, rotate_half(qg)
     query, last = qg, 0
     for start, end, shift in blocks:
         if shift != last:
             query = qg if shift == 0 else qg * cos[row[shift]] - turned * sin[row[shift]]
             last = shift
-        yield (start, end, shift), query
+        yield (start, end), query
 
 
 def blend_layers(primary: torch.Tensor, others: list[torch.Tensor], weight: float, sink: int) -> torch.Tensor:
