@@ -16,7 +16,7 @@
    beside the live K/V a later query reads (per layer below the state's top layer min(L, S + W)
    K and V entries, the top layer's keys of all L tokens).
 Usage: bench/document_bench.py [--lengths 32768,131072] [--questions 20] [--ingest 131072,1040000]
-                               [--cached 300,3000,30000,300000]
+                               [--cached 300,3000,30000,300000] [--dtype auto]
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ def timed(call) -> tuple[float, object]:
     return time.perf_counter() - start, out
 
 
-def service_rows(lengths: list[int], n_questions: int, deepen: bool = True) -> list[str]:
+def service_rows(lengths: list[int], n_questions: int, deepen: bool = True, dtype: str = "auto") -> list[str]:
     """Per length, twice from a cold cache: the first question, then other questions about the same document by
     document_id and by text, sent as soon as the first answer arrives (deepening has not begun: their candidates
     start at the coarse layer from the stream the document kept), and again LATER_S seconds after the first
@@ -80,10 +80,11 @@ def service_rows(lengths: list[int], n_questions: int, deepen: bool = True) -> l
     from ilre.service.common.config import ServiceConfig
     from ilre.service.server import ServiceThread
 
-    engine = Engine(EngineConfig(deepen=deepen))
+    engine = Engine(EngineConfig(deepen=deepen, dtype=dtype))
     config = ServiceConfig(host="127.0.0.1", grpc_port=0, http_port=0)
     lines = [f"First question, then another by document_id and another by text, sent at once and {LATER_S:.0f} s after "
-             f"the first answer (in-process queue, gRPC on loopback, background deepening {'on' if deepen else 'off'}); "
+             f"the first answer ({engine.placement.describe()}, in-process queue, gRPC on loopback, background deepening "
+             f"{'on' if deepen else 'off'}); "
              "x = first / follow-up",
              "| context tokens | first s | at once by id s | by text s | deepening s | "
              f"{LATER_S:.0f} s later by id s | by text s | deepened by then | needle first / at once / later |",
@@ -221,6 +222,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--lengths", default="32768,131072", help="document lengths asked twice through the service")
     parser.add_argument("--questions", type=int, default=20)
+    parser.add_argument("--dtype", default="auto", help="the service's --dtype for the service rows (auto: as `ilre serve` picks it)")
     parser.add_argument("--deepen", choices=("idle", "off"), default="idle",
                         help="the service's --deepen (off: later questions run their candidates from layer 1)")
     parser.add_argument("--ingest", default="131072,1040000", help="document lengths for the ingest run ('' = none)")
@@ -231,7 +233,7 @@ def main() -> None:
     if ingest_lengths:  # first, while this process holds no model and no threads
         print("\n".join(ingest_rows(ingest_lengths)) + "\n", flush=True)
     if lengths or args.questions:
-        print("\n".join(service_rows(lengths, args.questions, args.deepen == "idle")) + "\n", flush=True)
+        print("\n".join(service_rows(lengths, args.questions, args.deepen == "idle", args.dtype)) + "\n", flush=True)
     cached = [int(x) for x in args.cached.split(",") if x]
     if cached:
         print("\n".join(cached_rows(cached)), flush=True)

@@ -1,6 +1,7 @@
 """What a growing context costs, with and without taking its cached prefix on (`--resume on|off`), in one run.
 
-Two conversations on the embedded model (float32 on this CPU, the default cascade, budget 1024):
+Two conversations on the embedded model (`--dtype`, default auto: float32 on a CPU without native bfloat16; the
+default cascade, budget 1024):
   chat   through the sidecar (in this process, in front of llama.cpp's llama-server serving the same model): a
          32K-token document in the system message, then 20 turns, each adding a ~300-token question and answer;
          each turn is one POST /v1/chat/completions (one new token); the sidecar reads the chat message by
@@ -26,7 +27,7 @@ their ratio.
 Rows go to --rows as each turn finishes; a rerun goes on from the turn after the last one there (it first sends
 that turn again, untimed, to hold what the earlier turns left in the cache); --fresh starts over.
 
-    .venv/bin/python bench/growing_bench.py [--turns 20] [--kinds chat,agent]
+    .venv/bin/python bench/growing_bench.py [--turns 20] [--kinds chat,agent] [--dtype auto]
 """
 
 from __future__ import annotations
@@ -281,11 +282,12 @@ def main() -> None:
     parser.add_argument("--rows", type=Path, default=ROWS)
     parser.add_argument("--fresh", action="store_true")
     parser.add_argument("--document-tokens", type=int, help="a shorter start (a quick look): chat 32000, agent 16000")
+    parser.add_argument("--dtype", default="auto", help="the engine's --dtype (auto: as `ilre serve` picks it)")
     args = parser.parse_args()
     if args.fresh and args.rows.exists():
         args.rows.unlink()
-    engine = Engine(EngineConfig(dtype="float32"))
-    print(f"{engine.model_name}, layer {engine.layer}, float32, budget {BUDGET}", flush=True)
+    engine = Engine(EngineConfig(dtype=args.dtype))
+    print(f"{engine.model_name}, layer {engine.layer}, {engine.placement.describe()}, budget {BUDGET}", flush=True)
     for kind in args.kinds.split(","):
         if kind == "agent-at-once":
             run_at_once(engine, args.turns, args.rows, args.document_tokens)
