@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ..kernels.chunk_attention import chunk_attention
-from ..kernels.rope import apply_rope, rerotate, rope_cos_sin
+from ..kernels.rope import rerotate
 from ..models.llama import TruncatedLM
 from .prefill import PrefillConfig, chunk_bounds
 
@@ -132,11 +132,6 @@ def candidate_prefill_many(model: TruncatedLM, context_ids: torch.Tensor, candid
     query_blocks = [(n_c + a, n_c + b) for a, b in zip(ends[:-1], ends[1:])]
     blocks = [(i, min(i + config.chunk, n_c)) for i in range(0, n_c, config.chunk)] + query_blocks
     spec = model.spec
-    sink_shifts = sorted({g.sink_shift for g in groups if not g.first})  # DCA's sink moves (eq. 6), one per chunk
-    sink_slot = {shift: i for i, shift in enumerate(sink_shifts)}
-    if sink_shifts:  # their rotations, made once for every layer: (n_shifts, 1, 1, d) to broadcast over (kv, S, d)
-        shift_cos, shift_sin = (t.to(model.dtype)[:, None, None]
-                                for t in rope_cos_sin(model.inv_freq, torch.tensor(sink_shifts, device=device)))
     for l in range(first, l_r):
         layer = model.layer(l)
         q = torch.empty(spec.num_heads, n_c + n_q, spec.head_dim, dtype=model.dtype, device=device)
@@ -146,13 +141,14 @@ def candidate_prefill_many(model: TruncatedLM, context_ids: torch.Tensor, candid
             if b > a:
                 q[:, a:b], k[:, a:b], v[:, a:b] = layer.qkv(h[a:b], cos[a:b], sin[a:b])
         out = torch.empty_like(q)
-        # the sink's keys under every shift at once, as `rerotate` moves them one shift at a time: (n_shifts, kv, S, d)
-        moved = apply_rope(k[:, :n_sink].unsqueeze(0), shift_cos, shift_sin) if sink_shifts else None
+        moved: dict[int, torch.Tensor] = {}  # the sink's keys by DCA shift
         for g in groups:
             if g.first:
                 out[:, g.a:g.b] = chunk_attention(q[:, g.a:g.b], k[:, g.a:g.b], v[:, g.a:g.b], 0)
                 continue
-            seen_k = torch.cat((moved[sink_slot[g.sink_shift]], k[:, g.window:g.before], k[:, g.a:g.b]), dim=1)
+            if g.sink_shift not in moved:
+                moved[g.sink_shift] = rerotate(k[:, :n_sink], model.inv_freq, g.sink_shift)
+            seen_k = torch.cat((moved[g.sink_shift], k[:, g.window:g.before], k[:, g.a:g.b]), dim=1)
             seen_v = torch.cat((v[:, :n_sink], v[:, g.window:g.before], v[:, g.a:g.b]), dim=1)
             out[:, g.a:g.b] = chunk_attention(q[:, g.a:g.b], seen_k, seen_v, n_sink + g.before - g.window)
         del q, k, v, moved
