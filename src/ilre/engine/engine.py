@@ -6,6 +6,7 @@ holds no per-request state between calls.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import time
 from typing import Callable
@@ -18,6 +19,9 @@ from ..compressor.prefill import ContextState, PrefillConfig
 from ..compressor.strategies import STRATEGIES, Strategy
 from ..compressor.units import UNITS_VERSION, Units, document_units
 from ..models.device import resolve_placement
+from ..models.embedded import cache_root
+from ..models.int8 import ENCODING_NAME as INT8_ENCODING_NAME
+from ..models.int8 import Calibration, calibration_sequences
 from ..models.int8 import quantize as quantize_int8
 from ..models.llama import TruncatedLM
 from ..models.loader import load_spec, load_tokenizer, load_truncated, resolve_checkpoint
@@ -75,7 +79,8 @@ class Engine:
         self.deepening = Deepener(config.deepen)  # also whose turn it is: one request at a time
         self.heap = HeapTrimmer()  # freed memory back to the system after requests
         documents = DocumentCache(config.doc_cache_mb << 20, shared_documents, config.doc_cache_share)
-        self.encodings = EncodingPolicy(documents, self.deepening, self.placement.dtype_name, config.resume)
+        encoded_as = INT8_ENCODING_NAME if self.placement.int8 else self.placement.dtype_name  # int8: by its rounding too
+        self.encodings = EncodingPolicy(documents, self.deepening, encoded_as, config.resume)
         self._models: dict[int, TruncatedLM] = {}
         self.model_at(self.layer)
 
@@ -97,9 +102,21 @@ class Engine:
         if layer not in self._models:
             model = load_truncated(self.checkpoint.path, layer, self.placement.dtype, self.placement.device)
             if self.placement.int8:
-                model = quantize_int8(model)
+                model = quantize_int8(model, self._int8_calibration(), self._scored_layers())
             self._models[layer] = attach_head(model, self.checkpoint.name)
         return self._models[layer]
+
+    def _int8_calibration(self) -> Calibration:
+        """GPTQ's calibration for `--dtype int8` (models/int8.py), its rounding kept under the cache folder."""
+        weights = sorted(self.checkpoint.path.glob("*.safetensors"))
+        stamp = hashlib.sha256(repr([(w.name, w.stat().st_size, w.stat().st_mtime_ns) for w in weights]).encode())
+        return Calibration(calibration_sequences(lambda text: self.tokenizer(text).input_ids), cache_root() / "int8",
+                           f"{self.checkpoint.name}-{stamp.hexdigest()[:8]}")
+
+    def _scored_layers(self) -> frozenset[int]:
+        """The layers whose query attention is scored: the named retrieval layers and the cascade's coarse layer."""
+        coarse = self.profile.strategy_options("cascade").get("coarse_layer")
+        return frozenset(self.profile.choices.values()) | ({int(coarse)} if coarse else set())
 
     def info(self) -> ModelInfo:
         """What this engine serves (GetModelInfo, /v1/model): the model, its layers, the limits, the default."""

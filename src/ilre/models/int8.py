@@ -6,7 +6,10 @@ by an orthogonal Hadamard matrix Q (the embedding table by Q, every matrix readi
 matrix writing to it by Q^T; RMSNorm's weights folded into the matrices after it, since the norm of hQ is
 the norm of h), each value head and its columns of o_proj by a 64-wide Hadamard, and down_proj's input by
 a block Hadamard applied on the fly. The rotated model computes the same function (`rotate` alone is
-tested equal to the float32 model); only then are the matrices quantized.
+tested equal to the float32 model); only then are the matrices quantized: with a `Calibration`, by GPTQ
+(models/gptq.py) against the rotated model's inputs on CALIBRATION_TEXT, computed once per model and kept in
+the cache folder; without one, each weight to its nearest level. The query and key projections of the layers
+whose attention is scored (`float_qkv`: the named layers and the cascade's coarse layer) stay float32.
 
 `Int8Linear`: weights per output channel and activations per token, symmetric. Without VNNI, x86's int8
 dot product adds pairs of u8 x s8 products in int16 and saturates; weights take 7 bits (|w| <= 63), so
@@ -16,17 +19,51 @@ whichever CPU runs them.
 
 from __future__ import annotations
 
+import hashlib
+import logging
 import math
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
 
 import torch
+from safetensors.torch import load_file, save_file
 from torch import nn
 
+from .gptq import BLOCK, DAMPING, MATRICES, gptq, input_hessians
 from .llama import TruncatedLM
+
+log = logging.getLogger(__name__)
 
 WEIGHT_LEVELS = 63  # 7 bits: no int16 saturation in AVX2's u8 x s8 pair sums (module docstring)
 ACTIVATION_LEVELS = 127  # stored as uint8 around a zero point of 128
 FLOAT_LAYERS = 1  # the first layers stay float32 (rotated): int8 there costs the most agreement (docs/benchmarks.md)
 DOWN_BLOCK = 64  # the block Hadamard on down_proj's input, applied per token (or the largest dividing its width)
+CALIBRATION_TEXT = Path(__file__).with_name("int8_calibration.txt")  # prose and code, none of the evaluation's texts
+CALIBRATION_SEQUENCES, CALIBRATION_LENGTH = 4, 1024  # what GPTQ rounds against: 4 x 1024 tokens of it
+ROUNDING_VERSION = 1  # part of the cache key: bump when the rounding changes
+ENCODING_NAME = f"int8-gptq{ROUNDING_VERSION}"  # what encodings made by this rounding are kept under (not another's)
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """What GPTQ rounds against: token sequences (T_i,) int64 of CALIBRATION_TEXT, and where the rounded weights
+    are kept (`cache_dir`, one file per model, truncation and calibration; `model_key` names the checkpoint)."""
+
+    sequences: tuple[torch.Tensor, ...]
+    cache_dir: Path | None = None
+    model_key: str = "model"
+
+
+def calibration_sequences(tokenize) -> tuple[torch.Tensor, ...]:
+    """CALIBRATION_SEQUENCES sequences of CALIBRATION_LENGTH token ids from CALIBRATION_TEXT; `tokenize`:
+    text -> list of ids (the model's tokenizer)."""
+    ids = tokenize(CALIBRATION_TEXT.read_text())
+    n = min(CALIBRATION_SEQUENCES, len(ids) // CALIBRATION_LENGTH)
+    if n == 0:
+        raise ValueError(f"dtype: int8's calibration text gives {len(ids)} tokens, fewer than {CALIBRATION_LENGTH}")
+    return tuple(torch.tensor(ids[i * CALIBRATION_LENGTH:(i + 1) * CALIBRATION_LENGTH]) for i in range(n))
 
 
 def int8_available() -> bool:
@@ -65,12 +102,17 @@ class Int8Linear(nn.Module):
     """y = x W^T with W (N, K) int8 per output channel and x int8 per token; `rotate_input`: a (b, b)
     matrix applied to each b-wide block of x first (W multiplied by it beforehand: `rotated_columns`)."""
 
-    def __init__(self, weight: torch.Tensor, rotate_input: torch.Tensor | None = None):
+    def __init__(self, weight: torch.Tensor, rotate_input: torch.Tensor | None = None,
+                 rounded: tuple[torch.Tensor, torch.Tensor] | None = None):
+        """`rounded`: (qweight (N, K) int8, scale (N,)) already chosen for `weight` (GPTQ); None: to nearest."""
         super().__init__()
         weight = weight.detach().float()
         self.out_features, self.in_features = weight.shape
-        self.scale = (weight.abs().amax(1) / WEIGHT_LEVELS).clamp_min(1e-12)  # (N,)
-        self.qweight = (weight / self.scale[:, None]).round_().to(torch.int8)  # (N, K)
+        if rounded is None:
+            self.scale = (weight.abs().amax(1) / WEIGHT_LEVELS).clamp_min(1e-12)  # (N,)
+            self.qweight = (weight / self.scale[:, None]).round_().to(torch.int8)  # (N, K)
+        else:
+            self.qweight, self.scale = rounded[0].to(torch.int8), rounded[1].float()
         self.rotate_input = None if rotate_input is None else rotate_input.float()
         self._packed: dict[tuple[int, int], tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
@@ -138,23 +180,73 @@ def _fold_norm(norm: nn.Module, linear: nn.Linear, q: torch.Tensor) -> None:
     norm.weight.data.fill_(1.0)
 
 
-def quantize(model: TruncatedLM) -> TruncatedLM:
+def quantize(model: TruncatedLM, calibration: Calibration | None = None, float_qkv: frozenset[int] = frozenset()
+             ) -> TruncatedLM:
     """Rotate a float32 `model` and replace its linear layers by `Int8Linear` (in place); returns it.
-    The first FLOAT_LAYERS layers and the retrieval layer (its keys and queries are the scores) stay float32.
-    down_proj's input is rotated per token by a DOWN_BLOCK-wide Hadamard H (its weight by H here)."""
+    The first FLOAT_LAYERS layers, the retrieval layer and the q/k/v projection of the layers in `float_qkv`
+    (numbered from 1: their keys and queries are scores) stay float32. down_proj's input is rotated per token by
+    a DOWN_BLOCK-wide Hadamard H (its weight by H here). `calibration`: GPTQ's rounding (module docstring)."""
     if model.dtype != torch.float32:
         raise ValueError(f"dtype: int8 quantizes a float32 model (got {model.dtype})")
     rotate(model)
     block = hadamard(math.gcd(DOWN_BLOCK, model.spec.intermediate_size))
-    for layer in model.layers[FLOAT_LAYERS:]:
-        if not layer.full:
-            continue
-        attn = layer.self_attn
-        attn.qkv_proj = Int8Linear(attn.qkv_proj.weight)
-        attn.o_proj = Int8Linear(attn.o_proj.weight)
-        layer.mlp.gate_up_proj = Int8Linear(layer.mlp.gate_up_proj.weight)
-        layer.mlp.down_proj = Int8Linear(rotated_columns(layer.mlp.down_proj.weight, block), rotate_input=block)
+    layers = [i for i in range(FLOAT_LAYERS + 1, model.n_layers + 1) if model.layer(i).full]
+    rounded = _rounded(model, calibration, layers, block) if calibration and layers else {}
+    for index in layers:
+        layer = model.layer(index)
+        attn, mlp = layer.self_attn, layer.mlp
+        for name, owner, attr in zip(MATRICES, (attn, attn, mlp, mlp), ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")):
+            if name == "qkv" and index in float_qkv:
+                continue
+            weight, rotation = getattr(owner, attr).weight, block if name == "down" else None
+            if rotation is not None:
+                weight = rotated_columns(weight, rotation)
+            setattr(owner, attr, Int8Linear(weight, rotation, rounded.get((index, name))))
     return model
+
+
+def _rounded(model: TruncatedLM, calibration: Calibration, layers: list[int], block: torch.Tensor
+             ) -> dict[tuple[int, str], tuple[torch.Tensor, torch.Tensor]]:
+    """(layer, matrix) -> GPTQ's (qweight, scale) for every matrix of `layers` of the rotated float32 `model`.
+    A layer's rounding depends only on the layers below it, so one cache file per model and calibration holds
+    every layer rounded so far, whatever the truncation; the missing ones are computed (seconds each) and added."""
+    digest = hashlib.sha256(repr((ROUNDING_VERSION, WEIGHT_LEVELS, DAMPING, BLOCK, DOWN_BLOCK)).encode())
+    for ids in calibration.sequences:
+        digest.update(ids.to(torch.int64).numpy().tobytes())
+    path = None if calibration.cache_dir is None else \
+        calibration.cache_dir / f"{calibration.model_key}-{digest.hexdigest()[:16]}.safetensors"
+    stored = load_file(path) if path is not None and path.is_file() else {}
+    missing = [index for index in layers if f"{index}.down.qweight" not in stored]
+    if missing:
+        stored.update(_gptq_layers(model, calibration, missing, block))
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            partial = path.with_suffix(f".{os.getpid()}.partial")
+            save_file({name: tensor.contiguous() for name, tensor in stored.items()}, str(partial))
+            partial.replace(path)  # whole or not at all, also with several processes rounding at once
+    return {(index, name): (stored[f"{index}.{name}.qweight"], stored[f"{index}.{name}.scale"])
+            for index in layers for name in MATRICES}
+
+
+def _gptq_layers(model: TruncatedLM, calibration: Calibration, layers: list[int], block: torch.Tensor
+                 ) -> dict[str, torch.Tensor]:
+    """"{layer}.{matrix}.qweight" and ".scale" of every matrix of `layers` (ascending), by GPTQ."""
+    start = time.perf_counter()
+    hessians = input_hessians(model, list(calibration.sequences), range(layers[0], layers[-1] + 1))
+    spread = torch.block_diag(*[block.double()] * (model.spec.intermediate_size // block.shape[0]))
+    out = {}
+    for index in layers:
+        layer = model.layer(index)
+        weights = (layer.self_attn.qkv_proj.weight, layer.self_attn.o_proj.weight, layer.mlp.gate_up_proj.weight,
+                   rotated_columns(layer.mlp.down_proj.weight, block))
+        for name, weight in zip(MATRICES, weights):
+            hessian = hessians[index, name]
+            if name == "down":  # its input is rotated by the block Hadamard: X H, so H^T (X^T X) H
+                hessian = spread.T @ hessian @ spread
+            out[f"{index}.{name}.qweight"], out[f"{index}.{name}.scale"] = gptq(weight, hessian, WEIGHT_LEVELS)
+    log.info("int8: rounded %d layers by GPTQ over %d calibration tokens in %.1f s (once per model)", len(layers),
+             sum(ids.numel() for ids in calibration.sequences), time.perf_counter() - start)
+    return out
 
 
 def rotated_columns(weight: torch.Tensor, block: torch.Tensor) -> torch.Tensor:
