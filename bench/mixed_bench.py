@@ -93,7 +93,7 @@ def measure(engine, name: str, strategy: str, layer: str | None, ids: list[int],
             **{key: round(value, 4) for key, value in selections[0].measured.items() if key != "deep"}}
 
 
-def run(lengths: list[int], texts: list[int], output: Path) -> list[dict]:
+def run(lengths: list[int], texts: list[int], output: Path, dtype: str = "auto") -> list[dict]:
     import torch
 
     from ilre.engine.engine import Engine, EngineConfig
@@ -104,7 +104,11 @@ def run(lengths: list[int], texts: list[int], output: Path) -> list[dict]:
             if any((n, kind, i, c) not in have for c, _, _ in CONFIGS)]
     if not todo:
         return done
-    engine = Engine(EngineConfig(doc_cache_mb=0))
+    engine = Engine(EngineConfig(doc_cache_mb=0, dtype=dtype))
+    other = {r["placement"] for r in done} - {engine.placement.describe()}
+    if other:
+        raise SystemExit(f"--output: {output} holds records made on {', '.join(sorted(other))}, not "
+                         f"{engine.placement.describe()}: name another file for this --dtype")
     warm_ids, warm_query, warm_answers = sample(engine.tokenizer, "single needle", 4096, 99)
     for name, strategy, layer in CONFIGS:
         measure(engine, name, strategy, layer, warm_ids, warm_query, warm_answers)
@@ -191,6 +195,8 @@ def main() -> None:
     parser.add_argument("--texts", default="3,1", help="texts per kind at each length")
     parser.add_argument("--output", default="results/bench/mixed.jsonl")
     parser.add_argument("--report-only", action="store_true", help="print what the output holds, measure nothing")
+    parser.add_argument("--dtype", default="auto", help="the compressor's --dtype (auto: as `ilre serve` picks it); "
+                        "records name their placement, so keep one output per dtype")
     parser.add_argument("--replay", default="0.1,0.15,0.21,0.3", help="coarse_below thresholds replayed on the "
                         "records ('' = none)")
     args = parser.parse_args()
@@ -199,7 +205,7 @@ def main() -> None:
     texts += texts[-1:] * (len(lengths) - len(texts))
     output = Path(args.output)
     rows = ([json.loads(line) for line in output.read_text().splitlines()] if output.exists() else []) \
-        if args.report_only else run(lengths, texts, output)
+        if args.report_only else run(lengths, texts, output, args.dtype)
     print("\n".join(report(rows) + replay(rows, [float(x) for x in args.replay.split(",") if x])))
 
 

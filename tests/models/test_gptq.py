@@ -95,3 +95,12 @@ def test_quantize_with_a_calibration_rounds_each_layer_once_keeps_scored_project
     plain = keys_as_read(streaming_prefill(load_truncated(tiny_checkpoint("llama"), N_LAYERS), context, query, CONFIG).keys[N_LAYERS])
     got = keys_as_read(streaming_prefill(first, context, query, CONFIG).keys[N_LAYERS])
     assert ((got - plain).norm() / plain.norm()) < 0.2
+
+
+def test_a_cache_folder_that_cannot_be_written_costs_the_rounding_not_the_start(tmp_path, caplog):
+    (tmp_path / "blocker").write_text("a file where the cache folder would be")
+    calibration = Calibration((random_ids(48, seed=10),), tmp_path / "blocker" / "int8", "tiny")
+    model = quantize(load_truncated(tiny_checkpoint("llama"), N_LAYERS), calibration)
+    assert isinstance(model.layer(2).mlp.down_proj, Int8Linear)
+    assert "could not keep the rounding" in caplog.text
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker"]

@@ -220,12 +220,22 @@ def _rounded(model: TruncatedLM, calibration: Calibration, layers: list[int], bl
     if missing:
         stored.update(_gptq_layers(model, calibration, missing, block))
         if path is not None:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            partial = path.with_suffix(f".{os.getpid()}.partial")
-            save_file({name: tensor.contiguous() for name, tensor in stored.items()}, str(partial))
-            partial.replace(path)  # whole or not at all, also with several processes rounding at once
+            _store(path, stored)
     return {(index, name): (stored[f"{index}.{name}.qweight"], stored[f"{index}.{name}.scale"])
             for index in layers for name in MATRICES}
+
+
+def _store(path: Path, tensors: dict[str, torch.Tensor]) -> None:
+    """Write the rounding whole or not at all (several processes may round at once); a cache folder that cannot
+    be written costs the rounding at every start, not the start."""
+    partial = path.with_suffix(f".{os.getpid()}.partial")
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        save_file({name: tensor.contiguous() for name, tensor in tensors.items()}, str(partial))
+        partial.replace(path)
+    except OSError as exc:
+        log.warning("int8: could not keep the rounding in %s (%s): it will be computed again at the next start",
+                    path.parent, exc)
 
 
 def _gptq_layers(model: TruncatedLM, calibration: Calibration, layers: list[int], block: torch.Tensor
