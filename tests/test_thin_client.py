@@ -67,6 +67,9 @@ def test_thin_install_compresses_through_a_running_service(tmp_path, built_packa
     assert refused.returncode == 2 and "pip install 'ilre[server]'" in refused.stderr, refused.stderr
     assert "Traceback" not in refused.stderr
 
+    # pip installed without byte-compiling: the first import compiles the client and gRPC's stubs (0.5 s under
+    # the other test worker's load); what every later start pays is what the script times
+    run(python, "-c", "import ilre.service.client", env=env, cwd=tmp_path)
     with serving([sys.executable, "-m", "ilre.cli", "serve"]) as (base, grpc_target):
         context = "The vault code is 4471. " + "The sky is blue and the grass is green. " * 60
         query = " The vault code is"
