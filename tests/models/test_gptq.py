@@ -6,13 +6,13 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ilre.compressor.prefill import streaming_prefill
+from ilre.compressor.prefill import PrefillConfig, streaming_prefill
 from ilre.kernels.rope import keys_as_read
 from ilre.models.gptq import BLOCK, gptq, gptq_reference, input_hessians
 from ilre.models.int8 import WEIGHT_LEVELS, Calibration, Int8Linear, quantize
 from ilre.models.loader import load_truncated
 from tests.models.test_int8 import CONFIG
-from tests.tiny_models import N_LAYERS, random_ids, tiny_checkpoint  # noqa: F401
+from tests.tiny_models import N_LAYERS, random_ids, tiny_checkpoint
 
 
 def _inputs(rows: int, width: int, seed: int) -> torch.Tensor:
@@ -68,7 +68,7 @@ def test_input_hessians_are_the_inputs_each_matrix_reads():
     layer.self_attn.o_proj.register_forward_hook(catch("o", False))
     layer.post_attention_layernorm.register_forward_hook(catch("gate_up", True))
     layer.mlp.down_proj.register_forward_hook(catch("down", False))
-    streaming_prefill(model, ids, random_ids(2, seed=9), CONFIG.__class__(sink=2, window=64, chunk=64))  # one chunk: dense
+    streaming_prefill(model, ids, random_ids(2, seed=9), PrefillConfig(sink=2, window=64, chunk=64))  # one chunk: dense
     assert sorted(seen) == ["down", "gate_up", "o", "qkv"]
     for name, x in seen.items():
         x = x.reshape(-1, x.shape[-1])[:30].double()

@@ -49,7 +49,8 @@ ENCODING_NAME = f"int8-gptq{ROUNDING_VERSION}"  # what encodings made by this ro
 @dataclass(frozen=True)
 class Calibration:
     """What GPTQ rounds against: token sequences (T_i,) int64 of CALIBRATION_TEXT, and where the rounded weights
-    are kept (`cache_dir`, one file per model, truncation and calibration; `model_key` names the checkpoint)."""
+    are kept (`cache_dir`, one file per model and calibration, whatever the truncation; `model_key` names the
+    checkpoint)."""
 
     sequences: tuple[torch.Tensor, ...]
     cache_dir: Path | None = None
