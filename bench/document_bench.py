@@ -2,9 +2,10 @@
 
 1. Through the service (in-process queue, real gRPC on loopback, background deepening on as `ilre serve`
    has it), per document length, twice from a cold cache: the first question (tokenize + prefill + select);
-   another question by document_id and another by text (tokenized and hashed again, then a cache hit), sent as
-   soon as the first answer arrives (deepening has not begun: their candidates start at the coarse layer from
-   the stream the document kept, layers l_c..l_R only), then the seconds of idle time the deepening takes
+   another question by document_id and another by text (tokenized and hashed again, then a cache hit), then one
+   about another subject, each sent as soon as the answer before it arrives (deepening has not begun: their
+   candidates start at the coarse layer from the stream the document kept, layers l_c..l_R only, those the
+   question before them ran read from its rows), then the seconds of idle time the deepening takes
    (engine/deepening.py); the same 60 s after the first answer, nothing else sent (from the deepened
    encoding where deepening ended by then); speed-ups over the first.
 2. 20 questions over one 32K document in one CompressQueries request, against one question (`--lengths ''`
@@ -60,6 +61,7 @@ def questions(n: int) -> list[str]:
 
 FOLLOW_UPS = (" Question: what is the secret passkey? Answer: the secret passkey is",
               " Remind me, what was the secret passkey? The secret passkey is")
+OTHER_SUBJECT = " Who speaks first in the scene above? The first speaker is"  # a follow-up about something else
 LATER_S = 60.0  # the later follow-ups: this long after the first answer, the service otherwise idle
 
 
@@ -86,9 +88,10 @@ def service_rows(lengths: list[int], n_questions: int, deepen: bool = True, dtyp
              f"the first answer ({engine.placement.describe()}, in-process queue, gRPC on loopback, background deepening "
              f"{'on' if deepen else 'off'}); "
              "x = first / follow-up",
-             "| context tokens | first s | at once by id s | by text s | deepening s | "
-             f"{LATER_S:.0f} s later by id s | by text s | deepened by then | needle first / at once / later |",
-             "|---|---|---|---|---|---|---|---|---|"]
+             "| context tokens | first s | at once by id s | by text s | another subject s | deepening s | "
+             f"{LATER_S:.0f} s later by id s | by text s | another subject s | deepened by then | "
+             "needle first / at once / later |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     with ServiceThread(config, engine) as svc, Client(f"127.0.0.1:{svc.grpc_port}", timeout=3600) as client:
         client.compress("warm up " * 300, QUERY, budget=64)
         for length in lengths:
@@ -104,16 +107,21 @@ def service_rows(lengths: list[int], n_questions: int, deepen: bool = True, dtyp
                 by_id_s, by_id = timed(lambda: client.compress(document_id=first.document_id, query=FOLLOW_UPS[0],
                                                                budget=1024))
                 by_text_s, by_text = timed(lambda: client.compress(text, FOLLOW_UPS[1], budget=1024))
+                other_s, _ = timed(lambda: client.compress(document_id=first.document_id, query=OTHER_SUBJECT,
+                                                           budget=1024))
                 engine.deepening.wait_idle()
-                runs.append({"first": first_s, "by_id": by_id_s, "by_text": by_text_s, "deepened": deepened,
+                runs.append({"first": first_s, "by_id": by_id_s, "by_text": by_text_s, "other": other_s,
+                             "deepened": deepened,
                              "deepening": engine.deepening.stats.seconds - spent, "tokens": first.original_tokens,
                              "needles": ["kept" if "83921" in r.compressed_context else "lost" for r in (first, by_id, by_text)]})
             now, later = runs
             first_s = statistics.mean([now["first"], later["first"]])
             lines.append(f"| {now['tokens']} | {first_s:.2f} | {now['by_id']:.2f} ({first_s / now['by_id']:.1f}x) | "
-                         f"{now['by_text']:.2f} ({first_s / now['by_text']:.1f}x) | {now['deepening']:.1f} | "
+                         f"{now['by_text']:.2f} ({first_s / now['by_text']:.1f}x) | "
+                         f"{now['other']:.2f} ({first_s / now['other']:.1f}x) | {now['deepening']:.1f} | "
                          f"{later['by_id']:.3f} ({first_s / later['by_id']:.0f}x) | "
                          f"{later['by_text']:.3f} ({first_s / later['by_text']:.0f}x) | "
+                         f"{later['other']:.3f} ({first_s / later['other']:.0f}x) | "
                          f"{'yes' if later['deepened'] else 'no'} | {now['needles'][0]} / "
                          f"{'+'.join(now['needles'][1:])} / {'+'.join(later['needles'][1:])} |")
             print(lines[-1], file=sys.stderr, flush=True)

@@ -3,8 +3,11 @@ first question's path (candidates from layer 1) and to the deepened path (every 
 does not generate the same way: passkeys in Shakespeare at five depths, and a fact planted in Python's reference text.
 
 Per sample, one layer-8 encoding that keeps its stream; then the default cascade's selection from layer 1 and from
-the stream, and the deepened form's (taken on from the same stream). Printed: the share of the budget the stream
-path keeps in common with each, and whether each keeps the needle.
+the stream, and the deepened form's (taken on from the same stream); and the stream path asked after another
+question (a first question, from layer 1), reading the K/V of the candidates that one ran where both pick them
+(compressor/candidate_rows.py): the path of a question sent at once after a different first question. Printed: the
+share of the budget each keeps in common with the others, the share of its candidates read from the other
+question's, and whether each keeps the needle.
 
     .venv/bin/python bench/stream_agreement.py [--tokens 16000] [--budget 1024]
 """
@@ -25,6 +28,9 @@ from ilre.engine.engine import Engine  # noqa: E402
 from ilre.engine.messages import CompressRequest  # noqa: E402
 from ilre.evaluation.tasks.passkey import make_passkey_sample  # noqa: E402
 from tests.service.haystacks import FACT, QUESTION, haystack  # noqa: E402
+
+
+OTHER_QUESTION = " What is this text about, in a few words? It is about"  # asked first, from layer 1
 
 
 def samples(engine: Engine, tokens: int) -> list[tuple[str, list[int], list[int], tuple[int, int]]]:
@@ -49,26 +55,35 @@ def main() -> None:
     args = parser.parse_args()
     engine = Engine()
     print(f"{engine.model_name}, {engine.placement.describe()}, {args.tokens} tokens, budget {args.budget}")
-    print("| sample | stream vs layer 1 | stream vs deepened | layer 1 vs deepened | needle: layer 1 / stream / deepened |")
-    print("|---|---|---|---|---|")
+    print("| sample | stream vs layer 1 | stream vs deepened | layer 1 vs deepened | after another question: vs stream "
+          "| its reused candidates | vs deepened | needle: layer 1 / stream / after another / deepened |")
+    print("|---|---|---|---|---|---|---|---|")
+    other = engine.tokenizer(OTHER_QUESTION, add_special_tokens=False).input_ids
     for name, context, query, (a, b) in samples(engine, args.tokens):
         job = engine.prepare(CompressRequest(context_ids=context, query_ids=query, budget=args.budget))
         strategy, deep = job.strategy, job.strategy.deepened()
         with torch.inference_mode():
             state = encode_context(job.model, job.context_ids, job.prefill, strategy.encoded_layers(job.layer),
                                    keep_hidden=True)
-            picks = {}
-            for way, stream in (("layer 1", None), ("stream", state.hidden)):
+            picks, reused = {}, 0
+            for way, first, stream in (("layer 1", None, None), ("stream", None, state.hidden),
+                                       ("after another", torch.tensor(other), state.hidden)):
+                state.rows = None  # no rows from an earlier question, but `first`'s (from layer 1, as a first question)
+                if first is not None:
+                    select_query(job.model, state, first, args.budget, strategy, context_ids=job.context_ids,
+                                 units=job.units)
                 picks[way] = set(select_query(job.model, state, job.queries[0], args.budget, strategy,
                                               context_ids=job.context_ids, units=job.units, stream=stream).kept.tolist())
+                reused = state.rows.reused if first is not None else reused
             deep_state = resumed(job.model, state, deep, take=False)()
             picks["deepened"] = set(select_query(job.model, deep_state, job.queries[0], args.budget, deep,
                                                  context_ids=job.context_ids, units=job.units).kept.tolist())
         share = {(x, y): len(picks[x] & picks[y]) / args.budget for x in picks for y in picks}
         needle = " / ".join("kept" if all(i in picks[w] for i in range(a, b)) else "lost" for w in picks)
+        count = strategy.candidate_count(args.budget)
         print(f"| {name} | {share['stream', 'layer 1']:.1%} | {share['stream', 'deepened']:.1%} | "
-              f"{share['layer 1', 'deepened']:.1%} | {needle} |", flush=True)
-
+              f"{share['layer 1', 'deepened']:.1%} | {share['after another', 'stream']:.1%} | {reused / count:.1%} | "
+              f"{share['after another', 'deepened']:.1%} | {needle} |", flush=True)
 
 if __name__ == "__main__":
     main()

@@ -11,6 +11,7 @@ import math
 import torch
 
 from ilre.compressor.prefill import PrefillConfig, chunk_bounds
+from ilre.kernels.rope import rerotate
 
 
 # --------------------------------------------------------------------------------------------
@@ -124,14 +125,16 @@ def dense_prefill(
 
 
 def dense_candidate_prefill(model, context_ids: torch.Tensor, candidates: list[int], query_ids: torch.Tensor,
-                            config: PrefillConfig, start: tuple[int, torch.Tensor] | None = None
+                            config: PrefillConfig, start: tuple[int, torch.Tensor] | None = None, rows=None
                             ) -> tuple[torch.Tensor, torch.Tensor]:
     """Reference for compressor.candidate_prefill.candidate_prefill: the dense masked prefill of the sequence
     (candidates, then the query) at their original positions, where token i may attend token j iff
     the whole-context Λ mask lets it (the mask restricted to the candidates). DCA as in
     `dense_prefill`, each token in its original chunk. Returns the l_R keys of the candidates
     (KV, C, d) and the query states (H, Lq, d). start: (layer, stream (L + Lq, D) entering it, as `dense_stream`
-    gives it): the rows enter that layer with their stream instead of layer 1 with their embeddings."""
+    gives it): the rows enter that layer with their stream instead of layer 1 with their embeddings. rows: a
+    CandidateRows (compressor/candidate_rows.py): each candidate it holds takes its K/V at every layer from
+    rows.first on, and its l_R key, from there (moved by DCA as the others) instead of computing them."""
     length, n_query = context_ids.numel(), query_ids.numel()
     total = length + n_query
     bounds = chunk_bounds(length, config)
@@ -143,39 +146,56 @@ def dense_candidate_prefill(model, context_ids: torch.Tensor, candidates: list[i
     mask = full_mask[keep][:, keep]  # (T', T')
     positions = torch.tensor(keep)
     chunks = [chunk_of[p] for p in keep]
-    rows = []  # (start, end, chunk) runs of equal chunk index in the sequence
+    rows_of_chunks = []  # (start, end, chunk) runs of equal chunk index in the sequence
     for i, c in enumerate(chunks):
-        if rows and rows[-1][2] == c:
-            rows[-1] = (rows[-1][0], i + 1, c)
+        if rows_of_chunks and rows_of_chunks[-1][2] == c:
+            rows_of_chunks[-1] = (rows_of_chunks[-1][0], i + 1, c)
         else:
-            rows.append((i, i + 1, c))
+            rows_of_chunks.append((i, i + 1, c))
     sink_rows = [i for i, p in enumerate(keep) if p < config.sink]
     first, h = (1, model.embed(torch.cat((context_ids[candidates], query_ids)))) if start is None else (
         start[0], start[1][keep].clone())
     cos, sin = model.rope(positions)
     l_r = model.n_layers
+    held = {}  # sequence row -> its row in `rows`
+    if rows is not None:
+        for i, p in enumerate(candidates):
+            found = (rows.positions == p).nonzero()
+            if found.numel():
+                held[i] = int(found[0, 0])
     with torch.no_grad():
         for l in range(first, l_r + 1):
             lay = model.layer(l)
             if l == l_r:
                 keys = lay.keys(h[:n_cand], cos[:n_cand], sin[:n_cand])
+                for i, r in held.items():
+                    keys[:, i] = rows.top[:, r]
                 if config.dca and len(bounds) >= 3:
                     base = bounds[-2][0]
                     for i, p in enumerate(candidates):
                         c = chunks[i]
                         if c < len(bounds) - 2:
+                            if i in held:
+                                keys[:, i:i + 1] = rerotate(keys[:, i:i + 1], model.inv_freq, base - bounds[c][0])
+                                continue
                             c2, s2 = model.rope(torch.tensor([p + base - bounds[c][0]]))
                             keys[:, i:i + 1] = lay.keys(h[i:i + 1], c2, s2)
                 return keys, lay.queries(h[n_cand:], cos[n_cand:], sin[n_cand:])
             q, k, v = lay.qkv(h, cos, sin)
+            if held and l >= rows.first:
+                for i, r in held.items():
+                    k[:, i], v[:, i] = rows.keys[l - rows.first][:, r], rows.values[l - rows.first][:, r]
             k_per_chunk = {}
-            for _, _, c in rows:
+            for _, _, c in rows_of_chunks:
                 k_c = k.clone()
                 if config.dca and c >= 2 and sink_rows:
                     c2, s2 = model.rope(positions[sink_rows] + (c - 1) * config.chunk)
                     k_c[:, sink_rows] = lay.keys(h[sink_rows], c2, s2)
+                    for i in sink_rows:
+                        if i in held and l >= rows.first:
+                            k_c[:, i:i + 1] = rerotate(k[:, i:i + 1], model.inv_freq, (c - 1) * config.chunk)
                 k_per_chunk[c] = k_c
-            h = lay.finish(h, _dense_attention(q, k_per_chunk, v, mask, rows))
+            h = lay.finish(h, _dense_attention(q, k_per_chunk, v, mask, rows_of_chunks))
     raise AssertionError("unreachable")
 
 

@@ -259,3 +259,71 @@ def test_a_coarse_layer_at_or_above_l_r_is_refused_on_a_short_context_too():
     with pytest.raises(ValueError, match=r"^coarse_layer: must be below l_R = 4"):
         select_context(model(), random_ids(LENGTH, seed=1), random_ids(N_QUERY, seed=2), 40,
                        cascade(coarse_layer=N_LAYERS), CONFIGS[0])  # 160 candidates: the whole context
+
+
+def _stream_pass(state, context, query, candidates, config, memo=None, coarse=2):
+    stream = prefill_query(model(), state, query).stream
+    return candidate_prefill(model(), context, torch.tensor(candidates), query, config,
+                             Streams(coarse, state.hidden, [stream]), memo)
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_a_pass_over_held_rows_matches_the_dense_prefill_that_reads_them(config):
+    """A candidate pass leaves its rows (K/V at layers l_c..l_R-1, l_R keys) in the context's memo; the next pass
+    from the stream runs only the candidates not held and reads the others' K/V from there: the dense masked
+    prefill of its candidates with the held rows' K/V put in at every layer matches it. The memo then holds the
+    second pass's candidates."""
+    context, query, other = random_ids(LENGTH, seed=1), random_ids(N_QUERY, seed=2), random_ids(N_QUERY, seed=7)
+    first = [0, 1, 2, 3, 4, 5, 20, 21, 22, 40, 41, 60, 61, 77, 88, 89]
+    second = [0, 1, 2, 3, 4, 6, 20, 22, 23, 40, 41, 50, 51, 77, 80, 88, 89]
+    with torch.inference_mode():
+        state = encode_context(model(), context, config, (2,), keep_hidden=True)
+        memo = state.row_memo()
+        _stream_pass(state, context, other, first, config, memo)
+        rows = memo.rows
+        assert rows.positions.tolist() == first and rows.first == 2 and rows.keys.shape[0] == N_LAYERS - 2
+        keys, queries = _stream_pass(state, context, query, second, config, memo)
+    assert memo.reused == len(set(first) & set(second)) and memo.rows.positions.tolist() == second
+    dense = dense_stream(model(), context, query, config, 2)
+    ref_keys, ref_queries = dense_candidate_prefill(model(), context, second, query, config, (2, dense), rows)
+    torch.testing.assert_close(keys, ref_keys, atol=2e-5, rtol=1e-4)
+    torch.testing.assert_close(queries, ref_queries, atol=2e-5, rtol=1e-4)
+    exact_keys, _ = dense_candidate_prefill(model(), context, second, query, config, (2, dense))
+    assert not torch.allclose(keys, exact_keys, atol=1e-4)  # an approximation: the held rows saw other candidates
+
+
+@pytest.mark.parametrize("config", CONFIGS)
+def test_held_rows_of_the_same_candidates_or_of_those_before_give_the_pass_without_them(config):
+    """Exact where the held rows saw what they would see in this pass: the same candidates again (bit for bit, only
+    the query runs), or the first of this pass's candidates (the rest come after them: nothing they saw differs)."""
+    context, query, other = random_ids(LENGTH, seed=3), random_ids(N_QUERY, seed=4), random_ids(N_QUERY, seed=8)
+    chosen = [0, 1, 2, 3, 7, 8, 30, 31, 32, 55, 70, 71, 85, 86, 87, 88, 89]
+    with torch.inference_mode():
+        state = encode_context(model(), context, config, (2,), keep_hidden=True)
+        want = _stream_pass(state, context, query, chosen, config)
+        memo = state.row_memo()
+        _stream_pass(state, context, other, chosen, config, memo)
+        again = _stream_pass(state, context, query, chosen, config, memo)
+        assert memo.reused == len(chosen)
+        torch.testing.assert_close(again, want, atol=0, rtol=0)
+        memo.rows = None
+        _stream_pass(state, context, other, chosen[:9], config, memo)
+        after = _stream_pass(state, context, query, chosen, config, memo)
+        assert memo.reused == 9
+    torch.testing.assert_close(after, want, atol=2e-5, rtol=1e-4)
+
+
+def test_a_pass_from_layer_1_leaves_rows_from_the_coarse_layer_and_a_state_without_its_stream_has_no_memo():
+    config = CONFIGS[1]
+    context, query = random_ids(LENGTH, seed=5), random_ids(N_QUERY, seed=6)
+    chosen = [0, 1, 2, 3, 10, 11, 50, 51, 52, 89]
+    with torch.inference_mode():
+        state = encode_context(model(), context, config, (2,), keep_hidden=True)
+        bare = state.nbytes
+        memo = state.row_memo()
+        keys, _ = candidate_prefill(model(), context, torch.tensor(chosen), query, config, None, memo)
+        assert memo.reused == 0 and memo.rows.first == 2 and memo.rows.keys.shape[:3] == (N_LAYERS - 2, 2, len(chosen))
+        assert state.nbytes == bare + memo.rows.nbytes > bare  # counted with the state
+        assert state.take_hidden() is not None and state.rows is None and state.row_memo() is None
+        plain = encode_context(model(), context, config, (2,))
+        assert plain.row_memo() is None

@@ -149,7 +149,9 @@ def coarse_layer(engine) -> int:
 def test_a_question_before_deepening_ends_starts_its_candidates_from_the_kept_stream(engine, monkeypatch):
     """While a document waits for deepening its encoding keeps the stream entering the coarse layer (counted in the
     cache), and its later questions, by id or by text, start their candidates there: equal to the pipeline's
-    selection on an encoding that kept its stream. The first question runs from layer 1 (unchanged by deepening)."""
+    selection on an encoding that kept its stream, each reading the rows of the candidates the question before it
+    ran (compressor/candidate_rows.py, counted in the cache too). The first question runs from layer 1 (unchanged by
+    deepening)."""
     started, real = [], cascade_module.candidate_prefill
 
     def spy(*args):
@@ -168,9 +170,11 @@ def test_a_question_before_deepening_ends_starts_its_candidates_from_the_kept_st
             later = [engine.compress(request) for request in asked[1:]]
             (entry,) = engine.documents._docs.values()
             (held,) = entry.states.values()
-            stream, held.hidden = held.hidden, None
-            bare, held.hidden = held.nbytes, stream
-            assert stream is not None and held.nbytes == bare + stream.numel() * stream.element_size()  # counted
+            stream, rows, held.hidden, held.rows = held.hidden, held.rows, None, None
+            bare, held.hidden, held.rows = held.nbytes, stream, rows
+            assert stream is not None and rows.rows is not None and rows.reused > 0
+            assert held.nbytes == bare + stream.numel() * stream.element_size() + rows.nbytes  # counted
+            assert engine.documents.stats.bytes == entry.nbytes
             assert engine.deepening.stats.steps == 0
         assert engine.deepening.wait_idle(120) and engine.deepening.stats.finished == 1
         (deep,) = entry.states.values()
@@ -178,19 +182,24 @@ def test_a_question_before_deepening_ends_starts_its_candidates_from_the_kept_st
     coarse = coarse_layer(engine)
     assert started == [1, coarse, coarse]
     assert comparable(first) == uncached(engine, asked[0])
-    for request, result in zip(asked[1:], later):
-        want = kept_from_stream(engine, CompressRequest(context=long_text(), query=request.query, budget=BUDGET,
-                                                        strategy_options=CANDIDATES))
-        assert result.kept_indices == want and not result.fell_back
+    by_text = [CompressRequest(context=long_text(), query=request.query, budget=BUDGET, strategy_options=CANDIDATES)
+               for request in asked]
+    for i, result in enumerate(later, 1):
+        assert result.kept_indices == kept_from_stream(engine, by_text[i], by_text[:i]) and not result.fell_back
 
 
-def kept_from_stream(engine, request: CompressRequest) -> list[int]:
+def kept_from_stream(engine, request: CompressRequest, before: list[CompressRequest] | tuple = ()) -> list[int]:
     """What the pipeline keeps for `request` on its context encoded whole with its stream, the candidates started
-    there: the path a question asked before deepening ends stands for."""
+    there: the path a question asked before deepening ends stands for. `before`: the questions asked earlier of the
+    same encoding (the first from layer 1, the others from the stream), whose candidates' rows it reads."""
     job = engine.prepare(request)
     with torch.inference_mode():
         state = encode_context(job.model, job.context_ids, job.prefill, job.strategy.encoded_layers(job.layer),
                                keep_hidden=True)
+        for i, earlier in enumerate(before):
+            asked = engine.prepare(earlier)
+            select_query(job.model, state, asked.queries[0], asked.budget, asked.strategy, context_ids=job.context_ids,
+                         units=job.units, stream=state.hidden if i else None)
     return select_query(job.model, state, job.queries[0], job.budget, job.strategy, context_ids=job.context_ids,
                         units=job.units, stream=state.hidden).kept.tolist()
 

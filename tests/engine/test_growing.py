@@ -7,8 +7,10 @@ from __future__ import annotations
 from functools import lru_cache
 
 import pytest
+import torch
 
-from ilre.compressor.prefill import PrefillConfig, chunk_bounds
+from ilre.compressor.pipeline import select_query
+from ilre.compressor.prefill import PrefillConfig, chunk_bounds, encode_context, extend_context
 from ilre.engine.documents import DocumentCache
 from ilre.engine.messages import CompressRequest
 from ilre.evaluation.tasks.haystack import shakespeare_text
@@ -140,9 +142,10 @@ def test_a_chat_one_turn_longer_takes_its_deepened_prefix_on(engine):
 
 
 def test_a_step_sent_before_the_deepening_ends_takes_the_prefix_on_with_its_stream(engine):
-    """An agent's next step at once: C's coarse encoding and its stream taken on (the new chunks only), the
-    candidates started from the stream: what the whole context encoded with its stream selects."""
-    from tests.engine.test_deepening import deepening_on, kept_from_stream
+    """An agent's next step at once: C's coarse encoding, its stream and the rows of the candidates C's question
+    ran taken on (the new chunks only), the candidates started from the stream: what the pipeline selects on C's
+    encoding with its stream, asked C's question, then taken on to the longer context."""
+    from tests.engine.test_deepening import deepening_on
 
     context = ids(engine)[: C_MID + 700]
     ask = dict(query=QUERY, budget=256, strategy_options=CANDIDATES)
@@ -151,7 +154,24 @@ def test_a_step_sent_before_the_deepening_ends_takes_the_prefix_on_with_its_stre
         later = engine.compress(CompressRequest(context_ids=context, **ask))
         assert engine.deepening.stats.steps == 0
     assert later.resumed_tokens == resume_at(C_MID) and not later.fell_back
-    assert later.kept_indices == kept_from_stream(engine, CompressRequest(context_ids=context, **ask))
+    assert later.kept_indices == kept_taken_on(engine, CompressRequest(context_ids=context[:C_MID], **ask),
+                                               CompressRequest(context_ids=context, **ask))
+
+
+def kept_taken_on(engine, first: CompressRequest, later: CompressRequest) -> list[int]:
+    """What the pipeline keeps for `later` on the encoding of `first`'s context (with its stream), asked `first`'s
+    question from layer 1, then taken on to `later`'s context (prefill.extend_context), its candidates from the
+    stream."""
+    asked, job = engine.prepare(first), engine.prepare(later)
+    with torch.inference_mode():
+        state = encode_context(asked.model, asked.context_ids, asked.prefill,
+                               asked.strategy.encoded_layers(asked.layer), keep_hidden=True)
+        select_query(asked.model, state, asked.queries[0], asked.budget, asked.strategy,
+                     context_ids=asked.context_ids, units=asked.units)
+        longer = extend_context(job.model, state, job.context_ids, keep_hidden=True)
+    assert longer.rows is not None and longer.rows.rows is state.rows.rows
+    return select_query(job.model, longer, job.queries[0], job.budget, job.strategy, context_ids=job.context_ids,
+                        units=job.units, stream=longer.hidden).kept.tolist()
 
 
 def test_with_resuming_off_nothing_is_taken_on_and_no_resume_point_is_kept(engine):

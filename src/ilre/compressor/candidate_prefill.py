@@ -19,6 +19,11 @@ while a document waits for deepening), the pass starts there instead (`Streams`,
 propagation): the candidates and the query enter layer l_c with the states the streaming prefill gave them,
 which saw the whole window, and only layers l_c..l_R run over C. With C = the whole context this too is the
 streaming prefill at l_R (the layers below l_c are the same computation), so the limit is unchanged.
+
+Where the encoding also keeps the rows an earlier pass left (`RowMemo`, compressor/candidate_rows.py: each of its
+candidates' K/V at layers l_c..l_R-1 and its l_R key), a pass from the stream runs only the candidates it does not
+hold, and the held ones' K/V are read from there at every layer (an approximation, exact where the held rows saw
+what they would see in this pass); each pass leaves its own rows for the next.
 """
 
 from __future__ import annotations
@@ -26,10 +31,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+import torch.nn.functional as F
 
 from ..kernels.chunk_attention import chunk_attention
 from ..kernels.rope import rerotate
 from ..models.llama import TruncatedLM
+from .candidate_rows import CandidateRows, RowMemo
 from .prefill import PrefillConfig, chunk_bounds
 
 
@@ -89,8 +96,8 @@ def _groups(candidates: torch.Tensor, n_queries: list[int], length: int, config:
 
 
 def candidate_prefill(model: TruncatedLM, context_ids: torch.Tensor, candidates: torch.Tensor,
-                      query_ids: torch.Tensor, config: PrefillConfig, streams: Streams | None = None
-                      ) -> tuple[torch.Tensor, torch.Tensor]:
+                      query_ids: torch.Tensor, config: PrefillConfig, streams: Streams | None = None,
+                      memo: RowMemo | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """The streaming prefill of the candidates and the query through layers 1..l_R.
 
     context_ids: (L,) int64; candidates: (C,) int64 ascending context indices (the sink among them);
@@ -101,20 +108,23 @@ def candidate_prefill(model: TruncatedLM, context_ids: torch.Tensor, candidates:
     Layer by layer over all C candidates at once: the projections and the MLP run on row blocks of
     `config.chunk` (the same matrix shapes as the streaming prefill's and from one request to the next,
     so the CPU's kernel cache keeps them), the attention chunk by chunk. `streams`: start at layer
-    streams.layer from the kept residual streams instead of at layer 1 from the ids.
+    streams.layer from the kept residual streams instead of at layer 1 from the ids. `memo`: as in
+    `candidate_prefill_many`.
     """
-    keys, (queries,) = candidate_prefill_many(model, context_ids, candidates, [query_ids], config, streams)
+    keys, (queries,) = candidate_prefill_many(model, context_ids, candidates, [query_ids], config, streams, memo)
     return keys, queries
 
 
 def candidate_prefill_many(model: TruncatedLM, context_ids: torch.Tensor, candidates: torch.Tensor,
-                           queries_ids: list[torch.Tensor], config: PrefillConfig, streams: Streams | None = None
-                           ) -> tuple[torch.Tensor, list[torch.Tensor]]:
+                           queries_ids: list[torch.Tensor], config: PrefillConfig, streams: Streams | None = None,
+                           memo: RowMemo | None = None) -> tuple[torch.Tensor, list[torch.Tensor]]:
     """`candidate_prefill` for several queries over one candidate set: the candidates run once, each query
     after them as in its own pass (at positions L.., seeing the sink, the last window's candidates and
     itself, no other query), in row blocks of its own, so each query's states equal its own pass's bit
     for bit. queries_ids: [(Lq_i,) int64] -> the l_R keys (kv_heads, C, d), [(heads, Lq_i, d)].
-    streams: start at streams.layer (its queries in the order of queries_ids)."""
+    streams: start at streams.layer (its queries in the order of queries_ids). memo: the context's rows
+    (compressor/candidate_rows.py); the pass leaves its own there (layers memo.layer..l_R-1), and one from the
+    stream runs only the candidates the memo does not hold (`memo.reused`: how many it held)."""
     length, device, l_r = context_ids.numel(), model.device, model.n_layers
     candidates = candidates.to(device)
     lengths = [q.numel() for q in queries_ids]
@@ -122,45 +132,125 @@ def candidate_prefill_many(model: TruncatedLM, context_ids: torch.Tensor, candid
     groups, n_sink = _groups(candidates, lengths, length, config)
     positions = torch.cat([candidates] + [torch.arange(length, length + n, device=device) for n in lengths])
     cos, sin = model.rope(positions)
+    first = 1 if streams is None else streams.layer
+    held = memo.usable(first, l_r) if memo is not None and streams is not None else None
+    plan = _Plan.of(candidates, groups, n_q, held)
+    if memo is not None:
+        memo.reused = n_c - plan.n_run_c
+    run_c = candidates if plan.run is None else candidates[plan.run[:plan.n_run_c]]
     if streams is None:
-        first = 1
-        h = model.embed(torch.cat([context_ids.to(device)[candidates]] + [q.to(device) for q in queries_ids]))
+        h = model.embed(torch.cat([context_ids.to(device)[run_c]] + [q.to(device) for q in queries_ids]))
     else:
-        first = streams.layer
-        h = torch.cat([streams.context[candidates]] + list(streams.queries))
+        h = torch.cat([streams.context[run_c]] + list(streams.queries))
+    if plan.run is not None:
+        cos, sin = cos[plan.run], sin[plan.run]
     ends = torch.tensor([0] + lengths).cumsum(0).tolist()
-    query_blocks = [(n_c + a, n_c + b) for a, b in zip(ends[:-1], ends[1:])]
-    blocks = [(i, min(i + config.chunk, n_c)) for i in range(0, n_c, config.chunk)] + query_blocks
+    query_blocks = [(plan.n_run_c + a, plan.n_run_c + b) for a, b in zip(ends[:-1], ends[1:])]
+    blocks = [(i, min(i + config.chunk, plan.n_run_c)) for i in range(0, plan.n_run_c, config.chunk)] + query_blocks
     spec = model.spec
+    recorded: list[tuple[torch.Tensor, torch.Tensor]] = []
     for l in range(first, l_r):
         layer = model.layer(l)
-        q = torch.empty(spec.num_heads, n_c + n_q, spec.head_dim, dtype=model.dtype, device=device)
-        k, v = (torch.empty(spec.num_kv_heads, n_c + n_q, spec.head_dim, dtype=model.dtype, device=device)
+        n_run = h.shape[0]
+        q = torch.empty(spec.num_heads, n_run, spec.head_dim, dtype=model.dtype, device=device)
+        k, v = (torch.empty(spec.num_kv_heads, n_run, spec.head_dim, dtype=model.dtype, device=device)
                 for _ in range(2))
         for a, b in blocks:
             if b > a:
                 q[:, a:b], k[:, a:b], v[:, a:b] = layer.qkv(h[a:b], cos[a:b], sin[a:b])
+        if plan.run is not None:  # every row's K/V: this pass's, and the memo's for the rows it holds
+            k, v = plan.scatter(k, held.keys[l - held.first]), plan.scatter(v, held.values[l - held.first])
+        if memo is not None and l >= memo.layer:
+            recorded.append((k[:, :n_c], v[:, :n_c]))
         out = torch.empty_like(q)
         moved: dict[int, torch.Tensor] = {}  # the sink's keys by DCA shift
-        for g in groups:
-            if g.first:
-                out[:, g.a:g.b] = chunk_attention(q[:, g.a:g.b], k[:, g.a:g.b], v[:, g.a:g.b], 0)
+        for g, rows in zip(groups, plan.rows):
+            if rows is None:  # none of its rows runs here
                 continue
-            if g.sink_shift not in moved:
-                moved[g.sink_shift] = rerotate(k[:, :n_sink], model.inv_freq, g.sink_shift)
-            seen_k = torch.cat((moved[g.sink_shift], k[:, g.window:g.before], k[:, g.a:g.b]), dim=1)
-            seen_v = torch.cat((v[:, :n_sink], v[:, g.window:g.before], v[:, g.a:g.b]), dim=1)
-            out[:, g.a:g.b] = chunk_attention(q[:, g.a:g.b], seen_k, seen_v, n_sink + g.before - g.window)
+            s0, s1, some = rows
+            if g.first:
+                seen_k, seen_v, n_prefix = k[:, g.a:g.b], v[:, g.a:g.b], 0
+            else:
+                if g.sink_shift not in moved:
+                    moved[g.sink_shift] = rerotate(k[:, :n_sink], model.inv_freq, g.sink_shift)
+                seen_k = torch.cat((moved[g.sink_shift], k[:, g.window:g.before], k[:, g.a:g.b]), dim=1)
+                seen_v = torch.cat((v[:, :n_sink], v[:, g.window:g.before], v[:, g.a:g.b]), dim=1)
+                n_prefix = n_sink + g.before - g.window
+            out[:, s0:s1] = chunk_attention(q[:, s0:s1], seen_k, seen_v, n_prefix) if some is None else \
+                _some_rows_attention(q[:, s0:s1], seen_k, seen_v, n_prefix, some)
         del q, k, v, moved
         for a, b in blocks:  # rows are independent here: each block overwrites its own
             if b > a:
                 h[a:b] = layer.finish(h[a:b], out[:, a:b])
         del out
     top = model.layer(l_r)
-    keys = torch.empty(spec.num_kv_heads, n_c, spec.head_dim, dtype=model.dtype, device=device)
+    keys = torch.empty(spec.num_kv_heads, plan.n_run_c, spec.head_dim, dtype=model.dtype, device=device)
     for a, b in blocks[:-len(query_blocks)] if query_blocks else blocks:
         keys[:, a:b] = top.keys(h[a:b], cos[a:b], sin[a:b])
+    if plan.run is not None:
+        keys = plan.scatter(keys, held.top, rows=n_c)
+    if memo is not None and recorded and n_c:
+        memo.rows = CandidateRows(candidates.clone(), memo.layer, l_r, torch.stack([k for k, _ in recorded]),
+                                  torch.stack([v for _, v in recorded]), keys.clone())
     for g in groups:
         if g.key_shift and g.a < n_c:
             keys[:, g.a:g.b] = rerotate(keys[:, g.a:g.b], model.inv_freq, g.key_shift)
     return keys, [top.queries(h[a:b], cos[a:b], sin[a:b]) for a, b in query_blocks]
+
+
+@dataclass(frozen=True)
+class _Plan:
+    """Which rows of a candidate pass run (the rest are read from a memo's rows). `run`: (R,) int64 the rows that
+    run, ascending (the candidates not held, then every query row), None when all run; `n_run_c`: how many of them
+    are candidates; `held`: (H,) the candidate rows held, `source`: (H,) their rows in the memo; `rows`, per group:
+    None when none of its rows runs, else (s0, s1, some): its running rows are [s0, s1) of the running rows, and
+    `some` (R_g,) their places in the group where only some of its rows run (None: all of them)."""
+
+    run: torch.Tensor | None
+    n_run_c: int
+    held: torch.Tensor | None
+    source: torch.Tensor | None
+    rows: list[tuple[int, int, torch.Tensor | None] | None]
+
+    @classmethod
+    def of(cls, candidates: torch.Tensor, groups: list[_Group], n_q: int, memo: CandidateRows | None) -> "_Plan":
+        n_c = candidates.numel()
+        where = memo.find(candidates) if memo is not None else None
+        if where is None or not bool((where >= 0).any()):
+            return cls(None, n_c, None, None, [(g.a, g.b, None) for g in groups])
+        fresh = where < 0
+        run = torch.cat((fresh.nonzero().squeeze(1), torch.arange(n_c, n_c + n_q, device=candidates.device)))
+        held = (~fresh).nonzero().squeeze(1)
+        place = torch.cat((fresh.long().cumsum(0), n_c - held.numel() + 1 + torch.arange(n_q, device=candidates.device)))
+        runs = torch.cat((fresh, torch.ones(n_q, dtype=torch.bool, device=candidates.device)))
+        rows: list[tuple[int, int, torch.Tensor | None] | None] = []
+        for g in groups:
+            mine = runs[g.a:g.b]
+            count = int(mine.sum())
+            if count == 0:
+                rows.append(None)
+                continue
+            s1 = int(place[g.b - 1])
+            rows.append((s1 - count, s1, None if count == g.b - g.a else mine.nonzero().squeeze(1)))
+        return cls(run, int(fresh.sum()), held, where[held], rows)
+
+    def scatter(self, computed: torch.Tensor, memo: torch.Tensor, rows: int | None = None) -> torch.Tensor:
+        """computed: (h, R, d) the running rows' -> (h, rows, d) every row's (default: all of them), the held
+        candidates' from memo (h, M, d)."""
+        n = self.run.numel() + self.held.numel() if rows is None else rows
+        out = torch.empty(computed.shape[0], n, computed.shape[2], dtype=computed.dtype, device=computed.device)
+        run = self.run if rows is None else self.run[:self.n_run_c]
+        out[:, run] = computed
+        out[:, self.held] = memo[:, self.source]
+        return out
+
+
+def _some_rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_prefix: int, some: torch.Tensor
+                         ) -> torch.Tensor:
+    """`chunk_attention` for some rows of a chunk only: q (heads, R, d) the rows at places `some` (R,) of the chunk,
+    k, v (kv_heads, P + C, d) the prefix and the whole chunk's. Each row sees the prefix and the chunk up to itself."""
+    n_chunk = k.shape[1] - n_prefix
+    own = torch.arange(n_chunk, device=q.device).unsqueeze(0) <= some.unsqueeze(1)  # (R, C)
+    mask = torch.cat((torch.ones(some.numel(), n_prefix, dtype=torch.bool, device=q.device), own), dim=1)
+    return F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask,
+                                          enable_gqa=True).squeeze(0)

@@ -15,6 +15,7 @@ import torch
 
 from ..kernels.rope import MovedKeys
 from ..models.llama import TruncatedLM
+from .candidate_rows import RowMemo
 from .prefill_config import PrefillConfig
 from .window_cache import WindowCache
 
@@ -96,7 +97,9 @@ class ContextState:
     query-agnostic strategies, memoised by `Strategy.memo_key`; hidden: (L, D) in the model's dtype, the
     residual stream entering the top layer for every context token, kept only when asked
     (`encode_context(keep_hidden=True)`): from it `resume_context` takes the encoding deeper without
-    layers 1..top-1 (never stored: `to_tensors` leaves it out). resume: where a longer context that shares
+    layers 1..top-1 (never stored: `to_tensors` leaves it out). rows: where the cascade's candidate passes over this
+    context leave their rows while it keeps its stream (compressor/candidate_rows.py; `row_memo`; never stored either).
+    resume: where a longer context that shares
     these tokens takes the prefill on (`prefill.extend_context`), None where nothing can be taken on.
     """
 
@@ -109,6 +112,7 @@ class ContextState:
     scores: dict[str, torch.Tensor] = field(default_factory=dict)
     hidden: torch.Tensor | None = None
     resume: ResumePoint | None = None
+    rows: RowMemo | None = None
 
     @property
     def top(self) -> int:
@@ -118,10 +122,11 @@ class ContextState:
     @property
     def nbytes(self) -> int:
         """Memory held: the key caches, the extra parts, the window buffers, the memoised scores, the stream at
-        the top (`hidden`) where kept and the resume point's own window caches."""
+        the top (`hidden`) where kept, the candidate rows and the resume point's own window caches."""
         tensors = list(self.keys.values()) + list(self.parts.values()) + list(self.scores.values())
         tensors += [self.hidden] if self.hidden is not None else []
         held = sum(t.numel() * t.element_size() for t in tensors) + sum(c.nbytes for c in self.caches)
+        held += self.rows.nbytes if self.rows is not None else 0
         return held + (self.resume.nbytes if self.resume is not None else 0)
 
     def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
@@ -136,9 +141,19 @@ class ContextState:
             cache.map_tensors(fn)
 
     def take_hidden(self) -> torch.Tensor | None:
-        """The resume point, removed from the state (which a document cache may then keep without it)."""
-        hidden, self.hidden = self.hidden, None
+        """The resume point, removed from the state (which a document cache may then keep without it), and the
+        candidate rows with it (no pass starts from the stream then)."""
+        hidden, self.hidden, self.rows = self.hidden, None, None
         return hidden
+
+    def row_memo(self) -> RowMemo | None:
+        """Where candidate passes over this context leave their rows for the next (made on first ask, from the
+        encoding's top layer up), while the state keeps its stream; None when it keeps none."""
+        if self.hidden is None:
+            return None
+        if self.rows is None:
+            self.rows = RowMemo(self.top)
+        return self.rows
 
     def to_tensors(self) -> dict[str, torch.Tensor]:
         """What a later query reads, as named contiguous tensors (a document store saves them):

@@ -238,8 +238,9 @@ def select_queries(model: TruncatedLM, state: ContextState, queries_ids: list[to
         deepened = once(deepened)
     clock = time.perf_counter()
     with torch.inference_mode():
+        rows = state.row_memo()
         passes = [QueryPass(model, prefill_query(model, state, query_ids, strategy.query_parts), context_ids, query_ids,
-                            budget, state.config, deepened, stream=stream) for query_ids in queries_ids]
+                            budget, state.config, deepened, stream=stream, rows=rows) for query_ids in queries_ids]
         attentions = strategy.query_attention_many(passes)
     spent = _lap(clock)
     selections = []

@@ -146,6 +146,7 @@ def extend_in_steps(model: TruncatedLM, state: ContextState, context_ids: torch.
     if keep_hidden:
         longer.hidden = torch.empty(length, model.spec.hidden_size, dtype=model.dtype, device=model.device)
         longer.hidden[: point.at] = state.hidden[: point.at]
+        longer.rows = state.rows.carried() if state.rows is not None else None
     return _encode_chunks(model, longer, bounds, lambda start, end: context_ids[start:end], skip=point.n_chunks)
 
 

@@ -170,6 +170,13 @@ class DocumentCache:
             self.shared.put_state(slot, key, state.to_tensors(), owner)
         return self._keep(slot, key, lambda entry: entry.states, state)
 
+    def refit(self, slot: str) -> None:
+        """Evict to the cap again after the document in `slot` grew in place (a state's candidate rows,
+        compressor/candidate_rows.py), as if it had just been stored."""
+        with self._lock:
+            if slot in self._docs:
+                self._fit(keep=slot)
+
     def name_prefix(self, prefix: str, slot: str) -> None:
         """Record that the document in `slot` can be taken on by a longer context whose first tokens have the slot
         `prefix` (its states' resume point: `ContextState.resume`), in both tiers."""

@@ -185,6 +185,8 @@ class EncodingPolicy:
         timing), and a document not yet held deep is offered for deepening."""
         for selection in selections:
             selection.measured["resumed_tokens"] = plan.encodings.resumed_tokens
+        if any("peak" in selection.measured for selection in selections):  # a candidate pass ran: its rows stay
+            self.documents.refit(job.slot)  # on the encoding, counted there (compressor/candidate_rows.py)
         spent = plan.encodings.deepen_ms
         if spent is not None:
             deep = [s for s in selections if s.measured.get("deep")] or selections

@@ -12,6 +12,7 @@ import torch
 from ...kernels.query_scores import query_key_scores
 from ...models.llama import TruncatedLM
 from ..allocation import top_k_indices
+from ..candidate_rows import RowMemo
 from ..prefill import ContextState, PrefillConfig, RetrievalState
 
 
@@ -48,7 +49,8 @@ class QueryPass:
     falls back to that form (the document cache's; None: the strategy encodes it itself); measured: what
     the strategy measured on the way, for the caller to read (the cascade: `peak`, its peak strength);
     stream: the context's residual stream entering the encoding's top layer (L, D), where the encoding kept
-    it (ContextState.hidden; a cascade's candidates then start there)."""
+    it (ContextState.hidden; a cascade's candidates then start there); rows: where a cascade's candidate passes
+    over the context leave their rows for the next (ContextState.row_memo; None: nowhere)."""
 
     model: TruncatedLM
     retrieval: RetrievalState
@@ -59,6 +61,7 @@ class QueryPass:
     deepened: Callable[[], ContextState] | None = None
     measured: dict[str, float] = field(default_factory=dict)
     stream: torch.Tensor | None = None
+    rows: RowMemo | None = None
 
 
 def option_names(cls: type) -> set[str]:
