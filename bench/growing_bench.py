@@ -9,7 +9,8 @@ default cascade, budget 1024):
   agent  in process: a 16K-token history, then 20 steps, each appending a ~1K-token tool result; the query is fixed
   agent-at-once  the same steps sent back to back, as an agent sends its next step seconds after a tool returns:
          deepening never runs, each step takes the step before on and starts its candidates from the stream it
-         kept (then every step encoded whole, for the baseline and for the path a resumed step stands for)
+         kept, those the step before ran read from its rows (then every step encoded whole, for the baseline and
+         for the path a resumed step approximates: the share of its kept tokens in common with it is printed)
 Each turn of chat and agent is sent twice, in the same process:
   resuming  the cache holds the earlier turns, resuming and deepening on (the sidecar's defaults); between turns
             (while the engine downstream answers) the turn's document is deepened in the background, which takes
@@ -35,6 +36,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections import Counter
 import time
 from pathlib import Path
 from typing import Callable
@@ -209,8 +211,10 @@ def run(engine: Engine, kind: str, turns: int, rows: Path, document: int | None)
 def run_at_once(engine: Engine, turns: int, rows: Path, document: int | None) -> None:
     """The agent's steps sent back to back (no wait: deepening never gets its turn), resuming on, then each step
     encoded whole for the baseline. A resumed step takes on the kept encoding of the step before and starts its
-    candidates from the stream it kept; the path it stands for is that, computed whole (the whole context encoded
-    with its stream, the candidates started there: compressor/candidate_prefill.Streams), and is compared with it."""
+    candidates from the stream it kept, reading the K/V of the candidates the step before ran where it picks them
+    too (compressor/candidate_rows.py: an approximation); the path it stands for without them is that computed whole
+    (the whole context encoded with its stream, the candidates started there: compressor/candidate_prefill.Streams),
+    and the step's kept tokens are compared with it: the share in common (a step encoded from the start: equal)."""
     kind = "agent-at-once"
     done = [r for r in read_rows(rows) if r["kind"] == kind and "turn" in r]
     if any(r["kind"] == kind and "ratio" in r for r in read_rows(rows)):
@@ -229,12 +233,14 @@ def run_at_once(engine: Engine, turns: int, rows: Path, document: int | None) ->
         on_ms, on_ids, taken = resumed[number - 1]
         off_ms, off_ids, _ = send(ids)
         want = off_ids if taken == 0 else from_stream(engine, context, query)
+        common = sum((Counter(on_ids) & Counter(want)).values()) / len(want)
         row = {"kind": kind, "turn": number, "tokens": len(context), "resume_ms": round(on_ms, 1),
-               "whole_ms": round(off_ms, 1), "resumed_tokens": taken, "same_sent": on_ids == want,
-               "read": "the same encoding" if taken == 0 else "from the kept stream"}
+               "whole_ms": round(off_ms, 1), "resumed_tokens": taken, "same_sent": on_ids == want if taken == 0 else None,
+               "in_common": round(common, 4), "read": "the same encoding" if taken == 0 else "from the kept stream"}
         append(rows, row)
         print(f"{kind} step {number:2}  {row['tokens']:6} tokens  resumed {taken:6}  {row['resume_ms']:9.1f} ms  "
-              f"whole {row['whole_ms']:9.1f} ms  same as its path computed whole: {row['same_sent']}", flush=True)
+              f"whole {row['whole_ms']:9.1f} ms  in common with its path computed whole (no rows): {common:.1%}",
+              flush=True)
     summarize(kind, turns, [r for r in read_rows(rows) if r["kind"] == kind and "turn" in r], rows)
 
 
@@ -260,9 +266,14 @@ def summarize(kind: str, turns: int, done: list[dict], rows: Path) -> None:
     later_off = sum(r["whole_ms"] for r in done[1:])
     summary = {"kind": kind, "turns": turns, "later_resume_ms": round(later_on, 1), "later_whole_ms": round(later_off, 1),
                "ratio": round(later_on / later_off, 3), "all_same_sent": all(r["same_sent"] is not False for r in done)}
+    shares = [r["in_common"] for r in done if r.get("same_sent") is None and "in_common" in r]
+    if shares:
+        summary["in_common"] = [min(shares), round(sum(shares) / len(shares), 4)]
     append(rows, summary)
     print(f"{kind}: turns 2-{turns} {later_on / 1000:.1f} s resuming vs {later_off / 1000:.1f} s whole "
-          f"({summary['ratio']:.3f}x); every turn sent the same: {summary['all_same_sent']}", flush=True)
+          f"({summary['ratio']:.3f}x); every turn compared exactly sent the same: {summary['all_same_sent']}"
+          + (f"; taken-on steps in common with their path without rows: {min(shares):.1%} at least, "
+             f"{sum(shares) / len(shares):.1%} on average" if shares else ""), flush=True)
 
 
 def read_rows(path: Path) -> list[dict]:

@@ -213,15 +213,16 @@ class _Plan:
     rows: list[tuple[int, int, torch.Tensor | None] | None]
 
     @classmethod
-    def of(cls, candidates: torch.Tensor, groups: list[_Group], n_q: int, memo: CandidateRows | None) -> "_Plan":
+    def of(cls, candidates: torch.Tensor, groups: list[_Group], n_q: int, held: CandidateRows | None) -> "_Plan":
+        """The plan of a pass over `candidates` (C,) in `groups` with `n_q` query rows, reading the rows `held` has."""
         n_c = candidates.numel()
-        where = memo.find(candidates) if memo is not None else None
+        where = held.find(candidates) if held is not None else None
         if where is None or not bool((where >= 0).any()):
             return cls(None, n_c, None, None, [(g.a, g.b, None) for g in groups])
         fresh = where < 0
         run = torch.cat((fresh.nonzero().squeeze(1), torch.arange(n_c, n_c + n_q, device=candidates.device)))
-        held = (~fresh).nonzero().squeeze(1)
-        place = torch.cat((fresh.long().cumsum(0), n_c - held.numel() + 1 + torch.arange(n_q, device=candidates.device)))
+        found = (~fresh).nonzero().squeeze(1)
+        place = torch.cat((fresh.long().cumsum(0), n_c - found.numel() + 1 + torch.arange(n_q, device=candidates.device)))
         runs = torch.cat((fresh, torch.ones(n_q, dtype=torch.bool, device=candidates.device)))
         rows: list[tuple[int, int, torch.Tensor | None] | None] = []
         for g in groups:
@@ -232,7 +233,7 @@ class _Plan:
                 continue
             s1 = int(place[g.b - 1])
             rows.append((s1 - count, s1, None if count == g.b - g.a else mine.nonzero().squeeze(1)))
-        return cls(run, int(fresh.sum()), held, where[held], rows)
+        return cls(run, int(fresh.sum()), found, where[found], rows)
 
     def scatter(self, computed: torch.Tensor, memo: torch.Tensor, rows: int | None = None) -> torch.Tensor:
         """computed: (h, R, d) the running rows' -> (h, rows, d) every row's (default: all of them), the held
