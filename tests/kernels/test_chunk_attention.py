@@ -67,3 +67,16 @@ def test_bfloat16_chunk_attention_is_close_to_float64():
     got = chunk_attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), 24)
     assert got.dtype == torch.bfloat16
     torch.testing.assert_close(got.double(), dense_chunk_attention(q, k, v, 24), atol=3e-2, rtol=3e-2)
+
+
+@pytest.mark.parametrize("rows", [[0, 2, 5], [3], [0, 1, 2, 3, 4, 5]])
+@pytest.mark.parametrize("n_prefix", [0, 4])
+def test_some_rows_of_a_chunk_equal_those_rows_of_the_whole_chunk(rows, n_prefix):
+    """q holding only some rows of the chunk (the rest's K/V read from elsewhere): each row as in the whole chunk."""
+    gen = torch.Generator().manual_seed(11 + n_prefix)
+    q, k, v = torch.randn(4, 6, 8, generator=gen), torch.randn(2, n_prefix + 6, 8, generator=gen), torch.randn(
+        2, n_prefix + 6, 8, generator=gen)
+    some = torch.tensor(rows)
+    got = chunk_attention(q[:, some], k, v, n_prefix, rows=some)
+    assert got.shape == (4, len(rows), 8)
+    torch.testing.assert_close(got.double(), dense_chunk_attention(q, k, v, n_prefix)[:, some], atol=1e-5, rtol=1e-5)

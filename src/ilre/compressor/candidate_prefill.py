@@ -31,7 +31,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-import torch.nn.functional as F
 
 from ..kernels.chunk_attention import chunk_attention
 from ..kernels.rope import rerotate
@@ -176,8 +175,7 @@ def candidate_prefill_many(model: TruncatedLM, context_ids: torch.Tensor, candid
                 seen_k = torch.cat((moved[g.sink_shift], k[:, g.window:g.before], k[:, g.a:g.b]), dim=1)
                 seen_v = torch.cat((v[:, :n_sink], v[:, g.window:g.before], v[:, g.a:g.b]), dim=1)
                 n_prefix = n_sink + g.before - g.window
-            out[:, s0:s1] = chunk_attention(q[:, s0:s1], seen_k, seen_v, n_prefix) if some is None else \
-                _some_rows_attention(q[:, s0:s1], seen_k, seen_v, n_prefix, some)
+            out[:, s0:s1] = chunk_attention(q[:, s0:s1], seen_k, seen_v, n_prefix, rows=some)
         del q, k, v, moved
         for a, b in blocks:  # rows are independent here: each block overwrites its own
             if b > a:
@@ -202,13 +200,13 @@ def candidate_prefill_many(model: TruncatedLM, context_ids: torch.Tensor, candid
 class _Plan:
     """Which rows of a candidate pass run (the rest are read from a memo's rows). `run`: (R,) int64 the rows that
     run, ascending (the candidates not held, then every query row), None when all run; `n_run_c`: how many of them
-    are candidates; `held`: (H,) the candidate rows held, `source`: (H,) their rows in the memo; `rows`, per group:
+    are candidates; `found`: (H,) the candidate rows held, `source`: (H,) their rows in the memo; `rows`, per group:
     None when none of its rows runs, else (s0, s1, some): its running rows are [s0, s1) of the running rows, and
     `some` (R_g,) their places in the group where only some of its rows run (None: all of them)."""
 
     run: torch.Tensor | None
     n_run_c: int
-    held: torch.Tensor | None
+    found: torch.Tensor | None
     source: torch.Tensor | None
     rows: list[tuple[int, int, torch.Tensor | None] | None]
 
@@ -238,20 +236,10 @@ class _Plan:
     def scatter(self, computed: torch.Tensor, memo: torch.Tensor, rows: int | None = None) -> torch.Tensor:
         """computed: (h, R, d) the running rows' -> (h, rows, d) every row's (default: all of them), the held
         candidates' from memo (h, M, d)."""
-        n = self.run.numel() + self.held.numel() if rows is None else rows
+        n = self.run.numel() + self.found.numel() if rows is None else rows
         out = torch.empty(computed.shape[0], n, computed.shape[2], dtype=computed.dtype, device=computed.device)
         run = self.run if rows is None else self.run[:self.n_run_c]
         out[:, run] = computed
-        out[:, self.held] = memo[:, self.source]
+        out[:, self.found] = memo[:, self.source]
         return out
 
-
-def _some_rows_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_prefix: int, some: torch.Tensor
-                         ) -> torch.Tensor:
-    """`chunk_attention` for some rows of a chunk only: q (heads, R, d) the rows at places `some` (R,) of the chunk,
-    k, v (kv_heads, P + C, d) the prefix and the whole chunk's. Each row sees the prefix and the chunk up to itself."""
-    n_chunk = k.shape[1] - n_prefix
-    own = torch.arange(n_chunk, device=q.device).unsqueeze(0) <= some.unsqueeze(1)  # (R, C)
-    mask = torch.cat((torch.ones(some.numel(), n_prefix, dtype=torch.bool, device=q.device), own), dim=1)
-    return F.scaled_dot_product_attention(q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask,
-                                          enable_gqa=True).squeeze(0)

@@ -53,6 +53,12 @@ class DocumentEncodings(OnceEncodings):
         encoded = self._encoded
         return None if encoded is None or self._first else encoded.hidden
 
+    def holds_rows(self) -> bool:
+        """Whether the encoding read holds the rows of a candidate pass (compressor/candidate_rows.py), which grow
+        it in place after the cache counted it."""
+        encoded = self._encoded
+        return encoded is not None and encoded.rows is not None and encoded.rows.rows is not None
+
     def _make_encoded(self) -> ContextState:
         job, strategy = self.job, self.strategy
         length = job.context_ids.numel()
@@ -185,8 +191,8 @@ class EncodingPolicy:
         timing), and a document not yet held deep is offered for deepening."""
         for selection in selections:
             selection.measured["resumed_tokens"] = plan.encodings.resumed_tokens
-        if any("peak" in selection.measured for selection in selections):  # a candidate pass ran: its rows stay
-            self.documents.refit(job.slot)  # on the encoding, counted there (compressor/candidate_rows.py)
+        if plan.encodings.holds_rows():  # a candidate pass left its rows on the cached encoding: counted there
+            self.documents.refit(job.slot)
         spent = plan.encodings.deepen_ms
         if spent is not None:
             deep = [s for s in selections if s.measured.get("deep")] or selections

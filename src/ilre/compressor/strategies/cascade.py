@@ -23,7 +23,6 @@ import torch
 from ...kernels.query_scores import blend_layers, query_key_scores
 from ..allocation import PoolingAllocator
 from ..candidate_prefill import Streams, candidate_prefill, candidate_prefill_many
-from ..candidate_rows import RowMemo
 from ..prefill import PrefillConfig, encode_context, prefill_query
 from .base import QueryPass, ScoreInputs, Strategy, check_int
 
@@ -141,7 +140,6 @@ class Cascade(Strategy):
             return self._whole_context(query, coarse)
         keys, queries = candidate_prefill(query.model, query.context_ids, candidates, query.query_ids, query.config,
                                           self._streams([query], coarse), query.rows)
-        self._count_reused([query], query.rows)
         return self._ranked(query, coarse, scores, candidates, query_key_scores(queries, keys))
 
     def query_attention_many(self, passes: list[QueryPass]) -> list[tuple[torch.Tensor | None, torch.Tensor | None]]:
@@ -165,18 +163,10 @@ class Cascade(Strategy):
             keys, queries = candidate_prefill_many(first.model, first.context_ids, union,
                                                    [passes[i].query_ids for i in shared], first.config,
                                                    self._streams([passes[i] for i in shared], coarse), first.rows)
-            self._count_reused([passes[i] for i in shared], first.rows)
             for i, query_states in zip(shared, queries):
                 passes[i].measured["candidates"] = float(union.numel())
                 ranked[i] = self._ranked(passes[i], coarse, picked[i][0], union, query_key_scores(query_states, keys))
         return [ranked[i] if i in ranked else self._whole_context(query, coarse) for i, query in enumerate(passes)]
-
-    @staticmethod
-    def _count_reused(passes: list[QueryPass], rows: RowMemo | None) -> None:
-        """measured: `reused`, the candidates whose K/V the pass read from the rows an earlier pass left."""
-        if rows is not None and rows.reused:
-            for query in passes:
-                query.measured["reused"] = float(rows.reused)
 
     @staticmethod
     def _streams(passes: list[QueryPass], coarse: int) -> Streams | None:
