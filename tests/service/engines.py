@@ -1,7 +1,7 @@
 """Real inference engines for the sidecar tests, each a process on a free loopback port serving the
 embedded SmolLM2 (built or installed by `make engine` into ~/.cache/ilre): llama.cpp's `llama-server`
-(the GGUF), vLLM's OpenAI server and SGLang's server (the converted safetensors folder, on the CPU, in what
-`--dtype auto` picks: bfloat16 where the CPU multiplies it natively, float32 where it emulates it). Also a
+(the GGUF), vLLM's OpenAI server and SGLang's server (the converted safetensors folder, on the CPU, in
+bfloat16 where the CPU multiplies it natively, float32 where it emulates it). Also a
 recording TCP relay placed between the sidecar and the engine, so a test can read the exact bytes of every
 request the engine got."""
 
@@ -213,7 +213,7 @@ class SGLangServer(EngineServer):
 
 def engine_dtype() -> str:
     """The dtype vLLM and SGLang compute in: bfloat16 where the CPU multiplies it natively, else float32 (emulated
-    bfloat16 is ~5x slower there), as ilre's own `--dtype auto`."""
+    bfloat16 is ~5x slower there; ilre's own `--dtype auto` runs int8 there, which these engines do not offer)."""
     from ilre.models.device import cpu_has_native_bfloat16
 
     return "bfloat16" if cpu_has_native_bfloat16() else "float32"

@@ -44,7 +44,7 @@ class EngineSettings:
                                       shown_default="the profile's, token where it names none")
     device: str = setting("auto", f"{DEVICE_HELP}: where the model runs (auto: a GPU or NPU when present)")
     dtype: str = setting("auto", f"{', '.join(DTYPE_CHOICES)} (auto: bfloat16 on GPUs, NPUs and CPUs with native "
-                         "bfloat16, else float32; int8: CPUs only, the linear layers in int8)")
+                         "bfloat16, int8 on other x86 CPUs, else float32; int8: CPUs only, the linear layers in int8)")
     sink: int = setting(SINK, "S sink tokens, always attended", minimum=0, advanced=True)
     window: int = setting(WINDOW, "W sliding-window tokens below l_R (0 = unbounded)", minimum=0, advanced=True)
     chunk: int = setting(CHUNK, "prefill chunk length", minimum=1, advanced=True)

@@ -2,10 +2,11 @@
 
 `resolve_placement("auto", "auto")` picks, per device, what `make bench` measured fastest while
 keeping the selections: bfloat16 on GPUs and NPUs, and on CPUs with native bfloat16 dot products
-(avx512_bf16 / AMX); float32 on other CPUs, where bfloat16 is emulated. float16 is accepted
-everywhere but is ~100x slower than float32 on CPUs without float16 arithmetic. int8 (CPUs only) runs the
-linear layers in int8 through oneDNN and the rest in float32 (models/int8.py); `auto` does not pick it, as it
-keeps fewer of float32's selections than bfloat16 does (docs/benchmarks.md).
+(avx512_bf16 / AMX); int8 on other x86 CPUs, where bfloat16 is emulated (~20 GFLOP/s) and int8's linear
+layers run 1.6-1.7x float32's (a 32K first question 1.56x; 95.8% of float32's kept indices, the same answers
+on mixed content: docs/benchmarks.md); float32 on other CPUs, or where torch lacks oneDNN's int8 kernels.
+int8 runs the linear layers in int8 through oneDNN and the rest in float32 (models/int8.py). float16 is
+accepted everywhere but is ~100x slower than float32 on CPUs without float16 arithmetic.
 `torch_npu` is imported only when an NPU is asked for (or `auto` finds it installed).
 """
 
@@ -15,6 +16,7 @@ import importlib
 import importlib.util
 import logging
 import os
+import platform
 import re
 from dataclasses import dataclass
 from pathlib import Path
@@ -61,10 +63,21 @@ class Placement:
 def resolve_placement(device: str | None = "auto", dtype: str | None = "auto") -> Placement:
     """Parse and check `--device` / `--dtype` (None = auto); PlacementError naming the flag."""
     resolved = resolve_device(device or "auto")
-    if (dtype or "").strip().lower() == INT8:
+    name = (dtype or "auto").strip().lower()
+    if name == INT8:
         _check_int8(resolved)
         return Placement(resolved, torch.float32, int8=True)
+    if name == "auto" and auto_picks_int8(resolved):
+        return Placement(resolved, torch.float32, int8=True)
     return Placement(resolved, resolve_dtype(dtype or "auto", resolved))
+
+
+def auto_picks_int8(device: torch.device, cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
+    """True where `--dtype auto` runs int8: an x86 CPU without native bfloat16, with oneDNN's int8 kernels."""
+    from .int8 import int8_available
+
+    return (device.type == "cpu" and platform.machine().lower() in ("x86_64", "amd64")
+            and not cpu_has_native_bfloat16(cpuinfo) and int8_available())
 
 
 def _check_int8(device: torch.device) -> None:
@@ -122,7 +135,8 @@ def _npu_count(required: bool = False) -> int:
 
 
 def resolve_dtype(name: str, device: torch.device) -> torch.dtype:
-    """"auto" -> the fastest dtype that keeps the selections on `device` (module docstring)."""
+    """"auto" -> the fastest tensor dtype that keeps the selections on `device` (module docstring; where
+    `resolve_placement` runs int8 instead, `auto_picks_int8`, its tensors are float32, as here)."""
     key = name.strip().lower()
     if key == "auto":
         if device.type == "cpu":
