@@ -3,7 +3,7 @@
 `resolve_placement("auto", "auto")` picks, per device, what `make bench` measured fastest while
 keeping the selections: bfloat16 on GPUs and NPUs, and on CPUs with native bfloat16 dot products
 (avx512_bf16 / AMX); int8 on other x86 CPUs, where bfloat16 is emulated (~20 GFLOP/s) and int8's linear
-layers run 1.6-1.7x float32's (a 32K first question 1.56x; 95.8% of float32's kept indices, the same answers
+layers run 1.6-1.7x float32's (a 32K prefill 1.56x; 95.8% of float32's kept indices, the same answers
 on mixed content: docs/benchmarks.md); float32 on other CPUs, or where torch lacks oneDNN's int8 kernels.
 int8 runs the linear layers in int8 through oneDNN and the rest in float32 (models/int8.py). float16 is
 accepted everywhere but is ~100x slower than float32 on CPUs without float16 arithmetic.
