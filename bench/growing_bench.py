@@ -36,8 +36,8 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections import Counter
 import time
+from collections import Counter
 from pathlib import Path
 from typing import Callable
 
