@@ -145,6 +145,14 @@ class WordModel:
     def _words(self, ids: list[int]) -> list[str]:
         return [self.texts[i // 10**6].split()[i % 10**6] for i in ids]
 
+    def run_all(self, fields: dict[str, Any]) -> list[CompressResult]:
+        """Every result of a request: one per document of `document_ids` (each asked as by its id), else one."""
+        if "document_ids" not in fields:
+            return [self.run(fields)]
+        rest = {k: v for k, v in fields.items() if k not in ("document_ids", "budgets")}
+        return [self.run({**rest, "document_id": doc, "budget": budget})
+                for doc, budget in zip(fields["document_ids"], fields["budgets"])]
+
     def run(self, fields: dict[str, Any]) -> CompressResult:
         if "document_id" in fields:
             source = self.texts[int(fields["document_id"], 16)]
@@ -201,7 +209,7 @@ def through_the_gateway(chat: list[dict], budget: int) -> tuple[WordModel, dict[
     model = WordModel()
 
     async def compress(fields: dict[str, Any], *args: Any, **kwargs: Any) -> SimpleNamespace:
-        return SimpleNamespace(results=[model.run(fields)])
+        return SimpleNamespace(results=model.run_all(fields))
 
     gateway = Gateway(SimpleNamespace(compress=compress), budget)
     return model, asyncio.run(gateway.compress({"messages": copy.deepcopy(chat), "budget": budget}, Call(None)))

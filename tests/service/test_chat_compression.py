@@ -12,14 +12,23 @@ from ilre.service.sidecar.history import FrozenTexts
 from ilre.service.transport.chat_compression import compress_chat
 
 from .agent_steps import agent_step
-from .haystacks import FACT, haystack
+from .haystacks import CHAT_QUESTION, FACT, haystack
 from tests.shallow import engine_on_shallow_calibration  # noqa: F401 (engine: a flow, on the shallow calibration)
 
 
-def run(engine, messages, budget, frozen=None):
+def run(engine, messages, budget, frozen=None, together=False):
+    asked = []
+
+    async def call_all(fields):
+        asked.append(fields)
+        return await asyncio.to_thread(lambda: engine.run(CompressRequest.from_json(fields)).results)
+
     async def call(fields):
-        return await asyncio.to_thread(lambda: engine.run(CompressRequest.from_json(fields)).results[0])
-    return asyncio.run(compress_chat(call, messages, lambda _: budget, fields={"granularity": "unit"}, frozen=frozen))
+        return (await call_all(fields))[0]
+
+    done = asyncio.run(compress_chat(call, messages, lambda _: budget, fields={"granularity": "unit"}, frozen=frozen,
+                                     call_many=call_all if together else None))
+    return (done, asked) if together else done
 
 
 @pytest.fixture(scope="module")
@@ -39,6 +48,22 @@ def test_a_tool_result_is_compressed_to_its_share_for_the_question(engine, steps
     (result,) = done.compressed
     assert result.index == 3 and FACT.strip() in result.text
     assert result.before > 1500 and result.after <= 600 and done.after <= 600 < done.before
+
+
+def test_the_messages_ranked_by_the_question_are_asked_together(engine, steps):
+    """With a caller that takes several results (the sidecar's, the gateway's), both tool results go in one request
+    by their document_ids: each within its share, the planted fact kept, as one by one."""
+    _, second = steps
+    second = second[:-1] + [{"role": "user", "content": CHAT_QUESTION}]  # the first result's fact asked again
+    alone = run(engine, second, 1200)
+    together, asked = run(engine, second, 1200, together=True)
+    (one,) = [fields for fields in asked if "document_ids" in fields]
+    assert len(one["document_ids"]) == len(one["budgets"]) == 2 and one["query"] == CHAT_QUESTION
+    assert [c.index for c in together.compressed] == [c.index for c in alone.compressed] == [3, 6]
+    assert all(c.after <= b for c, b in zip(together.compressed, one["budgets"]))
+    assert FACT.strip() in together.compressed[0].text and FACT.strip() in alone.compressed[0].text
+    assert together.compressed[1] == alone.compressed[1]  # the conversation's end: scored exactly as alone
+    assert together.after <= 1200
 
 
 def test_a_message_whose_document_left_the_cache_is_sent_as_text(steps):

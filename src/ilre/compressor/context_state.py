@@ -24,6 +24,7 @@ from .window_cache import WindowCache
 # raw_queries (heads, L, d) in the model's dtype; retaining (kv_heads, L, 1) float32, the predictions of
 # the model's Locret retaining head (the others are what that head reads, and trains on)
 CONTEXT_PARTS = ("values", "raw_keys", "raw_queries", "retaining")
+STATE_PARTS = ("keys", "parts", "windows", "scores", "stream", "rows", "resume")  # ContextState.part_bytes
 QUERY_PARTS = ("raw_queries",)  # and of the query
 HEAD_INPUTS = ("raw_queries", "raw_keys", "values")  # what the retaining head reads
 
@@ -123,11 +124,31 @@ class ContextState:
     def nbytes(self) -> int:
         """Memory held: the key caches, the extra parts, the window buffers, the memoised scores, the stream at
         the top (`hidden`) where kept, the candidate rows and the resume point's own window caches."""
-        tensors = list(self.keys.values()) + list(self.parts.values()) + list(self.scores.values())
-        tensors += [self.hidden] if self.hidden is not None else []
-        held = sum(t.numel() * t.element_size() for t in tensors) + sum(c.nbytes for c in self.caches)
-        held += self.rows.nbytes if self.rows is not None else 0
-        return held + (self.resume.nbytes if self.resume is not None else 0)
+        return sum(self.part_bytes().values())
+
+    def part_bytes(self) -> dict[str, int]:
+        """`nbytes` by what holds it (STATE_PARTS): keys (the score layers'), parts (CONTEXT_PARTS), windows (the
+        sink and window K/V below the top), scores, stream (`hidden`), rows, resume (the resume point's own
+        windows)."""
+        def size(tensors) -> int:
+            return sum(t.numel() * t.element_size() for t in tensors)
+
+        return {"keys": size(self.keys.values()), "parts": size(self.parts.values()),
+                "windows": sum(c.nbytes for c in self.caches), "scores": size(self.scores.values()),
+                "stream": size([self.hidden] if self.hidden is not None else []),
+                "rows": self.rows.nbytes if self.rows is not None else 0,
+                "resume": self.resume.nbytes if self.resume is not None else 0}
+
+    @property
+    def has_windows(self) -> bool:
+        """Whether the state holds the window caches a query pass reads (`keys_only` drops them)."""
+        return len(self.caches) >= self.top - 1
+
+    def keys_only(self) -> "ContextState":
+        """The same encoding without what only a query pass against it or a longer context reads: its keys and
+        parts (the same tensors), no window caches, stream, rows or resume point. A question asked of several
+        contexts at once runs once and is moved to each (compressor/shared_query.py), so it reads no more."""
+        return ContextState(self.length, self.n_chunks, self.config, dict(self.keys), [], dict(self.parts))
 
     def map_tensors(self, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
         """Replace every tensor the state holds (keys, parts, scores, hidden, window caches, the resume point's

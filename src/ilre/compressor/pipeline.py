@@ -160,7 +160,7 @@ def select_context_queries(model: TruncatedLM | None, context_ids: torch.Tensor,
         strategy.encoded_layers(model.n_layers)  # the options against l_R, before they are resolved for the length
     strategy = strategy.for_context(length, budget)
     if not strategy.needs_attention:
-        return [_score_and_allocate(None, None, length, budget, strategy, config.sink, {}, units=units)
+        return [score_and_allocate(None, None, length, budget, strategy, config.sink, {}, units=units)
                 for _ in queries_ids]
     if model is None:
         raise ValueError(f"strategy: {strategy.name} needs a model")
@@ -227,7 +227,7 @@ def select_queries(model: TruncatedLM, state: ContextState, queries_ids: list[to
     if lacking:
         raise ValueError(f"strategy: {strategy.name} reads layers {sorted(lacking)} that the encoded context lacks")
     if not strategy.needs_query:  # scores from the context alone: computed once, memoised on the state
-        return [_score_and_allocate(model, RetrievalState(score_keys(model, state), {}, dict(state.parts)), state.length, budget,
+        return [score_and_allocate(model, RetrievalState(score_keys(model, state), {}, dict(state.parts)), state.length, budget,
                                     strategy, state.config.sink, dict(timings or {}), memo=state.scores, units=units)
                 for _ in queries_ids]
     deep = strategy.deepened()
@@ -247,7 +247,7 @@ def select_queries(model: TruncatedLM, state: ContextState, queries_ids: list[to
     for query, (attention, coarse) in zip(passes, attentions):
         own = dict(timings or {})
         own["prefill"] = round(own.get("prefill", 0.0) + spent, 3)
-        selection = _score_and_allocate(model, query.retrieval, state.length, budget, strategy, state.config.sink, own,
+        selection = score_and_allocate(model, query.retrieval, state.length, budget, strategy, state.config.sink, own,
                                         attention=attention, coarse=coarse, units=units)
         selection.measured = query.measured
         selections.append(selection)
@@ -288,7 +288,7 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
             query = QueryPass(model, state, job.context_ids, job.query_ids, job.budget, config)
             with torch.inference_mode():
                 attention, coarse = strategies[i].query_attention(query)
-            selection = _score_and_allocate(model, state, job.context_ids.numel(), job.budget, strategies[i], config.sink,
+            selection = score_and_allocate(model, state, job.context_ids.numel(), job.budget, strategies[i], config.sink,
                                 {"prefill": round(prefill_ms + _lap(clock), 3)}, attention=attention, coarse=coarse,
                                 units=job.units)
             selection.prefill_shared, selection.measured = len(group), query.measured
@@ -306,7 +306,7 @@ def joins_a_batch(length: int, budget: int, strategy: Strategy, config: PrefillC
     return strategy.batchable and budget < length and fits_one_chunk(length, config)
 
 
-def _score_and_allocate(model: TruncatedLM | None, state: RetrievalState | None, length: int, budget: int, strategy: Strategy,
+def score_and_allocate(model: TruncatedLM | None, state: RetrievalState | None, length: int, budget: int, strategy: Strategy,
             sink: int, timings: dict[str, float], memo: dict[str, torch.Tensor] | None = None,
             attention: torch.Tensor | None = None, coarse: torch.Tensor | None = None,
             units: Units | None = None) -> Selection:

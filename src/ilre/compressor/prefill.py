@@ -194,6 +194,8 @@ def prefill_query(model: TruncatedLM, state: ContextState, query_ids: torch.Tens
     L, L+1, ... right after the context."""
     if set(parts) & set(state.parts):
         raise ValueError(f"parts: {sorted(set(parts) & set(state.parts))} asked of both the context and the query")
+    if not state.has_windows:
+        raise ValueError("state: its window caches were not kept (ContextState.keys_only): encode it again")
     queries, found, stream = _query_chunk(model, state, query_ids, tuple(parts))
     return RetrievalState(keys=score_keys(model, state), queries=queries, parts={**state.parts, **found}, stream=stream)
 

@@ -7,6 +7,7 @@ DEFAULT_BUDGET = 1024  # context tokens kept (sink included) when a request give
 MAX_CONTEXT_TOKENS = 1 << 20  # context tokens one request may carry (text after tokenization, or IDs)
 MAX_QUERY_TOKENS = 4096  # tokens of one query
 MAX_QUERIES = 64  # queries in one request
+MAX_DOCUMENTS = 1024  # documents one question is asked of in one request (a conversation's messages)
 QUERY_TOKENS = 64  # a prompt with no separate question: its last N tokens are the query (ILRe's LongBench rule)
 MAX_EXPLAIN_TOKENS = 1 << 16  # context tokens an explanation page shows (larger pages no browser renders comfortably)
 

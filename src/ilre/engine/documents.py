@@ -32,6 +32,7 @@ from typing import Any, Callable, Protocol
 
 import torch
 
+from ..compressor.context_state import STATE_PARTS
 from ..compressor.prefill import ContextState, PrefillConfig
 from ..compressor.units import Units
 from .defaults import DOC_CACHE_SHARE
@@ -84,8 +85,16 @@ class _Document:
 
     @property
     def nbytes(self) -> int:
-        held = [self.ids, *(t for units in self.units.values() for t in units.to_tensors().values())]
-        return sum(t.numel() * t.element_size() for t in held) + sum(s.nbytes for s in self.states.values())
+        return sum(self.part_bytes().values())
+
+    def part_bytes(self) -> dict[str, int]:
+        """Bytes held by part: "ids", "units", and each of its states' parts (ContextState.part_bytes) summed."""
+        units = [t for units in self.units.values() for t in units.to_tensors().values()]
+        out = collections.Counter({"ids": self.ids.numel() * self.ids.element_size(),
+                                   "units": sum(t.numel() * t.element_size() for t in units)})
+        for state in self.states.values():
+            out.update(state.part_bytes())
+        return dict(out)
 
 
 class DocumentCache:
@@ -217,6 +226,15 @@ class DocumentCache:
                     return state
         self.stats.misses["prefix", "shared"] += 1
         return None
+
+    def part_bytes(self) -> dict[str, int]:
+        """The bytes this process holds, by part (ids, units, and STATE_PARTS: keys, windows, stream, ...): what each
+        document's entries hold (`/metrics`: ilre_doc_cache_part_bytes)."""
+        total: collections.Counter = collections.Counter({part: 0 for part in ("ids", "units", *STATE_PARTS)})
+        with self._lock:
+            for entry in self._docs.values():
+                total.update(entry.part_bytes())
+        return dict(total)
 
     def holds(self, slot: str, key: str | None = None) -> bool:
         """Whether this process holds the document in `slot` (with `key`: and its state under that key);

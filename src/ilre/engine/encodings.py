@@ -22,12 +22,14 @@ from typing import Callable, Generator
 import torch
 
 from ..compressor.pipeline import OnceEncodings, Selection, resumed
-from ..compressor.prefill import (ContextState, chunk_bounds, encode_in_steps, extend_in_steps, resume_in_steps,
-                                  run_steps)
+from ..compressor.prefill import (ContextState, chunk_bounds, encode_context, encode_in_steps, extend_in_steps,
+                                  resume_in_steps, run_steps)
 from ..compressor.strategies import Strategy
 from .deepening import Deepener
 from .documents import DocumentCache, state_key
 from .prepared import Prepared
+
+KEYS_ONLY = "-keysonly"  # the cache key's suffix of an encoding kept without its window caches (`keys_state`)
 
 
 class DocumentEncodings(OnceEncodings):
@@ -188,7 +190,8 @@ class EncodingPolicy:
 
     def settle(self, job: Prepared, plan: EncodingPlan, selections: list[Selection]) -> None:
         """After the queries: the first selection that read the deep encoding carries what it took ("deepen"
-        timing), and a document not yet held deep is offered for deepening."""
+        timing), and a document not yet held deep is offered for deepening (unless every query passed it through:
+        a context that fits its budget, e.g. a conversation's message being counted, was not asked anything)."""
         for selection in selections:
             selection.measured["resumed_tokens"] = plan.encodings.resumed_tokens
         if plan.encodings.holds_rows():  # a candidate pass left its rows on the cached encoding: counted there
@@ -197,8 +200,26 @@ class EncodingPolicy:
         if spent is not None:
             deep = [s for s in selections if s.measured.get("deep")] or selections
             deep[0].timings_ms["deepen"] = spent
-        if plan.offer is not None and not self.documents.holds(job.slot, self.key(job, plan.offer)):
+        asked = not all(selection.passthrough for selection in selections)  # a context only counted is not offered
+        if asked and plan.offer is not None and not self.documents.holds(job.slot, self.key(job, plan.offer)):
             self._offer(job, plan.offer)
+
+    def keys_state(self, job: Prepared, strategy: Strategy) -> ContextState:
+        """The job's encoding as `strategy` reads it when one question is asked of it among others
+        (compressor/shared_query.py reads its keys only): the cache's (held keys only, or in full), else encoded now
+        and kept keys only (ContextState.keys_only: no window caches, stream or resume point). The state returned
+        may hold more than its keys; a question asked of the document alone encodes it again (the same result)."""
+        key, restore = self.key(job, strategy), self.restore(job)
+        lean = key + KEYS_ONLY
+        held = self.documents.held_state(job.slot, lean, restore)
+        if held is None:
+            held = self.documents.held_state(job.slot, key, restore)
+        if held is not None:
+            return held
+        state = encode_context(job.model, job.context_ids, job.prefill, strategy.encoded_layers(job.layer),
+                               parts=strategy.context_parts)
+        self.documents.store_state(job.slot, lean, state.keys_only(), owner=job.owner)
+        return state
 
     def encode(self, job: Prepared) -> ContextState:
         """The job's encoded context as its strategy reads it: the cache's, or encoded now and kept there."""

@@ -40,6 +40,7 @@ from .info import ModelInfo
 from .messages import CompressRequest, CompressResult, CompressResults, InputError, NotFoundError, ScopedRequest
 from .prepared import Prepared, checked_ids
 from .results import results_of_job
+from .shared_questions import run_documents
 
 log = logging.getLogger(__name__)
 
@@ -187,6 +188,10 @@ class Engine:
              ids_field: str | None = None) -> torch.Tensor:
         return checked_ids(self.tokenizer, self.spec.vocab_size, name, text, ids, limit, limit_name, ids_field)
 
+    def query_ids(self, text: str | None, ids: list[int] | None) -> list[int]:
+        """A query's checked token ids (InputError naming `query` or `query_ids` and the limit)."""
+        return self._ids("query", text, ids, self.config.max_query_tokens, "max_query_tokens").tolist()
+
     def compress(self, request: CompressRequest, scope: str = "") -> CompressResult | CompressResults:
         """The library's call: `run`'s answer in the contract's shape (a CompressResult, or CompressResults
         for a request with `queries`)."""
@@ -198,6 +203,8 @@ class Engine:
         API keys) does not hold."""
         try:
             with self.deepening.turn():
+                if request.document_ids is not None:
+                    return run_documents(self, request, scope)
                 job = self.prepare(request, scope)
                 return self.finish(job, self.answer(job))
         finally:
@@ -244,6 +251,9 @@ class Engine:
         alone: list[tuple[int, Prepared]] = []
         for i, asked in enumerate(requests):
             try:
+                if asked.request.document_ids is not None:
+                    deliver(i, run_documents(self, asked.request, asked.scope))
+                    continue
                 job = self.prepare(asked.request, asked.scope)
             except InputError as exc:
                 deliver(i, exc)

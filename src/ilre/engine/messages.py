@@ -11,7 +11,7 @@ from dataclasses import asdict, dataclass, field
 from typing import TYPE_CHECKING, Any
 
 from ..compressor.defaults import DEFAULT_STRATEGY
-from .defaults import MAX_QUERIES
+from .defaults import MAX_DOCUMENTS, MAX_QUERIES
 from .document_ids import DOCUMENT_ID_CHARS, HASH_CHARS, is_document_id
 
 if TYPE_CHECKING:  # the strategies need torch; a thin client builds requests without them
@@ -57,7 +57,12 @@ class CompressRequest:
     earlier, by the id its result carried); exactly one of query / query_ids or of queries /
     queries_ids (several queries against one prefill of the context, one result each); at most
     one of budget (context tokens kept, sink included) / ratio (kept share of the context). A
-    strategy that does not read the query (e.g. lagkv) may be sent none."""
+    strategy that does not read the query (e.g. lagkv) may be sent none.
+
+    document_ids (instead of a context): one question asked of several documents sent earlier (a conversation's
+    messages, in order), one result each, each with its own budget (`budgets`, one per document; or `ratio`, or
+    the default): the question runs once, after the last of them, and is moved to each
+    (compressor/shared_query.py)."""
 
     id: str | None = None
     context: str | None = None
@@ -75,6 +80,8 @@ class CompressRequest:
     dca: str = "auto"
     layer: int | str | None = None  # a layer number, or a name the model's profile offers (fast, default, robust)
     granularity: str | None = None  # "token" or "unit"; None = the model profile's (token where it names none)
+    document_ids: list[str] | None = None  # several documents sent earlier, one question for all (one result each)
+    budgets: list[int] | None = None  # with document_ids: each document's budget
 
     def __post_init__(self) -> None:
         self._check_context()
@@ -105,8 +112,13 @@ class CompressRequest:
             raise InputError("explain", f"must be true or false (got {self.explain!r})")
         if self.explain and self.multi:
             raise InputError("explain", "explains one query: send the queries one by one")
+        if self.document_ids is not None and (self.queries is not None or self.queries_ids is not None):
+            raise InputError("queries", "document_ids take one question (query or query_ids)")
 
     def _check_context(self) -> None:
+        if self.document_ids is not None or self.budgets is not None:
+            self._check_documents()
+            return
         if self.document_id is None:
             _check_text_or_ids("context", self.context, self.context_ids)
             return
@@ -115,6 +127,31 @@ class CompressRequest:
         if not isinstance(self.document_id, str) or not is_document_id(self.document_id):
             raise InputError("document_id", f"must be the {DOCUMENT_ID_CHARS} hex digits a result's document_id "
                              f"carries, or their first {HASH_CHARS} (got {self.document_id!r})")
+
+    def _check_documents(self) -> None:
+        ids, budgets = self.document_ids, self.budgets
+        if ids is None:
+            raise InputError("budgets", "goes with document_ids: one budget per document")
+        given = [name for name in ("context", "context_ids", "document_id", "budget") if getattr(self, name) is not None]
+        if given:
+            raise InputError(given[0], "give document_ids alone (a budget per document in budgets)")
+        if not isinstance(ids, list) or not ids:
+            raise InputError("document_ids", "must be a non-empty list of document ids")
+        if len(ids) > MAX_DOCUMENTS:
+            raise InputError("document_ids", f"{len(ids)} documents exceed the limit of {MAX_DOCUMENTS} per request")
+        for i, doc in enumerate(ids):
+            if not isinstance(doc, str) or not is_document_id(doc):
+                raise InputError(f"document_ids[{i}]", f"must be the {DOCUMENT_ID_CHARS} hex digits a result's "
+                                 f"document_id carries, or their first {HASH_CHARS} (got {doc!r})")
+        if budgets is None:
+            return
+        if self.ratio is not None:
+            raise InputError("budgets", "give either budgets or ratio, not both")
+        if not isinstance(budgets, list) or len(budgets) != len(ids):
+            raise InputError("budgets", f"must be a list of {len(ids)} budgets, one per document_ids entry")
+        for i, budget in enumerate(budgets):
+            if not _is_int(budget) or budget <= 0:
+                raise InputError(f"budgets[{i}]", f"must be a positive integer (got {budget!r})")
 
     def _check_queries(self) -> None:
         if self.queries is None and self.queries_ids is None:
@@ -138,8 +175,8 @@ class CompressRequest:
 
     @property
     def multi(self) -> bool:
-        """True when the request carries a list of queries (and gets a list of results)."""
-        return self.queries is not None or self.queries_ids is not None
+        """True when the request carries a list of queries or of documents (and gets a list of results)."""
+        return self.queries is not None or self.queries_ids is not None or self.document_ids is not None
 
     def query_inputs(self) -> list[tuple[str | None, list[int] | None]]:
         """(text, ids) of every query, in order; exactly one of the two is set, except for a request

@@ -118,6 +118,12 @@ class _DocumentCacheCollector:
                 family.add_metric([outcome], at_risk.get(outcome, 0))
             yield family
         yield GaugeMetricFamily("ilre_doc_cache_bytes", "Bytes held by the in-process document cache", value=stats.bytes)
+        parts = GaugeMetricFamily("ilre_doc_cache_part_bytes", "Bytes held by the in-process document cache, by part "
+                                  "(ids, units; of the encodings: keys, parts, windows, scores, stream, rows, resume)",
+                                  labels=["part"])
+        for part, held in cache.part_bytes().items():
+            parts.add_metric([part], held)
+        yield parts
         yield GaugeMetricFamily("ilre_doc_cache_documents", "Documents held by the in-process cache", value=stats.documents)
         deepening = self.metrics.deepening.stats if self.metrics.deepening is not None else None
         if deepening is not None:

@@ -212,8 +212,14 @@ class Sidecar:
                                                    many=False, caller=caller, rid=rid)
             return outcome.results[0]
 
+        async def call_many(request: dict[str, Any]) -> list[CompressResult]:
+            outcome = await self.frontend.compress(request, max(deadline - time.monotonic(), 0.0), f"sidecar.{fmt.name}",
+                                                   caller=caller, rid=rid)
+            return outcome.results
+
         done = await compress_chat(call, conversation.messages, lambda total: sizing.budget_for(total, default),
-                                   fields=fields, frozen=self.frozen if options.history == "frozen" else None)
+                                   fields=fields, frozen=self.frozen if options.history == "frozen" else None,
+                                   call_many=call_many)
         if not done.compressed:
             return passed_through(fmt, untouched, "fits_budget", "fits the budget", done.before, start)
         rounds = options.retrieve_rounds

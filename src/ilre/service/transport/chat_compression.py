@@ -4,8 +4,12 @@ through. engine/chat.py says which messages are compressed, to what share of the
 are ranked by; engine/conversation.py reads each API's body as those messages.
 
 Each compressed message is a document of its own in the caller's scope: counted (and cached) whole
-first, then asked by its document_id. The next request that carries the same message (an agent's next
-step, a question asked again) finds its encoding cached and resumes it.
+first, then asked by its document_id. Where the caller can send one request of several results
+(`call_many`), the messages ranked by the live question are asked together, by their document_ids in one
+request: the question runs once, after the conversation's end, and is moved to each message
+(engine/shared_questions.py), so each message's encoding is its keys alone and a step costs one question's
+pass however long the history. The next request that carries the same message (an agent's next step, a
+question asked again) finds its encoding cached.
 
 With a `frozen` map (the sidecar's history mode "frozen"), the decision taken for a message the first
 time it is seen is final: a later request carrying it gets the very text sent then (compressed for the
@@ -29,6 +33,7 @@ from ...engine.messages import CompressResult, NotFoundError
 from ..common.errors import Code, ServiceError
 
 Call = Callable[[dict[str, Any]], Awaitable[CompressResult]]  # one contract request through the front end
+CallMany = Callable[[dict[str, Any]], Awaitable[list[CompressResult]]]  # one request of several results (document_ids)
 Frozen = MutableMapping[str, tuple[str, int]]  # document_id -> (the text sent for it, its tokens)
 
 
@@ -78,13 +83,14 @@ async def count_tokens(call: Call, text: str) -> int:
 
 async def compress_chat(call: Call, messages: Sequence[Any], budget_for: Callable[[int], int],
                         query: str | None = None, fields: dict[str, Any] | None = None,
-                        frozen: Frozen | None = None) -> ChatCompression:
+                        frozen: Frozen | None = None, call_many: CallMany | None = None) -> ChatCompression:
     """Compress `messages` (OpenAI-shaped: {"role", "content"}) by engine/chat.py's rules.
 
     budget_for: the budget (tokens of all text messages after compression) for a chat of that many
     tokens; query: what to rank by (None: the last user message, or each message's own end when there
     is none); fields: request fields every compression takes (granularity, strategy, ...); frozen: the
-    texts sent for messages seen before, read and written (see the module docstring)."""
+    texts sent for messages seen before, read and written (see the module docstring); call_many: where given, the
+    messages ranked by the question are asked in one request (see the module docstring), else one by one."""
     split = split_chat(messages)
     counted = split.counted
     if frozen is not None and split.last_user in split.texts and split.last_user not in counted:
@@ -122,7 +128,27 @@ async def compress_chat(call: Call, messages: Sequence[Any], budget_for: Callabl
             text, kept = short.compressed_context + short.query, short.compressed_tokens + QUERY_TOKENS
         return Compressed(share.index, text, full.original_tokens, kept, full.document_id)
 
-    done = {c.index: c for c in await asyncio.gather(*(one(s) for s in shares if not s.whole))}
+    async def together(asked: list[Share]) -> list[Compressed]:
+        request = {"document_ids": [originals[s.index].document_id for s in asked],
+                   "budgets": [s.budget for s in asked], **question, **extra}
+        try:
+            shorts = await call_many(request)
+        except (ServiceError, NotFoundError) as exc:  # one left the cache since it was counted: one by one
+            if isinstance(exc, ServiceError) and exc.code is not Code.NOT_FOUND:
+                raise
+            return list(await asyncio.gather(*(one(s) for s in asked)))
+        return [Compressed(s.index, short.compressed_context, originals[s.index].original_tokens, short.compressed_tokens,
+                           originals[s.index].document_id) for s, short in zip(asked, shorts)]
+
+    todo = [s for s in shares if not s.whole]
+    ranked = [s for s in todo if question and not s.by_its_end] if call_many is not None else []
+    if len(ranked) < 2:
+        ranked = []
+    work = [one(s) for s in todo if s not in ranked] + ([together(ranked)] if ranked else [])
+    done = {}
+    for finished in await asyncio.gather(*work):
+        for c in finished if isinstance(finished, list) else [finished]:
+            done[c.index] = c
     if frozen is not None:
         for i, w in originals.items():
             if i in fixed:

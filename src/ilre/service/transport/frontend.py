@@ -96,7 +96,8 @@ class Frontend:
         try:
             request = data if isinstance(data, CompressRequest) else self.build_request(data)
             if many is False and request.multi:
-                raise InputError("queries", f"{method} takes one query: send several to CompressQueries")
+                name = "document_ids" if request.document_ids is not None else "queries"
+                raise InputError(name, f"{method} takes one query of one context: send several to CompressQueries")
             if timeout <= 0:
                 raise ServiceError(Code.DEADLINE_EXCEEDED, "deadline: already passed on arrival")
             with tracing.tracer().start_as_current_span("ilre.queue", attributes={"ilre.queue": self.queue.kind}):

@@ -130,9 +130,13 @@ class Gateway:
         self.frontend, self.budget = frontend, budget
 
     async def _call(self, fields: dict[str, Any], call: Call, method: str = GATEWAY) -> CompressResult:
-        outcome = await self.frontend.compress(fields, call.timeout, method, many=False, caller=call.caller,
+        return (await self._call_many(fields, call, method, many=False))[0]
+
+    async def _call_many(self, fields: dict[str, Any], call: Call, method: str = GATEWAY,
+                         many: bool | None = None) -> list[CompressResult]:
+        outcome = await self.frontend.compress(fields, call.timeout, method, many=many, caller=call.caller,
                                                rid=call.rid, trace_parent=call.trace)
-        return outcome.results[0]
+        return outcome.results
 
     def _refused(self, method: str, exc: InputError) -> ServiceError:
         """A request refused before any call reached the front end, counted as the front end counts its own."""
@@ -152,7 +156,8 @@ class Gateway:
         except NotReadable as exc:
             raise self._refused(GATEWAY, InputError(exc.field, str(exc).partition(": ")[2])) from None
         done = await compress_chat(lambda fields: self._call(fields, call), conversation.messages, lambda _: budget,
-                                   query, {"granularity": granularity})
+                                   query, {"granularity": granularity},
+                                   call_many=lambda fields: self._call_many(fields, call))
         markers = {c.index: MARKER.format(kept=c.after, original=c.before, hash=c.hash) for c in done.compressed}
         out = conversation.write({"messages": messages}, {c.index: markers[c.index] + c.text for c in done.compressed})
         marked = await count_tokens(lambda fields: self._call(fields, call), "".join(markers.values()))

@@ -1,0 +1,105 @@
+"""A request that asks one question of several documents sent earlier (`document_ids`: a conversation's messages,
+in order), one result per document.
+
+Each document is prepared as a request of its own (its budget, units and strategy as a lone request by its id would
+have them), then the documents the question can be moved to (compressor/shared_query.py: a strategy that scores the
+query's states against the keys, in the form it takes on a document encoded in full where deepening is on) are read
+together: each one's keys (EncodingPolicy.keys_state: from the cache, else encoded now and kept keys only), one
+pass of the question after the last of them, moved to each. The others (strategies that read more, such as values
+or a trained head) are asked one by one as lone requests. A document that fits its budget passes through.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from typing import TYPE_CHECKING
+
+import torch
+
+from ..compressor.pipeline import Selection
+from ..compressor.prefill import encode_context, prefill_query
+from ..compressor.shared_query import SharedQuestionJob, select_shared
+from ..compressor.strategies import Strategy
+from .messages import CompressRequest, CompressResults, InputError, NotFoundError
+from .prepared import Prepared
+
+if TYPE_CHECKING:
+    from .engine import Engine
+
+
+def run_documents(engine: "Engine", request: CompressRequest, scope: str) -> CompressResults:
+    """The results of a `document_ids` request (one per document, in order) for a caller in `scope`; NotFoundError
+    naming `document_ids[i]` for a document the scope does not hold, InputError naming the field otherwise."""
+    query = request.query_inputs()[0]
+    ids = engine.query_ids(query[0], query[1]) if query != (None, None) else None
+    jobs = [_prepared(engine, request, i, ids, scope) for i in range(len(request.document_ids or ()))]
+    forms = [_together(engine, job) for job in jobs]
+    together = [i for i, job in enumerate(jobs) if forms[i] is not None and job.budget < job.context_ids.numel()]
+    if together:  # the question's pass after the last gives the states of its layers: those reading others go alone
+        last = set(forms[together[-1]].encoded_layers(jobs[together[-1]].layer))
+        together = [i for i in together if set(forms[i].encoded_layers(jobs[i].layer)) <= last]
+    selections: dict[int, Selection] = {}
+    for i, job in enumerate(jobs):
+        if i not in together:
+            selections[i] = engine.answer(job)[0]
+    if together:
+        selections.update(zip(together, _select_together(engine, [jobs[i] for i in together],
+                                                         [forms[i] for i in together])))
+    results = [engine.finish(job, [selections[i]]).results[0] for i, job in enumerate(jobs)]
+    if query[0] is not None:
+        for result in results:
+            result.query = query[0]
+    return CompressResults(request.id, None, results)
+
+
+def _prepared(engine: "Engine", request: CompressRequest, index: int, query_ids, scope: str) -> Prepared:
+    """Document `index` of the request as a lone request by its id (the question's ids tokenized once)."""
+    budget = request.budgets[index] if request.budgets is not None else None
+    try:
+        lone = dataclasses.replace(request, document_ids=None, budgets=None, document_id=request.document_ids[index],
+                                   budget=budget, query=None, query_ids=query_ids)
+        return engine.prepare(lone, scope)
+    except NotFoundError as exc:
+        raise NotFoundError(f"document_ids[{index}]", str(exc).partition(": ")[2]) from None
+    except InputError as exc:
+        if exc.field == "budget":
+            raise InputError(f"budgets[{index}]", str(exc).partition(": ")[2]) from None
+        raise
+
+
+def _together(engine: "Engine", job: Prepared) -> Strategy | None:
+    """The strategy a document is read with among others (its deepened form where deepening is on), or None
+    where the question cannot be moved to it (a strategy reading more than the keys and the query's states)."""
+    if job.model is None or not job.queries[0].numel():
+        return None
+    deep = job.strategy.deepened() if engine.deepening.enabled else None
+    form = deep or job.strategy
+    return form if form.batchable else None
+
+
+def _select_together(engine: "Engine", jobs: list[Prepared], forms: list[Strategy]) -> list[Selection]:
+    """One pass of the question after the last document, through its window caches (compressor/shared_query.py),
+    moved to each other document. The last one's encoding is this request's where it was made now (a new message)
+    or the cache's where it holds its windows, else it is encoded again for the pass (not kept: the same result).
+    Each selection's "prefill" is the shared pass plus its document's own encoding where it was made now."""
+    states, spent = [], []
+    end, model = jobs[-1], jobs[-1].model
+    with torch.inference_mode():
+        for job, form in zip(jobs, forms):
+            clock = time.perf_counter()
+            states.append(engine.encodings.keys_state(job, form))
+            spent.append((time.perf_counter() - clock) * 1000.0)
+        clock = time.perf_counter()
+        last = states[-1]
+        if not last.has_windows:
+            last = encode_context(model, end.context_ids, end.prefill, forms[-1].encoded_layers(end.layer),
+                                  parts=forms[-1].context_parts)
+        asked = prefill_query(model, last, end.queries[0])
+    shared = (time.perf_counter() - clock) * 1000.0
+    selections = []
+    for job, form, state, own in zip(jobs, forms, states, spent):
+        shared_job = SharedQuestionJob(state, job.context_ids, job.budget, form, job.units)
+        selections += select_shared(model, asked, last.length, [shared_job], job.queries[0],
+                                    {"prefill": round(shared + own, 3)})
+    return selections

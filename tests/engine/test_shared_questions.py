@@ -1,0 +1,134 @@
+"""One question asked of several documents in one request (`document_ids`: a conversation's messages): one result
+per document, each document cached as its keys alone (in process and on the Redis tier, in float32 and bfloat16),
+read from the cache exactly as encoded now, and every bad field named."""
+
+from __future__ import annotations
+
+import sysconfig
+from pathlib import Path
+
+import pytest
+
+from ilre.engine.documents import DocumentCache
+from ilre.engine.engine import Engine, EngineConfig
+from ilre.engine.messages import CompressRequest, InputError, NotFoundError
+from ilre.service.documents.redis_tier import RedisDocuments, charged
+
+STDLIB = Path(sysconfig.get_paths()["stdlib"])
+FILES = ("json/decoder.py", "textwrap.py", "shlex.py")
+FACT = "AUDIT: the audit code of this file is ZEBRA-4417."
+QUESTION = "Question: what is the audit code of the file? Answer:"
+TOKENS = 1100  # a tool result's size in an agent's history
+
+
+def messages(engine: Engine) -> list[str]:
+    """~TOKENS-token slices of real files, the first with FACT planted at a third of it."""
+    texts = []
+    for name in FILES:
+        ids = engine.tokenizer((STDLIB / name).read_text()).input_ids[:TOKENS]
+        texts.append(engine.tokenizer.decode(ids))
+    cut = texts[0].index("\n", len(texts[0]) // 3)
+    texts[0] = f"{texts[0][:cut]}\n{FACT}{texts[0][cut:]}"
+    return texts
+
+
+def remembered(engine: Engine, texts: list[str]) -> list[str]:
+    """Each text counted and cached whole (as a conversation's messages are first): their document ids."""
+    return [engine.compress(CompressRequest(context=t, query=".", ratio=1.0)).document_id for t in texts]
+
+
+@pytest.fixture(scope="module", params=["float32", "bfloat16"])
+def deepening_engine(request):
+    """An engine that deepens (the service's default), so a message is read in its deepened form."""
+    engine = Engine(EngineConfig(dtype=request.param, deepen=True))
+    yield engine
+    engine.close()
+
+
+def asked(engine: Engine, docs: list[str], **fields):
+    return engine.compress(CompressRequest(document_ids=docs, query=QUESTION, granularity="unit", **fields))
+
+
+def test_one_question_of_several_documents(deepening_engine):
+    engine = deepening_engine
+    engine.documents = DocumentCache(1 << 30)
+    texts = messages(engine) + ["A short note."]
+    docs = remembered(engine, texts)
+    out = asked(engine, docs, budgets=[140, 120, 120, 50], id="step-3")
+    assert [r.document_id for r in out.results] == docs and out.to_dict()["results"][0]["id"] == "step-3"
+    assert out.to_dict().keys() == {"id", "document_id", "results"}
+    first, *_, short = out.results
+    assert FACT in first.compressed_context  # the fact reaches the prompt
+    assert all(r.compressed_tokens <= b for r, b in zip(out.results, [140, 120, 120]))
+    assert all(r.query == QUESTION and not r.passthrough and r.kept_spans for r in out.results[:3])
+    assert short.passthrough and short.compressed_context == texts[-1]
+    again = asked(engine, docs, budgets=[140, 120, 120, 50])  # read from the cache: the same
+    assert [r.kept_indices for r in again.results] == [r.kept_indices for r in out.results]
+
+
+def test_a_message_is_cached_as_its_keys(deepening_engine, redis_server):
+    """A deepened ~1,100-token message costs at most 1.5x its keys at the score layers plus 0.5 MiB, by the cache's
+    own count and on the Redis tier; the same selections come back from either tier."""
+    engine = deepening_engine
+    store = RedisDocuments(redis_server.url, prefix=f"shared-q-{engine.placement.dtype_name}", max_bytes=1 << 30,
+                           ttl_s=60)
+    try:
+        cache = engine.documents = DocumentCache(1 << 30, store)
+        docs = remembered(engine, messages(engine))
+        first = asked(engine, docs, ratio=0.12)
+        spec = engine.spec
+        for doc, result in zip(docs, first.results):
+            entry = cache._docs[engine.names.slot("", doc)]
+            (state,) = entry.states.values()
+            keys = len(state.keys) * spec.num_kv_heads * spec.head_dim * result.original_tokens * state.keys[19].element_size()
+            assert sorted(state.keys) == [8, 19] and entry.part_bytes()["keys"] == keys
+            assert entry.nbytes <= 1.5 * keys + (1 << 19), (entry.part_bytes(), keys)
+            slot = engine.names.slot("", doc)
+            sizes = {k.decode() if isinstance(k, bytes) else k: int(v)
+                     for k, v in redis_server.client().hgetall(store.sizes).items()}
+            shared = sum(size for name, size in sizes.items() if slot in name)
+            assert shared <= 1.5 * keys + (1 << 19), (shared, keys)
+        parts = cache.part_bytes()
+        assert sum(parts.values()) == cache.stats.bytes and parts["windows"] == parts["stream"] == parts["resume"] == 0
+        engine.documents = DocumentCache(1 << 30, store)  # another process: its keys read from Redis
+        again = asked(engine, docs, ratio=0.12)
+        assert engine.documents.stats.hits["state", "shared"] == len(docs)
+    finally:
+        store.close()
+    assert [r.kept_indices for r in again.results] == [r.kept_indices for r in first.results]
+
+
+def test_a_lone_question_of_a_message_cached_as_its_keys_encodes_it_again(deepening_engine):
+    """Without its window caches a document asked alone is encoded again: the same answer as on a fresh cache."""
+    engine = deepening_engine
+    engine.documents = DocumentCache(1 << 30)
+    docs = remembered(engine, messages(engine))
+    asked(engine, docs, ratio=0.12)
+    lone = engine.compress(CompressRequest(document_id=docs[0], query=QUESTION, ratio=0.12, granularity="unit"))
+    engine.documents = DocumentCache(1 << 30)
+    remembered(engine, messages(engine))
+    fresh = engine.compress(CompressRequest(document_id=docs[0], query=QUESTION, ratio=0.12, granularity="unit"))
+    assert lone.kept_indices == fresh.kept_indices and FACT in lone.compressed_context
+
+
+def test_bad_document_requests_name_the_field(engine):
+    docs = remembered(engine, ["One message, long enough to be a document of its own here.", "Another one."])
+    with pytest.raises(NotFoundError) as err:
+        engine.compress(CompressRequest(document_ids=[docs[0], "0" * 32], query=QUESTION))
+    assert err.value.field == "document_ids[1]"
+    cases = [({"document_ids": docs, "budgets": [5]}, "budgets", "must be a list of 2 budgets"),
+             ({"document_ids": docs, "budgets": [5, 0]}, "budgets[1]", "must be a positive integer"),
+             ({"document_ids": docs, "budgets": [5, 5], "ratio": 0.5}, "budgets", "either budgets or ratio"),
+             ({"document_ids": docs, "context": "x"}, "context", "give document_ids alone"),
+             ({"document_ids": docs, "budget": 5}, "budget", "give document_ids alone"),
+             ({"document_ids": ["nope"]}, "document_ids[0]", "hex digits"),
+             ({"document_ids": []}, "document_ids", "non-empty list"),
+             ({"document_ids": docs[:1] * 1025}, "document_ids", "limit of 1024"),
+             ({"budgets": [5]}, "budgets", "goes with document_ids")]
+    for fields, name, words in cases:
+        with pytest.raises(InputError, match=words) as err:
+            CompressRequest.from_json({"query": QUESTION, **fields})
+        assert err.value.field == name
+    with pytest.raises(InputError) as err:
+        CompressRequest(document_ids=docs, queries=["a", "b"])
+    assert err.value.field == "queries"
