@@ -84,6 +84,8 @@ bench: setup engine litellm ## latency and peak memory; per dtype up to 1M token
 	$(PY) bench/service_bench.py
 	$(PY) bench/sidecar_bench.py
 	$(PY) bench/agent_bench.py          # resumable: results/bench/agent.jsonl
+	$(PY) bench/fleet_bench.py          # resumable by arm: results/bench/fleet.jsonl
+	$(PY) bench/shared_question_agreement.py
 	$(PY) bench/engine_connections.py
 	$(PY) bench/litellm_hook_bench.py
 	$(PY) bench/gateway_bench.py

@@ -4,18 +4,22 @@ Each agent's step appends the model's call of a tool and its result (~TOKENS tok
 library sources, a file of its own per step and agent) and asks for the audit code planted in that agent's first
 result. Arms, each on a sidecar process of its own (`ilre sidecar --engine-api openai --ratio 0.12`, defaults
 otherwise: `--dtype auto`, deepening while idle, the 1 GiB document cache) in front of llama.cpp's server (through a
-recording relay, so the prompt the engine got is read back):
+recording relay, so the prompt the engine got is read back, with --engine; by default on the sidecar's own gateway
+route, `/ilre/v1/compress`, the same compression of the same messages answered with the messages the engine would
+get, so that 2 cores are not spent on the engine's prefill):
 - fleet:  --agents agents x --steps steps, interleaved round robin (agent 1's step, agent 2's, ...), each request
           sent as soon as the one before it is answered;
-- alone:  one agent, the same steps;
+- alone:  one agent at a time, the same steps (--alone agents one after another, each on a sidecar of its own);
 - cold:   one agent on a sidecar with `--doc-cache-mb 0`: each step compressed with nothing cached;
 - long:   one agent x --long-steps steps through `ilre serve`'s gateway route (the same compression of the
-          conversation, fresh mode, without an engine's prefill per step), the compression time per step.
+          conversation, fresh mode, without an engine's prefill per step), the compression time per step;
+- fill:   `ilre serve` with its defaults (a worker's engine and cache) sent distinct 8K-token documents of real text
+          until its cache has evicted for a while: the peak RSS with the default cache full (deploy/'s limits).
 Per step: the compression the sidecar reports (x-ilre-compress-ms), the tokens before and after, whether the planted
 code reached the engine. Per arm: the cache's bytes (by part), documents and evictions from /metrics, the process's
 peak RSS. Rows go to --rows as each arm finishes; a rerun measures only the arms not there (--fresh: all again).
 
-    .venv/bin/python bench/fleet_bench.py [--agents 16] [--steps 30] [--long-steps 100] [--arms fleet,alone,cold,long]
+    .venv/bin/python bench/fleet_bench.py [--agents 16] [--steps 30] [--long-steps 100] [--arms fleet,alone,cold,long,fill]
 """
 
 from __future__ import annotations
@@ -94,7 +98,7 @@ def chat(trace: list[dict], upto: int) -> list[dict]:
 class Process:
     """An `ilre` server process (sidecar or serve) on a free port, its startup line read; peak RSS from /proc."""
 
-    def __init__(self, *args: str):
+    def __init__(self, *args: str, ready: bool = True):
         self.proc = subprocess.Popen([*ILRE, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, "ILRE_LOG_LEVEL": "warning"})
         self.lines: list[str] = []
@@ -106,7 +110,9 @@ class Process:
             time.sleep(0.2)
         line = next(l for l in self.lines if l.startswith("ilre: "))
         self.url = "http://127.0.0.1:" + re.findall(r"https?://[\d.]+:(\d+)", line)[0]
-        while httpx.get(self.url + "/readyz", timeout=30).status_code != 200:
+        self.own = self.url + ("/ilre" if args[0] == "sidecar" else "")  # where its readyz and metrics are
+        probe = "/readyz" if ready else "/v1/model"  # a sidecar with no engine behind it is never ready: its model
+        while httpx.get(self.own + probe, timeout=30).status_code != 200:
             time.sleep(0.5)
 
     def peak_rss_mib(self) -> float:
@@ -114,7 +120,7 @@ class Process:
         return int(re.search(r"VmHWM:\s+(\d+) kB", status).group(1)) / 1024
 
     def cache(self) -> dict:
-        text = httpx.get(self.url + "/metrics", timeout=30).text
+        text = httpx.get(self.own + "/metrics", timeout=30).text
 
         def value(name: str, labels: str = "") -> float:
             found = re.search(rf"^{name}{re.escape(labels)} ([\d.e+]+)$", text, re.M)
@@ -135,33 +141,57 @@ class Process:
         self.proc.wait(60)
 
 
-def sidecar_steps(traces: list[list[dict]], steps: int, relay: RecordingRelay, *flags: str) -> tuple[list[dict], dict]:
-    """Every agent's steps through one sidecar, round robin; (rows, the cache and RSS at the end)."""
-    sidecar = Process("sidecar", "--engine-url", relay.url, "--engine-api", "openai", "--ratio", str(RATIO),
-                      "--port", "0", "--engine-timeout", "3600", *flags)
+def sidecar_steps(traces: list[list[dict]], steps: int, relay: RecordingRelay | None, tokenizer,
+                  *flags: str) -> tuple[list[dict], dict]:
+    """Every agent's steps through one sidecar, round robin; (rows, the cache and RSS at the end). With a relay,
+    on the chat route in front of the engine; without, on the sidecar's own gateway route (`/ilre/v1/compress`: the
+    same compression of the same messages, its answer the messages the engine would get)."""
+    sidecar = Process("sidecar", "--engine-url", relay.url if relay else "http://127.0.0.1:9", "--engine-api",
+                      "openai", "--ratio", str(RATIO), "--port", "0", "--engine-timeout", "3600", *flags,
+                      ready=relay is not None)
     rows = []
     try:
         with httpx.Client(timeout=3600) as client:
             for step in range(steps):
                 for agent, trace in enumerate(traces):
-                    body = {"model": "smollm2", "messages": chat(trace, step), "max_tokens": 1, "temperature": 0}
-                    began = time.perf_counter()
-                    reply = client.post(sidecar.url + "/v1/chat/completions", json=body)
-                    wall = time.perf_counter() - began
-                    if reply.status_code != 200:
-                        raise SystemExit(f"agent {agent} step {step}: {reply.status_code} {reply.text[:300]}")
-                    forwarded = relay.last("/v1/chat/completions").body.decode(errors="replace")
-                    rows.append({"agent": agent, "step": step + 1, "wall_s": round(wall, 3),
-                                 "compress_ms": float(reply.headers.get("x-ilre-compress-ms", 0)),
-                                 "original_tokens": int(reply.headers.get("x-ilre-original-tokens", 0)),
-                                 "forwarded_tokens": int(reply.headers.get("x-ilre-compressed-tokens", 0)),
-                                 "reached": trace[0]["code"] in forwarded})
+                    messages = chat(trace, step)
+                    if relay is not None:
+                        row = _through_engine(client, sidecar, relay, messages)
+                    else:
+                        row = _through_gateway(client, sidecar.url + "/ilre/v1/compress", messages, tokenizer)
+                    sent = row.pop("sent")
+                    rows.append({"agent": agent, "step": step + 1, **row, "reached": trace[0]["code"] in sent})
                 print(f"  step {step + 1}: compress {statistics.median(r['compress_ms'] for r in rows[-len(traces):]):.0f} ms "
                       f"(median of {len(traces)}), reached {sum(r['reached'] for r in rows[-len(traces):])}/{len(traces)}",
                       flush=True)
         return rows, sidecar.cache()
     finally:
         sidecar.stop()
+
+
+def _through_engine(client: httpx.Client, sidecar: Process, relay: RecordingRelay, messages: list[dict]) -> dict:
+    """One step on the sidecar's chat route: the compression it reports and the prompt the engine got."""
+    body = {"model": "smollm2", "messages": messages, "max_tokens": 1, "temperature": 0}
+    reply = client.post(sidecar.url + "/v1/chat/completions", json=body)
+    if reply.status_code != 200:
+        raise SystemExit(f"{reply.status_code} {reply.text[:300]}")
+    return {"compress_ms": float(reply.headers.get("x-ilre-compress-ms", 0)),
+            "original_tokens": int(reply.headers.get("x-ilre-original-tokens", 0)),
+            "forwarded_tokens": int(reply.headers.get("x-ilre-compressed-tokens", 0)),
+            "sent": relay.last("/v1/chat/completions").body.decode(errors="replace")}
+
+
+def _through_gateway(client: httpx.Client, url: str, messages: list[dict], tokenizer) -> dict:
+    """One step on a gateway route (the budget: RATIO of the text messages' tokens, as the sidecar's --ratio)."""
+    tokens = sum(len(tokenizer(m["content"]).input_ids) for m in messages if m.get("content"))
+    began = time.perf_counter()
+    reply = client.post(url, json={"messages": messages, "budget": max(1, round(RATIO * tokens))})
+    wall = time.perf_counter() - began
+    if reply.status_code != 200:
+        raise SystemExit(f"{reply.status_code} {reply.text[:300]}")
+    data = reply.json()
+    return {"compress_ms": round(wall * 1000, 1), "original_tokens": data["tokens_before"],
+            "forwarded_tokens": data["tokens_after"], "sent": json.dumps(data["messages"])}
 
 
 def gateway_steps(trace: list[dict], tokenizer) -> tuple[list[dict], dict]:
@@ -171,20 +201,44 @@ def gateway_steps(trace: list[dict], tokenizer) -> tuple[list[dict], dict]:
     try:
         with httpx.Client(timeout=3600) as client:
             for step in range(len(trace)):
-                messages = chat(trace, step)
-                tokens = sum(len(tokenizer(m["content"]).input_ids) for m in messages if m.get("content"))
-                began = time.perf_counter()
-                reply = client.post(served.url + "/ilre/v1/compress",
-                                    json={"messages": messages, "budget": max(1, round(RATIO * tokens))})
-                wall = time.perf_counter() - began
-                if reply.status_code != 200:
-                    raise SystemExit(f"long step {step}: {reply.status_code} {reply.text[:300]}")
-                data = reply.json()
-                rows.append({"agent": 0, "step": step + 1, "compress_ms": round(wall * 1000, 1),
-                             "original_tokens": data["tokens_before"], "forwarded_tokens": data["tokens_after"],
-                             "reached": trace[0]["code"] in json.dumps(data["messages"])})
+                row = _through_gateway(client, served.url + "/v1/compress", chat(trace, step), tokenizer)
+                sent = row.pop("sent")
+                rows.append({"agent": 0, "step": step + 1, **row, "reached": trace[0]["code"] in sent})
                 if (step + 1) % 10 == 0:
-                    print(f"  step {step + 1}: compress {wall * 1000:.0f} ms", flush=True)
+                    print(f"  step {step + 1}: compress {row['compress_ms']:.0f} ms", flush=True)
+        return rows, served.cache()
+    finally:
+        served.stop()
+
+
+def fill_steps(tokenizer, tokens: int) -> tuple[list[dict], dict]:
+    """`ilre serve` with its defaults (the engine and the 1 GiB cache a worker holds) sent distinct `tokens`-token
+    documents of real text, one question each, until its cache has evicted for a while: its peak RSS with the
+    default cache full."""
+    from ilre.evaluation.tasks.haystack import pydoc_text, shakespeare_text
+
+    ids = tokenizer(pydoc_text() + shakespeare_text(), add_special_tokens=False).input_ids
+    served = Process("serve", "--grpc-port", "0", "--http-port", "0")
+    rows, after = [], 0
+    try:
+        with httpx.Client(timeout=3600) as client:
+            for i in range(10_000):
+                start = i * tokens // 3 % max(len(ids) - tokens, 1)  # overlapping slices: distinct documents
+                began = time.perf_counter()
+                reply = client.post(served.url + "/v1/compress", json={
+                    "context_ids": ids[start:start + tokens], "query": "Question: what is this text about? Answer:",
+                    "budget": 1024})
+                if reply.status_code != 200:
+                    raise SystemExit(f"fill request {i}: {reply.status_code} {reply.text[:300]}")
+                rows.append({"agent": 0, "step": i + 1, "compress_ms": round((time.perf_counter() - began) * 1000, 1),
+                             "reached": True})
+                cache = served.cache()
+                after += cache["documents_evicted"] > 0 or cache["evictions"] > 0
+                if (i + 1) % 20 == 0:
+                    print(f"  {i + 1} documents: cache {cache['bytes'] / 2**20:.0f} MiB, evictions {cache['evictions']:.0f}, "
+                          f"peak RSS {cache['peak_rss_mib']} MiB", flush=True)
+                if after >= 40:  # a while at the cap
+                    break
         return rows, served.cache()
     finally:
         served.stop()
@@ -199,9 +253,10 @@ def summary(arms: dict[str, dict]) -> None:
         rows, cache = arm["rows"], arm["cache"]
         late = [r["compress_ms"] for r in rows if 25 <= r["step"] <= 30]
         worst = max((r["compress_ms"] / cold[r["step"]] for r in rows if r["step"] in cold), default=None)
-        messages = len({(r["agent"], r["step"]) for r in rows})
+        # the messages its cache held at the end: every agent's (alone: the last agent's, each had a sidecar of its own)
+        messages = max(r["step"] for r in rows) if name == "alone" else len({(r["agent"], r["step"]) for r in rows})
         print(f"| {name} | {len(rows)} | {statistics.median(late) if late else '-'} | "
-              f"{f'{worst:.2f}' if worst is not None and name != 'cold' else '-'} | {sum(r['reached'] for r in rows)}/{len(rows)} | "
+              f"{f'{worst:.2f}' if worst is not None and name not in ('cold', 'fill') else '-'} | {sum(r['reached'] for r in rows)}/{len(rows)} | "
               f"{cache['bytes'] / 2**20:.0f} | {cache['documents']:.0f} | {cache['evictions']:.0f} ({cache['documents_evicted']:.0f}) | "
               f"{cache['parts']['keys'] / max(messages, 1) / 2**20:.2f} MiB keys, "
               f"{(cache['bytes'] - cache['parts']['keys']) / max(messages, 1) / 2**20:.2f} MiB else | {cache['peak_rss_mib']} |")
@@ -222,9 +277,12 @@ def main() -> int:
     parser.add_argument("--agents", type=int, default=16)
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--long-steps", type=int, default=100)
-    parser.add_argument("--arms", default="fleet,alone,cold,long")
+    parser.add_argument("--alone", type=int, default=4, help="agents measured alone, one after another")
+    parser.add_argument("--arms", default="fleet,alone,cold,long,fill")
     parser.add_argument("--rows", type=Path, default=ROWS)
     parser.add_argument("--fresh", action="store_true", help="measure every arm again")
+    parser.add_argument("--engine", action="store_true", help="the sidecar's arms on its chat route in front of "
+                        "llama.cpp's server (its prefill then takes most of the run on 2 cores), not its gateway route")
     args = parser.parse_args()
     args.rows.parent.mkdir(parents=True, exist_ok=True)
     if args.fresh:
@@ -236,18 +294,23 @@ def main() -> int:
     traces = [agent_trace(sources, a, args.steps) for a in range(args.agents)]
     todo = [arm for arm in wanted if arm not in done]
     server = relay = None
-    if any(arm != "long" for arm in todo):
+    if args.engine and any(arm not in ("long", "fill") for arm in todo):
         server = LlamaServer(8192)
         relay = RecordingRelay(server.port)
     try:
         for arm in todo:
             print(f"{arm}:", flush=True)
             if arm == "fleet":
-                rows, cache = sidecar_steps(traces, args.steps, relay)
-            elif arm == "alone":
-                rows, cache = sidecar_steps(traces[:1], args.steps, relay)
+                rows, cache = sidecar_steps(traces, args.steps, relay, tokenizer)
+            elif arm == "alone":  # one agent at a time, --alone agents one after another: that many samples a step
+                rows, cache = [], None
+                for agent in range(args.alone):
+                    mine, cache = sidecar_steps([traces[agent]], args.steps, relay, tokenizer)
+                    rows += [{**r, "agent": agent} for r in mine]
             elif arm == "cold":
-                rows, cache = sidecar_steps(traces[:1], args.steps, relay, "--doc-cache-mb", "0")
+                rows, cache = sidecar_steps(traces[:1], args.steps, relay, tokenizer, "--doc-cache-mb", "0")
+            elif arm == "fill":
+                rows, cache = fill_steps(tokenizer, 8192)
             else:
                 rows, cache = gateway_steps(agent_trace(sources, 0, args.long_steps), tokenizer)
             done[arm] = {"arm": arm, "rows": rows, "cache": cache}

@@ -37,12 +37,21 @@ def remembered(engine: Engine, texts: list[str]) -> list[str]:
     return [engine.compress(CompressRequest(context=t, query=".", ratio=1.0)).document_id for t in texts]
 
 
-@pytest.fixture(scope="module", params=["float32", "bfloat16"])
-def deepening_engine(request):
-    """An engine that deepens (the service's default), so a message is read in its deepened form."""
-    engine = Engine(EngineConfig(dtype=request.param, deepen=True))
-    yield engine
-    engine.close()
+ENGINES: dict[str, Engine] = {}
+
+
+def engine_in(dtype: str) -> Engine:
+    """An engine that deepens (the service's default), so a message is read in its deepened form; one per dtype."""
+    if dtype not in ENGINES:
+        ENGINES[dtype] = Engine(EngineConfig(dtype=dtype, deepen=True))
+    return ENGINES[dtype]
+
+
+@pytest.fixture(scope="module")
+def deepening_engine():
+    yield engine_in("float32")
+    for engine in ENGINES.values():
+        engine.close()
 
 
 def asked(engine: Engine, docs: list[str], **fields):
@@ -66,10 +75,11 @@ def test_one_question_of_several_documents(deepening_engine):
     assert [r.kept_indices for r in again.results] == [r.kept_indices for r in out.results]
 
 
-def test_a_message_is_cached_as_its_keys(deepening_engine, redis_server):
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_message_is_cached_as_its_keys(deepening_engine, redis_server, dtype):
     """A deepened ~1,100-token message costs at most 1.5x its keys at the score layers plus 0.5 MiB, by the cache's
     own count and on the Redis tier; the same selections come back from either tier."""
-    engine = deepening_engine
+    engine = engine_in(dtype)
     store = RedisDocuments(redis_server.url, prefix=f"shared-q-{engine.placement.dtype_name}", max_bytes=1 << 30,
                            ttl_s=60)
     try:
@@ -129,6 +139,8 @@ def test_bad_document_requests_name_the_field(engine):
         with pytest.raises(InputError, match=words) as err:
             CompressRequest.from_json({"query": QUESTION, **fields})
         assert err.value.field == name
+    request = CompressRequest.from_json({"document_ids": docs, "budgets": [5, 6], "query": "q"}, {"ratio": 0.1})
+    assert request.budgets == [5, 6] and request.ratio is None  # budgets replace a default ratio (a server's --ratio)
     with pytest.raises(InputError) as err:
         CompressRequest(document_ids=docs, queries=["a", "b"])
     assert err.value.field == "queries"

@@ -117,6 +117,43 @@ def test_an_agent_step_with_a_tool_call_in_its_history_is_compressed_and_answere
     assert answer["usage"]["prompt_tokens"] <= 1024 + rest
 
 
+def agent_chat(results: list[str]) -> list[dict]:
+    """An agent's chat after len(results) tool calls, each answered by its result, then the question."""
+    messages = [{"role": "system", "content": "Answer from the files you read."},
+                {"role": "user", "content": "Read the files, then answer my question."}]
+    for i, result in enumerate(results):
+        call = {"id": f"call_{i}", "type": "function", "function": {"name": "read_file", "arguments": "{}"}}
+        messages += [{"role": "assistant", "content": None, "tool_calls": [call]},
+                     {"role": "tool", "tool_call_id": f"call_{i}", "content": result}]
+    return messages + [{"role": "user", "content": CHAT_QUESTION}]
+
+
+@pytest.mark.parametrize("history", ["fresh", "frozen"])
+def test_an_agents_steps_keep_the_fact_and_frozen_history_sends_each_message_as_first_sent(engine, relay, http,
+                                                                                          history):
+    """Three steps of an agent, each adding a ~1,500-token tool result (the fact in the first): each step's tool
+    results are asked together and reach the engine compressed, the fact kept, the answer in the chat's shape; in
+    frozen mode every later step sends the first result as the very text sent for it at the first step."""
+    from ilre.evaluation.tasks.haystack import shakespeare_text
+
+    text = shakespeare_text()
+    results = [haystack(engine.tokenizer, 1500, "pydoc")] + [text[k * 7000:(k + 1) * 7000] for k in (3, 4)]
+    sent = []
+    for step in range(1, 4):
+        body = {"messages": agent_chat(results[:step]), "max_tokens": 8, **GREEDY}
+        reply = http.post("/v1/chat/completions", json=body, headers={"x-ilre-history": history, "x-ilre-budget": "600"})
+        assert reply.status_code == 200, reply.text
+        assert reply.headers["x-ilre-action"] == "compressed" and reply.json()["object"] == "chat.completion"
+        forwarded = relay.last("/v1/chat/completions").json()["messages"]
+        tools = [m["content"] for m in forwarded if m["role"] == "tool"]
+        assert len(tools) == step and all(len(t) < len(r) for t, r in zip(tools, results))
+        assert FACT.strip() in tools[0]
+        assert int(reply.headers["x-ilre-compressed-tokens"]) < int(reply.headers["x-ilre-original-tokens"])
+        sent.append(tools)
+    if history == "frozen":
+        assert sent[1][0] == sent[2][0] == sent[0][0] and sent[2][1] == sent[1][1]
+
+
 @pytest.mark.parametrize("api", sorted(APIS))
 def test_tool_calls_tool_definitions_and_images_reach_the_engine_as_sent(engine, relay, http, api):
     """Each API's agent step with an image in the question: only the tool result changes on its way (the

@@ -82,10 +82,18 @@ class _Document:
     units: dict[str, Units] = field(default_factory=dict)  # units per segmentation setting
     prefixes: set[str] = field(default_factory=set)  # the prefix slots naming it (`DocumentCache.name_prefix`)
     owner: str = ""  # whose share it counts in (DocumentNames.owner of the caller's scope)
+    _nbytes: int | None = field(default=None, repr=False)  # `nbytes`, counted once per change
 
     @property
     def nbytes(self) -> int:
-        return sum(self.part_bytes().values())
+        """The bytes it holds, counted once after each change (`changed`): eviction reads every document's."""
+        if self._nbytes is None:
+            self._nbytes = sum(self.part_bytes().values())
+        return self._nbytes
+
+    def changed(self) -> None:
+        """Its states or units changed (or grew in place): count its bytes again when next asked."""
+        self._nbytes = None
 
     def part_bytes(self) -> dict[str, int]:
         """Bytes held by part: "ids", "units", and each of its states' parts (ContextState.part_bytes) summed."""
@@ -175,6 +183,7 @@ class DocumentCache:
                 return False
             if replaces is not None:
                 entry.states.pop(replaces, None)
+                entry.changed()
         if self.shared is not None:
             self.shared.put_state(slot, key, state.to_tensors(), owner)
         return self._keep(slot, key, lambda entry: entry.states, state)
@@ -184,6 +193,7 @@ class DocumentCache:
         compressor/candidate_rows.py), as if it had just been stored."""
         with self._lock:
             if slot in self._docs:
+                self._docs[slot].changed()
                 self._fit(keep=slot)
 
     def name_prefix(self, prefix: str, slot: str) -> None:
@@ -288,6 +298,7 @@ class DocumentCache:
             if entry is None:
                 return False
             held(entry)[key] = value
+            entry.changed()
             self._docs.move_to_end(slot)
             self._fit(keep=slot)
             return True
@@ -356,6 +367,7 @@ class DocumentCache:
         else:
             count = len(entry.states)
             entry.states.clear()
+            entry.changed()
         freed = before - (0 if whole else entry.nbytes)
         used[entry.owner] -= freed
         self.stats.evictions += count

@@ -226,7 +226,7 @@ class CompressRequest:
         if unknown:
             raise InputError(unknown[0], f"unknown field (known: {', '.join(sorted(known))})")
         merged = {k: v for k, v in (defaults or {}).items() if v is not None}
-        if "budget" in data or "ratio" in data:  # a line's own budget/ratio replaces the default
+        if "budget" in data or "ratio" in data or "budgets" in data:  # a line's own budget/ratio replaces the default
             merged.pop("budget", None)
             merged.pop("ratio", None)
         merged.update({k: v for k, v in data.items() if v is not None})

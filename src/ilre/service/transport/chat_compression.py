@@ -142,8 +142,6 @@ async def compress_chat(call: Call, messages: Sequence[Any], budget_for: Callabl
 
     todo = [s for s in shares if not s.whole]
     ranked = [s for s in todo if question and not s.by_its_end] if call_many is not None else []
-    if len(ranked) < 2:
-        ranked = []
     work = [one(s) for s in todo if s not in ranked] + ([together(ranked)] if ranked else [])
     done = {}
     for finished in await asyncio.gather(*work):
