@@ -84,8 +84,13 @@ def test_a_message_is_cached_as_its_keys(deepening_engine, redis_server, dtype):
                            ttl_s=60)
     try:
         cache = engine.documents = DocumentCache(1 << 30, store)
-        docs = remembered(engine, messages(engine))
+        texts = messages(engine)
+        docs = remembered(engine, texts)
         first = asked(engine, docs, ratio=0.12)
+        end = cache._docs[engine.names.slot("", docs[-1])]
+        assert end.part_bytes()["windows"] > 0  # the conversation's end keeps its windows (and resume point) for now
+        later = remembered(engine, [texts[0][::-1]])  # the next step's message: a new end
+        asked(engine, docs + later, ratio=0.12)
         spec = engine.spec
         for doc, result in zip(docs, first.results):
             entry = cache._docs[engine.names.slot("", doc)]
@@ -99,7 +104,9 @@ def test_a_message_is_cached_as_its_keys(deepening_engine, redis_server, dtype):
             shared = sum(size for name, size in sizes.items() if slot in name)
             assert shared <= 1.5 * keys + (1 << 19), (shared, keys)
         parts = cache.part_bytes()
-        assert sum(parts.values()) == cache.stats.bytes and parts["windows"] == parts["stream"] == parts["resume"] == 0
+        last = cache._docs[engine.names.slot("", later[0])].part_bytes()
+        assert sum(parts.values()) == cache.stats.bytes and parts["stream"] == 0
+        assert parts["windows"] == last["windows"] and parts["resume"] == last["resume"]  # the live end's alone
         engine.documents = DocumentCache(1 << 30, store)  # another process: its keys read from Redis
         again = asked(engine, docs, ratio=0.12)
         assert engine.documents.stats.hits["state", "shared"] == len(docs)
@@ -109,7 +116,9 @@ def test_a_message_is_cached_as_its_keys(deepening_engine, redis_server, dtype):
 
 
 def test_a_lone_question_of_a_message_cached_as_its_keys_encodes_it_again(deepening_engine):
-    """Without its window caches a document asked alone is encoded again: the same answer as on a fresh cache."""
+    """Without its window caches a document asked alone (a retrieve, a question by its id) is encoded again and read
+    as a deepened document is: the same answer as the deepened form's on a fresh cache (ILRe at l_R with the coarse
+    layer blended)."""
     engine = deepening_engine
     engine.documents = DocumentCache(1 << 30)
     docs = remembered(engine, messages(engine))
@@ -117,8 +126,10 @@ def test_a_lone_question_of_a_message_cached_as_its_keys_encodes_it_again(deepen
     lone = engine.compress(CompressRequest(document_id=docs[0], query=QUESTION, ratio=0.12, granularity="unit"))
     engine.documents = DocumentCache(1 << 30)
     remembered(engine, messages(engine))
-    fresh = engine.compress(CompressRequest(document_id=docs[0], query=QUESTION, ratio=0.12, granularity="unit"))
-    assert lone.kept_indices == fresh.kept_indices and FACT in lone.compressed_context
+    coarse = engine.profile.strategy_options("cascade")["coarse_layer"]
+    deep = engine.compress(CompressRequest(document_id=docs[0], query=QUESTION, ratio=0.12, granularity="unit",
+                                           strategy="ilre", strategy_options={"also_layers": [coarse]}))
+    assert lone.kept_indices == deep.kept_indices and FACT in lone.compressed_context
 
 
 def test_bad_document_requests_name_the_field(engine):

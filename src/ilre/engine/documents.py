@@ -173,10 +173,10 @@ class DocumentCache:
         return self._lookup(slot, key, "state", lambda entry: entry.states, restore)
 
     def store_state(self, slot: str, key: str, state: ContextState, replaces: str | None = None,
-                    owner: str = "") -> bool:
+                    owner: str = "", shared: bool = True) -> bool:
         """Keep a state encoded elsewhere (a background deepening) under `key`, in both tiers (in `owner`'s
-        share), dropping this process's state `replaces`, which it supersedes. False when the document has
-        left this process (nothing is kept then)."""
+        share; `shared` False: in this process only), dropping this process's state `replaces`, which it
+        supersedes. False when the document has left this process (nothing is kept then)."""
         with self._lock:
             entry = self._docs.get(slot)
             if entry is None:
@@ -184,9 +184,17 @@ class DocumentCache:
             if replaces is not None:
                 entry.states.pop(replaces, None)
                 entry.changed()
-        if self.shared is not None:
+        if self.shared is not None and shared:
             self.shared.put_state(slot, key, state.to_tensors(), owner)
         return self._keep(slot, key, lambda entry: entry.states, state)
+
+    def drop_state(self, slot: str, key: str) -> None:
+        """Forget this process's state `key` of the document in `slot` (the shared tier keeps what it holds)."""
+        with self._lock:
+            entry = self._docs.get(slot)
+            if entry is not None and entry.states.pop(key, None) is not None:
+                entry.changed()
+                self._fit(keep=slot)
 
     def refit(self, slot: str) -> None:
         """Evict to the cap again after the document in `slot` grew in place (a state's candidate rows,

@@ -183,6 +183,11 @@ class EncodingPolicy:
             held = self.documents.held_state(job.slot, self.key(job, deep), self.restore(job))
             if held is not None:
                 return EncodingPlan(deep, DocumentEncodings(self, job, deep, held=held))
+            if self.documents.holds(job.slot, self.key(job, deep) + KEYS_ONLY):  # a message, read deep before:
+                with torch.inference_mode():  # its windows again, for this request only
+                    again = encode_context(job.model, job.context_ids, job.prefill, deep.encoded_layers(job.layer),
+                                           parts=deep.context_parts)
+                return EncodingPlan(deep, DocumentEncodings(self, job, deep, held=again))
             prefix = self.prefix(job, deep)
             if prefix is not None:  # a prefix held deep (a chat one turn longer): take that on
                 return EncodingPlan(deep, DocumentEncodings(self, job, deep, prefix=prefix))
@@ -204,22 +209,34 @@ class EncodingPolicy:
         if asked and plan.offer is not None and not self.documents.holds(job.slot, self.key(job, plan.offer)):
             self._offer(job, plan.offer)
 
-    def keys_state(self, job: Prepared, strategy: Strategy) -> ContextState:
+    def keys_state(self, job: Prepared, strategy: Strategy, live: bool = False) -> tuple[ContextState, int]:
         """The job's encoding as `strategy` reads it when one question is asked of it among others
-        (compressor/shared_query.py reads its keys only): the cache's (held keys only, or in full), else encoded now
-        and kept keys only (ContextState.keys_only: no window caches, stream or resume point). The state returned
-        may hold more than its keys; a question asked of the document alone encodes it again (the same result)."""
+        (compressor/shared_query.py reads its keys only), and how many of its tokens were taken on from a cached
+        prefix. Kept keys only (ContextState.keys_only: no window caches, stream or resume point) in both tiers; the
+        conversation's end (`live`: the message most likely to grow, whose windows the next pass may read) keeps
+        its whole encoding too, in this process only, until a later request asks it as an earlier message. The
+        state returned may hold more than its keys; a question asked of the document alone encodes it again."""
         key, restore = self.key(job, strategy), self.restore(job)
         lean = key + KEYS_ONLY
+        whole = self.documents.held_state(job.slot, key, restore)
+        if whole is not None:
+            if not live and whole.has_windows and self.documents.holds(job.slot, lean):
+                self.documents.drop_state(job.slot, key)  # no longer the end: its keys are kept already
+            return whole, 0
         held = self.documents.held_state(job.slot, lean, restore)
-        if held is None:
-            held = self.documents.held_state(job.slot, key, restore)
         if held is not None:
-            return held
-        state = encode_context(job.model, job.context_ids, job.prefill, strategy.encoded_layers(job.layer),
-                               parts=strategy.context_parts)
+            return held, 0
+        if live:  # taken on from a cached prefix where the message grew (a streamed tool result, a log)
+            steps, resumed = self.steps(job, strategy)
+            state = run_steps(steps)
+            self.name_prefix(job, state)
+        else:
+            state, resumed = encode_context(job.model, job.context_ids, job.prefill, strategy.encoded_layers(job.layer),
+                                            parts=strategy.context_parts), 0
         self.documents.store_state(job.slot, lean, state.keys_only(), owner=job.owner)
-        return state
+        if live:
+            self.documents.store_state(job.slot, key, state, owner=job.owner, shared=False)
+        return state, resumed
 
     def encode(self, job: Prepared) -> ContextState:
         """The job's encoded context as its strategy reads it: the cache's, or encoded now and kept there."""

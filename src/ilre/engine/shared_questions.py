@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import TYPE_CHECKING
+from typing import Any
 
 import torch
 
@@ -24,11 +24,10 @@ from ..compressor.strategies import Strategy
 from .messages import CompressRequest, CompressResults, InputError, NotFoundError
 from .prepared import Prepared
 
-if TYPE_CHECKING:
-    from .engine import Engine
+Engine = Any  # engine.Engine (which imports this module): its prepare, answer, finish, query_ids, encodings, deepening
 
 
-def run_documents(engine: "Engine", request: CompressRequest, scope: str) -> CompressResults:
+def run_documents(engine: Engine, request: CompressRequest, scope: str) -> CompressResults:
     """The results of a `document_ids` request (one per document, in order) for a caller in `scope`; NotFoundError
     naming `document_ids[i]` for a document the scope does not hold, InputError naming the field otherwise."""
     query = request.query_inputs()[0]
@@ -53,7 +52,7 @@ def run_documents(engine: "Engine", request: CompressRequest, scope: str) -> Com
     return CompressResults(request.id, None, results)
 
 
-def _prepared(engine: "Engine", request: CompressRequest, index: int, query_ids, scope: str) -> Prepared:
+def _prepared(engine: Engine, request: CompressRequest, index: int, query_ids, scope: str) -> Prepared:
     """Document `index` of the request as a lone request by its id (the question's ids tokenized once)."""
     budget = request.budgets[index] if request.budgets is not None else None
     try:
@@ -68,7 +67,7 @@ def _prepared(engine: "Engine", request: CompressRequest, index: int, query_ids,
         raise
 
 
-def _together(engine: "Engine", job: Prepared) -> Strategy | None:
+def _together(engine: Engine, job: Prepared) -> Strategy | None:
     """The strategy a document is read with among others (its deepened form where deepening is on), or None
     where the question cannot be moved to it (a strategy reading more than the keys and the query's states)."""
     if job.model is None or not job.queries[0].numel():
@@ -78,17 +77,20 @@ def _together(engine: "Engine", job: Prepared) -> Strategy | None:
     return form if form.batchable else None
 
 
-def _select_together(engine: "Engine", jobs: list[Prepared], forms: list[Strategy]) -> list[Selection]:
+def _select_together(engine: Engine, jobs: list[Prepared], forms: list[Strategy]) -> list[Selection]:
     """One pass of the question after the last document, through its window caches (compressor/shared_query.py),
     moved to each other document. The last one's encoding is this request's where it was made now (a new message)
     or the cache's where it holds its windows, else it is encoded again for the pass (not kept: the same result).
     Each selection's "prefill" is the shared pass plus its document's own encoding where it was made now."""
     states, spent = [], []
     end, model = jobs[-1], jobs[-1].model
+    taken_on = []
     with torch.inference_mode():
-        for job, form in zip(jobs, forms):
+        for i, (job, form) in enumerate(zip(jobs, forms)):
             clock = time.perf_counter()
-            states.append(engine.encodings.keys_state(job, form))
+            state, resumed = engine.encodings.keys_state(job, form, live=i == len(jobs) - 1)
+            states.append(state)
+            taken_on.append(resumed)
             spent.append((time.perf_counter() - clock) * 1000.0)
         clock = time.perf_counter()
         last = states[-1]
@@ -98,8 +100,10 @@ def _select_together(engine: "Engine", jobs: list[Prepared], forms: list[Strateg
         asked = prefill_query(model, last, end.queries[0])
     shared = (time.perf_counter() - clock) * 1000.0
     selections = []
-    for job, form, state, own in zip(jobs, forms, states, spent):
+    for job, form, state, own, resumed in zip(jobs, forms, states, spent, taken_on):
         shared_job = SharedQuestionJob(state, job.context_ids, job.budget, form, job.units)
-        selections += select_shared(model, asked, last.length, [shared_job], job.queries[0],
-                                    {"prefill": round(shared + own, 3)})
+        (selection,) = select_shared(model, asked, last.length, [shared_job], job.queries[0],
+                                     {"prefill": round(shared + own, 3)})
+        selection.measured["resumed_tokens"] = resumed
+        selections.append(selection)
     return selections
