@@ -185,8 +185,7 @@ class EncodingPolicy:
                 return EncodingPlan(deep, DocumentEncodings(self, job, deep, held=held))
             if self.documents.holds(job.slot, self.key(job, deep) + KEYS_ONLY):  # a message, read deep before:
                 with torch.inference_mode():  # its windows again, for this request only
-                    again = encode_context(job.model, job.context_ids, job.prefill, deep.encoded_layers(job.layer),
-                                           parts=deep.context_parts)
+                    again = self.encode_from_ids(job, deep)
                 return EncodingPlan(deep, DocumentEncodings(self, job, deep, held=again))
             prefix = self.prefix(job, deep)
             if prefix is not None:  # a prefix held deep (a chat one turn longer): take that on
@@ -208,6 +207,11 @@ class EncodingPolicy:
         asked = not all(selection.passthrough for selection in selections)  # a context only counted is not offered
         if asked and plan.offer is not None and not self.documents.holds(job.slot, self.key(job, plan.offer)):
             self._offer(job, plan.offer)
+
+    def encode_from_ids(self, job: Prepared, strategy: Strategy) -> ContextState:
+        """The job's context encoded from its IDs as `strategy` reads it, with nothing taken from the cache."""
+        return encode_context(job.model, job.context_ids, job.prefill, strategy.encoded_layers(job.layer),
+                              parts=strategy.context_parts)
 
     def keys_state(self, job: Prepared, strategy: Strategy, live: bool = False) -> tuple[ContextState, int]:
         """The job's encoding as `strategy` reads it when one question is asked of it among others
@@ -231,8 +235,7 @@ class EncodingPolicy:
             state = run_steps(steps)
             self.name_prefix(job, state)
         else:
-            state, resumed = encode_context(job.model, job.context_ids, job.prefill, strategy.encoded_layers(job.layer),
-                                            parts=strategy.context_parts), 0
+            state, resumed = self.encode_from_ids(job, strategy), 0
         self.documents.store_state(job.slot, lean, state.keys_only(), owner=job.owner)
         if live:
             self.documents.store_state(job.slot, key, state, owner=job.owner, shared=False)

@@ -18,7 +18,7 @@ from typing import Any
 import torch
 
 from ..compressor.pipeline import Selection
-from ..compressor.prefill import encode_context, prefill_query
+from ..compressor.prefill import prefill_query
 from ..compressor.shared_query import SharedQuestionJob, select_shared
 from ..compressor.strategies import Strategy
 from .messages import CompressRequest, CompressResults, InputError, NotFoundError
@@ -95,8 +95,7 @@ def _select_together(engine: Engine, jobs: list[Prepared], forms: list[Strategy]
         clock = time.perf_counter()
         last = states[-1]
         if not last.has_windows:
-            last = encode_context(model, end.context_ids, end.prefill, forms[-1].encoded_layers(end.layer),
-                                  parts=forms[-1].context_parts)
+            last = engine.encodings.encode_from_ids(end, forms[-1])
         asked = prefill_query(model, last, end.queries[0])
     shared = (time.perf_counter() - clock) * 1000.0
     selections = []
