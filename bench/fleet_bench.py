@@ -10,7 +10,8 @@ get, so that 2 cores are not spent on the engine's prefill):
 - fleet:  --agents agents x --steps steps, interleaved round robin (agent 1's step, agent 2's, ...), each request
           sent as soon as the one before it is answered;
 - alone:  one agent at a time, the same steps (--alone agents one after another, each on a sidecar of its own);
-- cold:   one agent on a sidecar with `--doc-cache-mb 0`: each step compressed with nothing cached;
+- cold:   --cold agents on a sidecar with `--doc-cache-mb 0`: each step compressed with nothing cached (each arm's
+          step s of agent a is set against agent a's step s here);
 - long:   one agent x --long-steps steps through `ilre serve`'s gateway route (the same compression of the
           conversation, fresh mode, without an engine's prefill per step), the compression time per step;
 - fill:   `ilre serve` with its defaults (a worker's engine and cache) sent distinct 8K-token documents of real text
@@ -248,11 +249,12 @@ def summary(arms: dict[str, dict]) -> None:
     print("\n| arm | steps | compress ms, median of steps 25-30 | max step / cold's | reached | cache MiB | documents | "
           "evictions (documents) | bytes per message | peak RSS MiB |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    cold = {r["step"]: r["compress_ms"] for r in arms.get("cold", {}).get("rows", [])}
+    cold = {(r["agent"], r["step"]): r["compress_ms"] for r in arms.get("cold", {}).get("rows", [])}
     for name, arm in arms.items():
         rows, cache = arm["rows"], arm["cache"]
         late = [r["compress_ms"] for r in rows if 25 <= r["step"] <= 30]
-        worst = max((r["compress_ms"] / cold[r["step"]] for r in rows if r["step"] in cold), default=None)
+        worst = max((r["compress_ms"] / cold[r["agent"], r["step"]] for r in rows if (r["agent"], r["step"]) in cold),
+                    default=None)  # the same agent's same step with nothing cached
         # the messages its cache held at the end: every agent's (alone: the last agent's, each had a sidecar of its own)
         messages = max(r["step"] for r in rows) if name == "alone" else len({(r["agent"], r["step"]) for r in rows})
         print(f"| {name} | {len(rows)} | {statistics.median(late) if late else '-'} | "
@@ -278,6 +280,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--long-steps", type=int, default=100)
     parser.add_argument("--alone", type=int, default=4, help="agents measured alone, one after another")
+    parser.add_argument("--cold", type=int, default=2, help="agents measured with nothing cached")
     parser.add_argument("--arms", default="fleet,alone,cold,long,fill")
     parser.add_argument("--rows", type=Path, default=ROWS)
     parser.add_argument("--fresh", action="store_true", help="measure every arm again")
@@ -308,7 +311,7 @@ def main() -> int:
                     mine, cache = sidecar_steps([traces[agent]], args.steps, relay, tokenizer)
                     rows += [{**r, "agent": agent} for r in mine]
             elif arm == "cold":
-                rows, cache = sidecar_steps(traces[:1], args.steps, relay, tokenizer, "--doc-cache-mb", "0")
+                rows, cache = sidecar_steps(traces[:args.cold], args.steps, relay, tokenizer, "--doc-cache-mb", "0")
             elif arm == "fill":
                 rows, cache = fill_steps(tokenizer, 8192)
             else:

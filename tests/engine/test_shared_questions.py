@@ -155,3 +155,54 @@ def test_bad_document_requests_name_the_field(engine):
     with pytest.raises(InputError) as err:
         CompressRequest(document_ids=docs, queries=["a", "b"])
     assert err.value.field == "queries"
+
+
+def redis_names(redis_server, store: RedisDocuments, slot: str) -> list[str]:
+    """The shared tier's entries of the document in `slot`, by name."""
+    names = [k.decode() if isinstance(k, bytes) else k for k in redis_server.client().hgetall(store.sizes)]
+    return sorted(name.partition(slot)[2] for name in names if slot in name)
+
+
+@pytest.mark.parametrize("background", [False, True], ids=["taken-deeper-here", "deepened-while-idle"])
+def test_an_agents_first_steps_cost_what_nothing_cached_does(deepening_engine, redis_server, background):
+    """Step 1 (one new message) is asked as a lone request by its id is: the strategy itself, as with nothing cached,
+    not its deeper form. Step 2 asks that message as a later lone question of it is asked, from its own encoding (the
+    cascade's candidates from its kept stream). Step 3 takes it deeper from its
+    kept stream (or reads what deepening made while idle) and keeps its keys alone, in both tiers: every selection
+    equal to the one made from the message's IDs on a fresh cache."""
+    engine, texts = deepening_engine, messages(engine_in("float32"))
+    store = RedisDocuments(redis_server.url, prefix=f"first-steps-{background}", max_bytes=1 << 30, ttl_s=60)
+    fields = {"query": QUESTION, "budget": 130, "granularity": "unit"}
+    try:
+        engine.documents = DocumentCache(1 << 30)
+        docs = remembered(engine, texts)
+        with engine.deepening.paused():
+            lone = [engine.compress(CompressRequest(document_id=docs[0], **fields)) for _ in range(2)]  # first, later
+        engine.documents = cache = DocumentCache(1 << 30, store)
+        remembered(engine, texts)
+        slot = engine.names.slot("", docs[0])
+        with engine.deepening.paused():
+            step1 = asked(engine, docs[:1], budgets=[130])
+            (first,) = cache._docs[slot].states.values()
+            assert sorted(first.keys) == [8] and first.hidden is not None  # the cascade's own, its stream kept
+            steps = [asked(engine, docs[:2], budgets=[130, 130])]
+            assert cache._docs[slot].states == {next(iter(cache._docs[slot].states)): first}  # read alone again
+        if background:
+            assert engine.deepening.wait_idle(60)
+            (deep,) = cache._docs[slot].states.values()
+            assert deep.has_windows and sorted(deep.keys) == [8, 19]
+        with engine.deepening.paused():
+            steps.append(asked(engine, docs, budgets=[130] * 3))
+        (key, kept), = cache._docs[slot].states.items()
+        assert key.endswith("-keysonly") and sorted(kept.keys) == [8, 19] and not kept.has_windows
+        shared = redis_names(redis_server, store, slot)
+        assert [n for n in shared if ":state:l" in n] == [n for n in shared if n.endswith("-keysonly")] != [], shared
+        engine.documents = DocumentCache(1 << 30)
+        remembered(engine, texts)
+        with engine.deepening.paused():
+            fresh = asked(engine, docs, budgets=[130] * 3)
+    finally:
+        store.close()
+    assert [step1.results[0].kept_indices, steps[0].results[0].kept_indices] == [r.kept_indices for r in lone]
+    assert [r.kept_indices for r in steps[1].results] == [r.kept_indices for r in fresh.results]
+    assert FACT in steps[1].results[0].compressed_context

@@ -77,3 +77,35 @@ def assert_only_the_tool_output_changed(api: str, sent: dict[str, Any], body: di
     _, forwarded = tool_output_of(api, sent)
     assert read_conversation(api, sent).write(sent, {index: original}) == body
     return forwarded
+
+
+def prompt_tokens(api: str, answer: dict) -> int:
+    """The prompt tokens the engine reports in an answer of `api`."""
+    return answer["usage"]["prompt_tokens" if api == "openai.chat" else "input_tokens"]
+
+
+def answer_text(api: str, answer: dict) -> str:
+    """The text of an answer in `api`'s own shape (which it must have)."""
+    if api == "openai.chat":
+        assert answer["object"] == "chat.completion"
+        return answer["choices"][0]["message"]["content"] or ""
+    if api == "openai.responses":
+        assert answer["object"] == "response" and answer["status"] == "completed"
+        return "".join(part["text"] for item in answer["output"] if item["type"] == "message" for part in item["content"])
+    assert answer["type"] == "message" and answer["role"] == "assistant"
+    return "".join(block["text"] for block in answer["content"] if block["type"] == "text")
+
+
+STREAM_EVENTS = {"openai.chat": "chat.completion.chunk", "openai.responses": "response.completed",
+                 "anthropic.messages": "message_stop"}
+
+
+def streamed_text(api: str, events: list[dict]) -> str:
+    """The text of a streamed answer of `api`, put together from its events (their kinds the API's own)."""
+    if api == "openai.chat":
+        assert {e["object"] for e in events} == {"chat.completion.chunk"}
+        return "".join(e["choices"][0]["delta"].get("content") or "" for e in events if e.get("choices"))
+    if api == "openai.responses":
+        return "".join(e["delta"] for e in events if e["type"] == "response.output_text.delta")
+    return "".join(e["delta"]["text"] for e in events if e["type"] == "content_block_delta"
+                   and e["delta"]["type"] == "text_delta")

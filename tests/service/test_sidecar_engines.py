@@ -16,7 +16,8 @@ from ilre.service.server import ServiceThread
 
 from .conftest import service_config, wait_for
 from .engines import RecordingRelay, SGLangServer, VllmServer, wait_idle
-from .agent_steps import APIS, agent_step, assert_only_the_tool_output_changed
+from .agent_steps import (APIS, STREAM_EVENTS, agent_step, answer_text, assert_only_the_tool_output_changed,
+                          prompt_tokens, streamed_text)
 from .haystacks import FACT, haystack, over_the_window, reference_ids
 
 pytestmark = pytest.mark.slow
@@ -116,27 +117,6 @@ def tool_output(engine):
     return haystack(engine.tokenizer, 12000, "pydoc")
 
 
-def prompt_tokens(api: str, answer: dict) -> int:
-    """The prompt tokens the engine reports in an answer of `api`."""
-    return answer["usage"]["prompt_tokens" if api == "openai.chat" else "input_tokens"]
-
-
-def answer_text(api: str, answer: dict) -> str:
-    """The text of an answer in `api`'s own shape (which it must have)."""
-    if api == "openai.chat":
-        assert answer["object"] == "chat.completion"
-        return answer["choices"][0]["message"]["content"] or ""
-    if api == "openai.responses":
-        assert answer["object"] == "response" and answer["status"] == "completed"
-        return "".join(part["text"] for item in answer["output"] if item["type"] == "message" for part in item["content"])
-    assert answer["type"] == "message" and answer["role"] == "assistant"
-    return "".join(block["text"] for block in answer["content"] if block["type"] == "text")
-
-
-STREAM_EVENTS = {"openai.chat": "chat.completion.chunk", "openai.responses": "response.completed",
-                 "anthropic.messages": "message_stop"}
-
-
 @pytest.mark.parametrize("api", sorted(APIS))
 def test_an_agent_step_on_each_api_is_compressed_and_answered_in_its_shape(served, relay, http, tool_output, api):
     """One agent step (a tool call and its ~12K-token result) on every conversation API the engine serves:
@@ -164,6 +144,7 @@ def test_an_agent_step_on_each_api_is_compressed_and_answered_in_its_shape(serve
         chunks = events(streamed)
     kinds = {c.get("object") or c.get("type") for c in chunks}
     assert STREAM_EVENTS[api] in kinds, kinds
+    assert streamed_text(api, chunks) == answer_text(api, answer)  # greedy: the same answer, as the API's events
 
 
 def test_sglang_generate_text_and_input_ids_streamed_and_not(engine, served, relay, http, long_prompt, expected):

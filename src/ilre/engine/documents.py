@@ -57,6 +57,7 @@ class SharedDocuments(Protocol):
     def put_ids(self, slot: str, ids: torch.Tensor, owner: str = "") -> None: ...
     def get_state(self, slot: str, key: str) -> dict[str, torch.Tensor] | None: ...
     def put_state(self, slot: str, key: str, tensors: dict[str, torch.Tensor], owner: str = "") -> None: ...
+    def drop_state(self, slot: str, key: str) -> None: ...
     def put_prefix(self, prefix: str, slot: str) -> None: ...
     def get_prefixes(self, prefixes: list[str]) -> list[str | None]: ...
 
@@ -188,8 +189,11 @@ class DocumentCache:
             self.shared.put_state(slot, key, state.to_tensors(), owner)
         return self._keep(slot, key, lambda entry: entry.states, state)
 
-    def drop_state(self, slot: str, key: str) -> None:
-        """Forget this process's state `key` of the document in `slot` (the shared tier keeps what it holds)."""
+    def drop_state(self, slot: str, key: str, shared: bool = False) -> None:
+        """Forget this process's state `key` of the document in `slot` (`shared`: the shared tier's too, else it
+        keeps what it holds)."""
+        if shared and self.shared is not None:
+            self.shared.drop_state(slot, key)
         with self._lock:
             entry = self._docs.get(slot)
             if entry is not None and entry.states.pop(key, None) is not None:

@@ -213,32 +213,54 @@ class EncodingPolicy:
         return encode_context(job.model, job.context_ids, job.prefill, strategy.encoded_layers(job.layer),
                               parts=strategy.context_parts)
 
+    def held_form(self, job: Prepared, strategy: Strategy) -> str | None:
+        """How this process holds the job's document for `strategy` read among others: "keys" (in that form, whole
+        or its keys only), "own" (only in the job strategy's own form, with the stream to take it deeper: a
+        message first asked alone), None (not at all)."""
+        key = self.key(job, strategy)
+        if self.documents.holds(job.slot, key) or self.documents.holds(job.slot, key + KEYS_ONLY):
+            return "keys"
+        if strategy is not job.strategy and self.documents.holds(job.slot, self.key(job, job.strategy)):
+            return "own"
+        return None
+
     def keys_state(self, job: Prepared, strategy: Strategy, live: bool = False) -> tuple[ContextState, int]:
         """The job's encoding as `strategy` reads it when one question is asked of it among others
         (compressor/shared_query.py reads its keys only), and how many of its tokens were taken on from a cached
         prefix. Kept keys only (ContextState.keys_only: no window caches, stream or resume point) in both tiers; the
         conversation's end (`live`: the message most likely to grow, whose windows the next pass may read) keeps
-        its whole encoding too, in this process only, until a later request asks it as an earlier message. The
-        state returned may hold more than its keys; a question asked of the document alone encodes it again."""
+        its whole encoding too, in this process only, until a later request asks it as an earlier message. An
+        earlier message held whole (the end of an earlier step, a background deepening) or in its strategy's own
+        form (asked alone first: taken deeper from its stream) is kept as its keys from then on. The state
+        returned may hold more than its keys; a question asked of the document alone encodes it again."""
         key, restore = self.key(job, strategy), self.restore(job)
         lean = key + KEYS_ONLY
         whole = self.documents.held_state(job.slot, key, restore)
-        if whole is not None:
-            if not live and whole.has_windows and self.documents.holds(job.slot, lean):
-                self.documents.drop_state(job.slot, key)  # no longer the end: its keys are kept already
+        if whole is not None and (live or not whole.has_windows):
             return whole, 0
-        held = self.documents.held_state(job.slot, lean, restore)
+        held = self.documents.held_state(job.slot, lean, restore) if whole is None else None
         if held is not None:
             return held, 0
-        if live:  # taken on from a cached prefix where the message grew (a streamed tool result, a log)
+        own_key = self.key(job, job.strategy) if strategy is not job.strategy else None
+        own = self.documents.held_state(job.slot, own_key, restore) if own_key and whole is None and not live else None
+        resumed = 0
+        if whole is not None:  # no longer the end (or deepened while idle): its keys alone from now on
+            state = whole
+        elif own is not None and own.hidden is not None:
+            state = run_steps(resume_in_steps(job.model, own, strategy.encoded_layers(job.layer), strategy.context_parts))
+        elif live:  # taken on from a cached prefix where the message grew (a streamed tool result, a log)
             steps, resumed = self.steps(job, strategy)
             state = run_steps(steps)
             self.name_prefix(job, state)
         else:
-            state, resumed = self.encode_from_ids(job, strategy), 0
-        self.documents.store_state(job.slot, lean, state.keys_only(), owner=job.owner)
+            state = self.encode_from_ids(job, strategy)
+        if not self.documents.holds(job.slot, lean):
+            self.documents.store_state(job.slot, lean, state.keys_only(), owner=job.owner)
         if live:
             self.documents.store_state(job.slot, key, state, owner=job.owner, shared=False)
+        else:
+            for dropped in [k for k, found in ((key, whole), (own_key, own or whole)) if k and found is not None]:
+                self.documents.drop_state(job.slot, dropped, shared=True)
         return state, resumed
 
     def encode(self, job: Prepared) -> ContextState:

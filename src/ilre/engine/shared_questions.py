@@ -6,7 +6,9 @@ have them), then the documents the question can be moved to (compressor/shared_q
 query's states against the keys, in the form it takes on a document encoded in full where deepening is on) are read
 together: each one's keys (EncodingPolicy.keys_state: from the cache, else encoded now and kept keys only), one
 pass of the question after the last of them, moved to each. The others (strategies that read more, such as values
-or a trained head) are asked one by one as lone requests. A document that fits its budget passes through.
+or a trained head) are asked one by one as lone requests, and so are the documents that cost less asked alone
+this time (`_alone_now`: an agent's first step, as with nothing cached). A document that fits its budget passes
+through.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ def run_documents(engine: Engine, request: CompressRequest, scope: str) -> Compr
     jobs = [_prepared(engine, request, i, ids, scope) for i in range(len(request.document_ids or ()))]
     forms = [_together(engine, job) for job in jobs]
     together = [i for i, job in enumerate(jobs) if forms[i] is not None and job.budget < job.context_ids.numel()]
+    together = [i for i in together if not _alone_now(engine, jobs, i, forms[i])]
     if together:  # the question's pass after the last gives the states of its layers: those reading others go alone
         last = set(forms[together[-1]].encoded_layers(jobs[together[-1]].layer))
         together = [i for i in together if set(forms[i].encoded_layers(jobs[i].layer)) <= last]
@@ -75,6 +78,19 @@ def _together(engine: Engine, job: Prepared) -> Strategy | None:
     deep = job.strategy.deepened() if engine.deepening.enabled else None
     form = deep or job.strategy
     return form if form.batchable else None
+
+
+def _alone_now(engine: Engine, jobs: list[Prepared], index: int, form: Strategy) -> bool:
+    """Whether a document that could be read among the others is asked alone this time, as a lone request by
+    its id would be, because that costs less now: the only document of a request, unless it is held in the form
+    read among others (an agent's first step: the strategy itself, as with nothing cached), or an earlier
+    message held only in the strategy's own form the step after it was first asked (a later question of it
+    from the cache, while the new message is encoded in full; from the next step on it is taken deeper from
+    its kept stream)."""
+    held = engine.encodings.held_form(jobs[index], form)
+    if len(jobs) == 1:
+        return held != "keys"
+    return held == "own" and index < len(jobs) - 1 and len(jobs) <= 2
 
 
 def _select_together(engine: Engine, jobs: list[Prepared], forms: list[Strategy]) -> list[Selection]:

@@ -144,6 +144,15 @@ class RedisDocuments:
     def put_state(self, doc: str, key: str, tensors: dict[str, torch.Tensor], owner: str = "") -> None:
         self._put(self._state_key(doc, key), {name: t.cpu() for name, t in tensors.items()}, owner)
 
+    def drop_state(self, doc: str, key: str) -> None:
+        """Forget `doc`'s state `key` (its bytes leave the cap's count); best effort, as every write."""
+        name = self._state_key(doc, key)
+        try:
+            with self.client.pipeline(transaction=True) as pipe:
+                pipe.delete(name).zrem(self.index, name).hdel(self.sizes, name).hdel(self.owners, name).execute()
+        except RedisError as exc:
+            log.warning("shared document cache: cannot drop %s (%s)", name, exc)
+
     def put_prefix(self, prefix: str, doc: str) -> None:
         """Name `doc` as the document whose encoding a longer context with the prefix `prefix` (a slot) takes on
         (a few bytes, outside the byte cap, expiring with the documents)."""
