@@ -36,6 +36,7 @@ LONGEST_FIRST = [  # worker-seconds under `make test` (2 workers, 2 cores withou
     "integrations/test_litellm.py",  # 122: two LiteLLM proxy starts at once
     "test_needle.py",  # 256, as two groups of depths
     "integrations/test_llmlingua.py",  # 107
+    "service/test_sidecar_replies.py",  # ~90: each API's answers, passthrough reasons, frozen per key, retrieve
     "evaluation/test_run_eval.py",  # 119
     "service/test_gateway.py",  # 111: one LiteLLM proxy start
     "engine/test_document_shares.py",  # 104

@@ -14,7 +14,10 @@ import pytest
 from ilre.service.common.config import SidecarConfig
 from ilre.service.server import ServiceThread
 
-from .agent_steps import APIS, agent_step, answer_text, assert_only_the_tool_output_changed, streamed_text
+from ilre.engine.conversation import read_conversation
+
+from .agent_steps import (APIS, agent_step, answer_text, assert_only_the_tool_output_changed, streamed_text,
+                          tool_output_of)
 from .conftest import service_config
 from .engines import LlamaServer, RecordingRelay
 from .haystacks import FACT, haystack
@@ -23,9 +26,11 @@ pytestmark = pytest.mark.slow
 
 CODE = "7302946"
 KEYS = ("key-a", "key-b")
-CHOOSE_RETRIEVE = {"openai.chat": {"type": "function", "function": {"name": "ilre_retrieve"}},
-                   "openai.responses": {"type": "function", "name": "ilre_retrieve"},
-                   "anthropic.messages": {"type": "tool", "name": "ilre_retrieve"}}
+REQUIRED = {"openai.chat": "required", "openai.responses": "required", "anthropic.messages": {"type": "any"}}
+CALL_BEGUN = "<tool_call>\n"  # the answer begun as a call (Qwen2.5's format): the grammar writes the rest
+BEGUN = {"openai.chat": {"role": "assistant", "content": CALL_BEGUN},
+         "openai.responses": {"type": "message", "role": "assistant", "content": [{"type": "output_text", "text": CALL_BEGUN}]},
+         "anthropic.messages": {"role": "assistant", "content": CALL_BEGUN}}
 
 
 @pytest.fixture(scope="module")
@@ -38,16 +43,25 @@ def relay():
 
 
 def sidecar(engine, url: str, **settings) -> ServiceThread:
-    config = service_config({"ILRE_API_KEYS": ",".join(KEYS)})
+    """A sidecar on the shared engine with two API keys and a fixed document secret (the same hashes in the notes,
+    hence the same prompts, run after run)."""
+    config = service_config({"ILRE_API_KEYS": ",".join(KEYS), "ILRE_DOCUMENT_SECRET": "replies-" * 4})
     return ServiceThread(config, engine, sidecar=SidecarConfig(engine_url=url, engine_api="llamacpp", **settings),
                          tokenizer=engine.tokenizer)
 
 
 @pytest.fixture(scope="module")
 def http(engine, relay):
+    names = engine.names  # the shared engine's own ids again after the module
     with sidecar(engine, relay.url) as svc, httpx.Client(base_url=f"http://127.0.0.1:{svc.http_port}", timeout=600,
                                                          headers={"authorization": f"Bearer {KEYS[0]}"}) as client:
         yield client
+    engine.names = names
+
+
+def sent_to(relay: RecordingRelay, path: str, since: int = 0) -> list[dict]:
+    """The bodies the engine got on `path` after its first `since` requests."""
+    return [r.json() for r in relay.requests()[since:] if r.path == path]
 
 
 def events(reply: httpx.Response) -> list[dict]:
@@ -75,7 +89,8 @@ def test_each_api_answers_in_its_shape_and_streams_the_same_text(relay, http, to
         assert streamed.status_code == 200 and streamed.headers["content-type"].startswith("text/event-stream")
         assert streamed.headers["x-ilre-action"] == "compressed"
         chunks = events(streamed)
-    assert relay.last(APIS[api]).json() == {**relay.requests()[-2].json(), "stream": True}  # the same prompt
+    *_, whole, asked = sent_to(relay, APIS[api])
+    assert asked == {**whole, "stream": True}  # the same prompt
     assert streamed_text(api, chunks) == text and text
 
 
@@ -105,7 +120,7 @@ def test_each_reason_to_pass_a_request_through_is_said_and_counted(engine, relay
         direct = httpx.post(relay.url + path, json=body, timeout=120)
         assert reply.status_code == direct.status_code, (cause, reply.text)
         assert reply.headers["x-ilre-action"] == "passthrough" and reply.headers["x-ilre-reason"] == reason, cause
-        assert relay.requests()[-2].json() == body  # forwarded as it came
+        assert sent_to(relay, path)[-2] == body  # forwarded as it came (then sent directly)
         if reply.status_code == 200:
             assert reply.json().keys() == direct.json().keys()
         after = passthrough_counts(http)
@@ -155,20 +170,24 @@ def test_frozen_history_sends_each_message_as_first_sent_to_its_key(engine, rela
 
 @pytest.mark.parametrize("api", sorted(APIS))
 def test_retrieve_is_answered_on_every_api_beside_the_clients_own_tools(engine, relay, http, api):
-    """The model made to call ilre_retrieve (a tool_choice naming it, the client's read_file offered beside it): the
-    sidecar answers the call from its cache with the original, withdraws its tool for the last round, and the client
+    """The model made to call ilre_retrieve (its answer begun as that call; the engine's grammar writes the arguments,
+    a hash the sidecar named; the client's read_file offered beside it): the sidecar answers the call from its cache with the original, withdraws its tool for the last round, and the client
     gets the engine's last answer in the API's shape with its own tool intact and no trace of ilre's."""
-    body = agent_step(api, haystack(engine.tokenizer, 900, "pydoc"), temperature=0, tool_choice=CHOOSE_RETRIEVE[api],
-                      **{LIMITS[api]: 80})
+    body = agent_step(api, haystack(engine.tokenizer, 900, "pydoc"), temperature=0, tool_choice=REQUIRED[api],
+                      cache_prompt=False, **{LIMITS[api]: 80})  # no slot reuse: the same numbers in any order
+    body["input" if api == "openai.responses" else "messages"].append(BEGUN[api])
     since = len(relay.requests())
     reply = http.post(APIS[api], json=body, headers={"x-ilre-budget": "40", "x-ilre-retrieve-rounds": "1"})
     assert reply.status_code == 200, reply.text
-    rounds = [r.json() for r in relay.requests()[since:] if r.path == APIS[api]]
-    assert len(rounds) == 2 and reply.headers["x-ilre-retrieve-calls"] == "1"
+    rounds = sent_to(relay, APIS[api], since)
+    assert len(rounds) == 2 and reply.headers["x-ilre-retrieve-calls"] == "1", (reply.text[:600], rounds[0]["messages"][-2:])
     names = [t.get("name") or t.get("function", {}).get("name") for t in rounds[0]["tools"]]
     assert names == ["read_file", "ilre_retrieve"]  # offered beside the client's own
-    assert CODE not in json.dumps(rounds[0]) and CODE in json.dumps(rounds[1])  # dropped, then the original read back
+    shortened = read_conversation(api, rounds[0]).messages[tool_output_of(api, body)[0]]["content"]
+    assert shortened.startswith("[ilre kept")  # the tool result compressed, its note naming the hash
+    answered = read_conversation(api, rounds[1]).messages[-1]
+    assert answered["role"] == "tool" and CODE in answered["content"]  # the call answered with the original
     assert [t.get("name") or t.get("function", {}).get("name") for t in rounds[1]["tools"]] == ["read_file"]
-    assert "tool_choice" not in rounds[1]
+    assert rounds[1].get("tool_choice") == REQUIRED[api]  # the client's own, kept (its read_file called, perhaps)
     assert "ilre_retrieve" not in reply.text and "[ilre kept" not in reply.text
     answer_text(api, reply.json())  # the API's own shape
