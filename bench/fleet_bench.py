@@ -16,7 +16,7 @@ get, so that 2 cores are not spent on the engine's prefill):
           conversation, fresh mode, without an engine's prefill per step), the compression time per step;
 - fill:   `ilre serve` with its defaults (a worker's engine and cache) sent distinct 8K-token documents of real text
           until its cache has evicted for a while: the peak RSS with the default cache full (deploy/'s limits).
-Per step: the compression the sidecar reports (x-ilre-compress-ms), the tokens before and after, whether the planted
+Each process first runs two steps of an agent no arm measures (warm_up). Per step: the compression the sidecar reports (x-ilre-compress-ms), the tokens before and after, whether the planted
 code reached the engine. Per arm: the cache's bytes (by part), documents and evictions from /metrics, the process's
 peak RSS. Rows go to --rows as each arm finishes; a rerun measures only the arms not there (--fresh: all again).
 
@@ -153,6 +153,7 @@ def sidecar_steps(traces: list[list[dict]], steps: int, relay: RecordingRelay | 
     rows = []
     try:
         with httpx.Client(timeout=3600) as client:
+            warm_up(client, sidecar.url + "/ilre/v1/compress", traces[0], tokenizer)
             for step in range(steps):
                 for agent, trace in enumerate(traces):
                     messages = chat(trace, step)
@@ -168,6 +169,14 @@ def sidecar_steps(traces: list[list[dict]], steps: int, relay: RecordingRelay | 
         return rows, sidecar.cache()
     finally:
         sidecar.stop()
+
+
+def warm_up(client: httpx.Client, url: str, trace: list[dict], tokenizer) -> None:
+    """Two steps of an agent no arm measures (its tool results reversed: other documents), so that every arm is
+    measured on a service that has run its paths once, as a service that has been up has."""
+    other = [{**step, "result": step["result"][::-1]} for step in trace[:2]]
+    for step in range(2):
+        _through_gateway(client, url, chat(other, step), tokenizer)
 
 
 def _through_engine(client: httpx.Client, sidecar: Process, relay: RecordingRelay, messages: list[dict]) -> dict:
@@ -201,6 +210,7 @@ def gateway_steps(trace: list[dict], tokenizer) -> tuple[list[dict], dict]:
     rows = []
     try:
         with httpx.Client(timeout=3600) as client:
+            warm_up(client, served.url + "/v1/compress", trace, tokenizer)
             for step in range(len(trace)):
                 row = _through_gateway(client, served.url + "/v1/compress", chat(trace, step), tokenizer)
                 sent = row.pop("sent")

@@ -13,7 +13,7 @@ import torch
 from ilre.compressor.pipeline import select_context_queries
 from ilre.compressor.prefill import PrefillConfig, chunk_bounds, encode_context, extend_context
 from ilre.engine.document_names import DocumentNames
-from ilre.engine.documents import DocumentCache, state_key
+from ilre.engine.documents import KEYS_ONLY, DocumentCache, state_key
 from ilre.engine.engine import NOT_FOUND_MESSAGE
 from ilre.engine.messages import CompressRequest, CompressResults, InputError, NotFoundError
 from ilre.evaluation.tasks.haystack import shakespeare_text
@@ -89,6 +89,27 @@ def test_states_of_one_off_documents_go_before_a_document_named_again():
     assert not encoded and cache.ids(hot[0]) is not None
     assert cache.ids(once[0][0]) is None and cache.ids(once[2][0]) is not None  # the oldest one-off went whole
     assert cache.stats.bytes <= cache.max_bytes
+
+
+def test_a_messages_whole_encoding_beside_its_keys_goes_first_under_pressure():
+    """The whole encoding a conversation's end keeps beside its keys (windows and resume point, recomputed from the IDs
+    when asked) is dropped before any document or state that has no stand-in, even the least recently used one."""
+    old, end, new = document(20), document(21), document(22)
+    whole = tiny_state(21)
+    per_doc = old[1].numel() * 8 + tiny_state(20).nbytes
+    cache = DocumentCache(max_bytes=3 * per_doc)  # all three whole, less the end's keys-only twin
+    cache.remember(*old)
+    cache.state(old[0], "k", lambda: tiny_state(20), None)
+    cache.remember(*end)
+    cache.store_state(end[0], "k", whole)
+    cache.store_state(end[0], "k" + KEYS_ONLY, whole.keys_only())
+    assert cache.stats.evictions == 0
+    cache.remember(*new)
+    cache.state(new[0], "k", lambda: tiny_state(22), None)  # over the cap by about one whole state
+    assert cache.holds(old[0], "k") and cache.holds(new[0], "k")  # the oldest document kept its state
+    assert cache.holds(end[0], "k" + KEYS_ONLY) and not cache.holds(end[0], "k")  # the end's whole went, its keys stay
+    assert cache.stats.evictions == 1 and cache.stats.bytes <= cache.max_bytes
+    assert cache._docs[end[0]].part_bytes()["windows"] == 0
 
 
 def test_a_document_larger_than_the_cap_keeps_its_ids_not_its_states():

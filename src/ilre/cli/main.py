@@ -216,9 +216,9 @@ def run_worker(args: argparse.Namespace) -> int:
 
 
 def run_batch(args: argparse.Namespace) -> int:
-    from .batch import run_batch_file
+    from .batch import run_batch as run
 
-    return run_batch_file(_engine(args), Path(args.input), Path(args.output), request_defaults(args))
+    return run(args, request_defaults(args), lambda: _engine(args))
 
 
 def run_demo(args: argparse.Namespace) -> int:

@@ -104,10 +104,27 @@ def build_parser() -> argparse.ArgumentParser:
                           "token's score (one query)")
     add_setting_flags(compress, "compress")
     _remote_options(compress)
-    batch = sub.add_parser("batch", help="compress every line of a JSONL file with one loaded model")
+    batch = sub.add_parser("batch", help="compress every line of a JSONL file: a resumable corpus job")
     batch.add_argument("--input", required=True,
-                       help="JSONL: {id, context, query, optional budget|ratio|strategy|granularity}")
-    batch.add_argument("--output", required=True, help="JSONL results, one line per input line, same order")
+                       help="JSONL (- = standard input, .gz read as gzip): ilre lines {id, context, query, optional "
+                            "budget|ratio|strategy|granularity} or OpenAI batch requests {custom_id, method, url, body}")
+    batch.add_argument("--output", required=True, help="JSONL results, one line per input line, same order (- = "
+                       "standard output, .gz written as gzip); run again after an interruption, the job goes on")
+    batch.add_argument("--errors", help="OpenAI batch lines that cannot be compressed, in the Batch API's error shape "
+                       "(default: beside the output, NAME.errors.jsonl)")
+    batch.add_argument("--pass-errors", action="store_true", help="write OpenAI batch lines that cannot be "
+                       "compressed to the output unchanged instead (counted in the summary)")
+    batch.add_argument("--restart", action="store_true", help="start over: forget what earlier runs wrote")
+    batch.add_argument("--in-flight", type=_positive, default=16, help="lines compressed at once (default 16)")
+    batch.add_argument("--server", action="append", help="a running `ilre serve` to compress on: http(s)://HOST:PORT "
+                       "(its JSON mirror) or HOST:PORT (gRPC); repeat it for several (round robin)")
+    batch.add_argument("--redis-url", help="the Redis queue of a worker pool (`ilre worker` processes): compress there")
+    batch.add_argument("--redis-prefix", default="ilre", help="the queue's key prefix (default ilre)")
+    batch.add_argument("--api-key", help="API key for --server (default env ILRE_API_KEY)")
+    batch.add_argument("--timeout", type=float, default=300.0, help="deadline of one request in seconds (default 300)")
+    batch.add_argument("--retry-s", type=float, default=300.0, help="how long a refused request (a restart, a "
+                       "failover) is sent again before the run stops (default 300)")
+    batch.add_argument("--json", action="store_true", help="also print the summary as one JSON object")
     add_setting_flags(batch, "batch")
     demo = sub.add_parser("demo", help="compress a generated long document with a planted fact and report")
     demo.add_argument("--tokens", type=int, default=16000, help="length of the generated document")
@@ -176,6 +193,13 @@ def build_parser() -> argparse.ArgumentParser:
                           "instead of measuring them again (e.g. resuming a bfloat16 run on a CPU without native bfloat16)")
     _placement_options(evaluate)
     return parser
+
+
+def _positive(text: str) -> int:
+    value = int(text)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer (got {text})")
+    return value
 
 
 def _remote_options(parser: argparse.ArgumentParser) -> None:

@@ -7,8 +7,10 @@ finds it only from the same scope. Two tiers, both optional to a request and inv
               ContextStates, one per prefill setting (layer, S/W/chunk, DCA; the dtype and device
               are the process's own), held where the model runs. Each state holds only what a later
               query reads (ContextState.freeze), and the byte count is what the tensors hold.
-              Eviction keeps documents that are asked again: first the states of documents named
-              once (least recently used first), then those documents, then the states of documents
+              Eviction drops first what is cheapest to recompute: the whole encoding a conversation's
+              end keeps beside its keys (windows, resume point: encoded again from the IDs when asked),
+              least recently used first. Then it keeps documents that are asked again: the states of
+              documents named once (least recently used first), then those documents, then the states of documents
               named again, then those, so a burst of one-off documents cannot push out a small
               document that is asked every few seconds. Each document has an owner (the caller's
               scope, as an opaque tag): a caller holding more than its `share` of the cap gives up
@@ -49,6 +51,8 @@ def state_key(layer: int, prefill: PrefillConfig, dtype: str, parts: tuple[str, 
     dca = f"dca{int(prefill.dca)}" + ("u" if prefill.dca else "")  # u: DCA's keys kept unmoved (extendable)
     return f"l{layer}-s{prefill.sink}-w{prefill.window or 0}-c{prefill.chunk}-{dca}-{dtype}{extra}"
 
+
+KEYS_ONLY = "-keysonly"  # the cache key's suffix of an encoding kept without its window caches (ContextState.keys_only)
 
 class SharedDocuments(Protocol):
     """A store every worker reads (None results = not there; failures are the store's to log)."""
@@ -345,6 +349,10 @@ class DocumentCache:
             used[entry.owner] += entry.nbytes
         total, share = sum(used.values()), self.share * self.max_bytes
         owner = self._docs[keep].owner if keep in self._docs else None
+        for slot in list(self._docs):  # first what is cheapest to recompute: a message's whole encoding beside its keys
+            if total <= self.max_bytes:
+                break
+            total -= self._drop_spare(slot, used, "own" if self._docs[slot].owner == owner else "pressure")
         turns = (lambda who: who == owner and used[who] > share, lambda who: used[who] > share, None, lambda who: True)
         for turn in turns:
             if turn is None:  # the writer over its share gives up the states it just brought before anyone else's
@@ -367,6 +375,24 @@ class DocumentCache:
                 total -= self._evict(keep, True, used, "own")
         self.stats.bytes = max(0, total)
         self.stats.documents = len(self._docs)
+
+    def _drop_spare(self, slot: str, used: collections.Counter, cause: str) -> int:
+        """Drop the states of the document in `slot` that its keys-only twin can stand for (the whole encoding a
+        conversation's end keeps: its windows and resume point, encoded again from the IDs where a request needs
+        them); the bytes freed."""
+        entry = self._docs[slot]
+        spare = [key for key in entry.states if key + KEYS_ONLY in entry.states]
+        if not spare:
+            return 0
+        before = entry.nbytes
+        for key in spare:
+            del entry.states[key]
+        entry.changed()
+        freed = before - entry.nbytes
+        used[entry.owner] -= freed
+        self.stats.evictions += len(spare)
+        self.stats.evicted[cause] += len(spare)
+        return freed
 
     def _evict(self, slot: str, whole: bool, used: collections.Counter, cause: str) -> int:
         """Drop the document in `slot` (whole) or its states; the bytes freed (`used` and the stats follow)."""

@@ -26,10 +26,9 @@ from ..compressor.prefill import (ContextState, chunk_bounds, encode_context, en
                                   resume_in_steps, run_steps)
 from ..compressor.strategies import Strategy
 from .deepening import Deepener
-from .documents import DocumentCache, state_key
+from .documents import KEYS_ONLY, DocumentCache, state_key
 from .prepared import Prepared
 
-KEYS_ONLY = "-keysonly"  # the cache key's suffix of an encoding kept without its window caches (`keys_state`)
 
 
 class DocumentEncodings(OnceEncodings):

@@ -201,11 +201,7 @@ class CompressRequest:
         """Context tokens to keep of a `length`-token context: the request's budget, its ratio of the
         length (rounded up, at least 1), or `default` (the engine's configured budget). The one rule the
         engine, the worker and the sidecar apply."""
-        if self.budget is not None:
-            return self.budget
-        if self.ratio is not None:
-            return max(1, math.ceil(self.ratio * length))
-        return default
+        return budget_for(self.budget, self.ratio, length, default)
 
     def _make_strategy(self) -> Strategy:
         """The named strategy with its options (InputError if unknown or bad)."""
@@ -221,6 +217,12 @@ class CompressRequest:
         """Build from a decoded JSON object; `defaults` fill fields the object leaves out."""
         if not isinstance(data, dict):
             raise InputError("request", "must be a JSON object")
+        return cls(**cls.merged_fields(data, defaults))
+
+    @classmethod
+    def merged_fields(cls, data: dict[str, Any], defaults: dict[str, Any] | None = None) -> dict[str, Any]:
+        """`data`'s fields with `defaults` filling those it leaves out (its own budget or ratio replaces both
+        defaults); InputError naming an unknown field."""
         known = set(cls.__dataclass_fields__)
         unknown = sorted(set(data) - known)
         if unknown:
@@ -230,7 +232,7 @@ class CompressRequest:
             merged.pop("budget", None)
             merged.pop("ratio", None)
         merged.update({k: v for k, v in data.items() if v is not None})
-        return cls(**merged)
+        return merged
 
 
 @dataclass(frozen=True)
@@ -310,6 +312,15 @@ class CompressResults:
         if "results" not in data:
             return cls.of_one(CompressResult(**data))
         return cls(data.get("id"), data["document_id"], [CompressResult(**r) for r in data["results"]])
+
+
+def budget_for(budget: int | None, ratio: float | None, length: int, default: int) -> int:
+    """Tokens to keep of `length`: `budget`, else `ratio` of the length (rounded up, at least 1), else `default`."""
+    if budget is not None:
+        return budget
+    if ratio is not None:
+        return max(1, math.ceil(ratio * length))
+    return default
 
 
 def _is_int(value: Any) -> bool:
