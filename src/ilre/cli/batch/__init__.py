@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from pathlib import Path
 from typing import Any, Callable
 
 from .backends import Backend, LocalBackend, RedisBackend, ServerBackend
@@ -23,6 +24,15 @@ def run_batch(args: argparse.Namespace, defaults: dict[str, Any], engine: Callab
                    LineRules({k: v for k, v in defaults.items() if v is not None}, args.pass_errors),
                    args.in_flight, args.restart, args.json)
     return run_job(job, _backend(args, engine))
+
+
+def run_batch_file(engine: Any, source: Path, target: Path, defaults: dict[str, Any], in_flight: int = 16,
+                   timeout_s: float = 300.0) -> int:
+    """The library's call: `source`'s lines compressed by `engine` (in this process) into `target` (taken on where an
+    earlier run stopped), as `ilre batch` does; its exit status."""
+    job = BatchJob(str(source), str(target), errors_path(str(target)),
+                   LineRules({k: v for k, v in defaults.items() if v is not None}), in_flight)
+    return run_job(job, LocalBackend(engine, in_flight, timeout_s, retry_s=timeout_s))
 
 
 def _backend(args: argparse.Namespace, engine: Callable[[], Any]) -> Backend:

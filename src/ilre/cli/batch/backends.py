@@ -105,18 +105,22 @@ class ServerBackend(Backend):
 
     def __init__(self, targets: list[str], api_key: str | None, timeout_s: float, retry_s: float):
         super().__init__(timeout_s, retry_s)
-        self.api_key = api_key
-        self._http = httpx.AsyncClient(timeout=timeout_s, headers={"authorization": f"Bearer {api_key}"} if api_key else {})
-        self._calls: list[Callable[[dict[str, Any]], Awaitable[CompressResults]]] = []
+        self.targets, self.api_key = targets, api_key
         self._grpc: list[AsyncClient] = []
-        for target in targets:
+
+    async def start(self) -> None:
+        """The connections, made on the running event loop (gRPC's channels belong to one)."""
+        auth = {"authorization": f"Bearer {self.api_key}"} if self.api_key else {}
+        self._http = httpx.AsyncClient(timeout=self.timeout_s, headers=auth)
+        calls: list[Callable[[dict[str, Any]], Awaitable[CompressResults]]] = []
+        for target in self.targets:
             if target.startswith(("http://", "https://")):
-                self._calls.append(self._http_call(target.rstrip("/") + "/v1/compress"))
+                calls.append(self._http_call(target.rstrip("/") + "/v1/compress"))
             else:
-                client = AsyncClient(target, timeout=timeout_s, api_key=api_key)
+                client = AsyncClient(target, timeout=self.timeout_s, api_key=self.api_key)
                 self._grpc.append(client)
-                self._calls.append(self._grpc_call(client))
-        self._next = itertools.cycle(self._calls)
+                calls.append(self._grpc_call(client))
+        self._next = itertools.cycle(calls)
 
     async def _once(self, fields: dict[str, Any]) -> CompressResults:
         return await next(self._next)(fields)

@@ -1,0 +1,82 @@
+"""`ilre batch` sending its lines out (real processes, real servers): to running services over HTTP and gRPC at
+once (round robin), to the worker pool behind a real Redis queue, and to a service that is not up yet when the
+job starts (its refusals retried until it is): every line's result equal to the engine's own answer, in input
+order."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from ilre.engine.messages import CompressRequest
+from ilre.service.server import ServiceThread
+
+from tests.cli.test_batch_job import corpus, read_lines, write_lines
+from tests.service.conftest import WorkerThread, comparable, free_port, service_config
+
+ILRE = [sys.executable, "-m", "ilre.cli", "batch"]
+
+
+@pytest.fixture(scope="module")
+def lines():
+    return corpus(10)
+
+
+def expected(engine, lines: list[dict]) -> list[dict]:
+    return [comparable(engine.compress(CompressRequest(**line))) for line in lines]
+
+
+def batch(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([*ILRE, *args, "--json"], capture_output=True, timeout=600)
+
+
+def test_lines_sent_to_services_over_http_and_grpc_come_back_in_order(engine, local_service, lines, tmp_path):
+    source, output = write_lines(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
+    proc = batch("--input", str(source), "--output", str(output), "--server", f"http://127.0.0.1:{local_service.http_port}",
+                 "--server", f"127.0.0.1:{local_service.grpc_port}", "--in-flight", "4")
+    assert proc.returncode == 0, proc.stderr.decode()
+    records = read_lines(output)
+    assert [r["id"] for r in records] == [line["id"] for line in lines]
+    assert [comparable(r) for r in records] == expected(engine, lines)
+    assert json.loads(proc.stdout.decode().splitlines()[-1])["errors"] == 0
+
+
+def test_lines_sent_to_the_worker_pool_through_redis(engine, redis_server, lines, tmp_path):
+    config = service_config(redis_url=redis_server.url, redis_prefix="batch-job", redis_retry_s=1.0)
+    source, output = write_lines(tmp_path / "in.jsonl", lines), tmp_path / "out.jsonl"
+    with WorkerThread(engine, config, name="batch-worker"):
+        proc = batch("--input", str(source), "--output", str(output), "--redis-url", redis_server.url,
+                     "--redis-prefix", "batch-job", "--in-flight", "8")
+    assert proc.returncode == 0, proc.stderr.decode()
+    assert [comparable(r) for r in read_lines(output)] == expected(engine, lines)
+
+
+def test_a_service_that_comes_up_late_is_waited_for(engine, lines, tmp_path):
+    """The job starts before its service: refused connections are retried (--retry-s) until the service is up."""
+    source, output = write_lines(tmp_path / "in.jsonl", lines[:3]), tmp_path / "out.jsonl"
+    port = free_port()
+    proc = subprocess.Popen([*ILRE, "--input", str(source), "--output", str(output), "--server",
+                             f"http://127.0.0.1:{port}", "--retry-s", "120", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    time.sleep(3)
+    assert proc.poll() is None and not output.read_bytes()  # waiting, nothing written
+    with ServiceThread(service_config(http_port=port), engine):
+        out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err.decode()
+    ran = json.loads(out.decode().splitlines()[-1])
+    assert ran["lines"] == 3 and ran["retries"] > 0
+    assert [comparable(r) for r in read_lines(output)] == expected(engine, lines[:3])
+
+
+def test_a_service_gone_for_good_stops_the_run_naming_it(tmp_path, lines):
+    source, output = write_lines(tmp_path / "in.jsonl", lines[:2]), tmp_path / "out.jsonl"
+    proc = batch("--input", str(source), "--output", str(output), "--server", f"http://127.0.0.1:{free_port()}",
+                 "--retry-s", "1")
+    err = proc.stderr.decode()
+    assert proc.returncode == 2 and "service: UNAVAILABLE" in err and "0 lines done" in err and "goes on" in err
+    assert "Traceback" not in err and Path(output).read_bytes() == b""
