@@ -108,7 +108,8 @@ def arm(name: str, source: Path, small: Path, work: Path) -> dict:
         finally:
             server.stop()
     workers = int(name.split("-")[1])
-    redis = RedisServer(work)
+    (work / name).mkdir()
+    redis = RedisServer(work / name)  # its own directory: no queue or cached document of another arm
     redis.start()
     started = [WorkerProcess(redis.url, "bb", f"w{i}") for i in range(workers)]  # one thread each
     try:
