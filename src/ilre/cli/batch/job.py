@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
@@ -68,6 +69,10 @@ class Tally:
                 "output": job.output, "errors_file": job.errors}
 
 
+class Interrupted(Exception):
+    """SIGINT or SIGTERM: the job stops after the lines already written (none is cut)."""
+
+
 def run_job(job: BatchJob, backend: Backend) -> int:
     """Run `job` on `backend`; 0 when every line is done (bad lines are reported in their place), 130 when
     interrupted (the same command goes on); CliError when the run cannot proceed."""
@@ -90,7 +95,7 @@ def run_job(job: BatchJob, backend: Backend) -> int:
     state, code = "finished", 0
     try:
         asyncio.run(_run(job, backend, lines, out, errors, tally, total))
-    except KeyboardInterrupt:
+    except (KeyboardInterrupt, Interrupted):
         state, code = "interrupted", 130
     except ServiceError as exc:
         state = "failed"
@@ -142,18 +147,35 @@ async def _run(job: BatchJob, backend: Backend, lines: Iterator[tuple[int, bytes
         seconds = max(time.perf_counter() - tally.started, 1e-9)
         progress.set_postfix_str(f"{tally.tokens_in / seconds:,.0f} tok/s, {tally.errors} errors", refresh=False)
 
+    loop, stop = asyncio.get_running_loop(), asyncio.Event()
+    signals = (signal.SIGINT, signal.SIGTERM)
+    for sig in signals:  # not the loop's own cancelling: a request that rides out a cancel would swallow it
+        loop.add_signal_handler(sig, stop.set)
+
+    async def unless_stopped(awaitable):
+        """`awaitable`'s result, or Interrupted as soon as a signal came."""
+        work, stopped = asyncio.ensure_future(awaitable), asyncio.ensure_future(stop.wait())
+        await asyncio.wait({work, stopped}, return_when=asyncio.FIRST_COMPLETED)
+        stopped.cancel()
+        if stop.is_set():
+            work.cancel()
+            raise Interrupted
+        return work.result()
+
     try:
         while True:
-            line = await asyncio.to_thread(next, lines, None)  # standard input may block: off the loop
+            line = await unless_stopped(asyncio.to_thread(next, lines, None))  # standard input may block: off the loop
             if line is None:
                 break
             number, raw = line
             pending.append(asyncio.create_task(compress_line(raw, number, job.rules, backend.run)))
             while len(pending) >= job.in_flight or (pending and pending[0].done()):
-                write(await pending.popleft())
+                write(await unless_stopped(pending.popleft()))
         while pending:
-            write(await pending.popleft())
+            write(await unless_stopped(pending.popleft()))
     finally:
+        for sig in signals:
+            loop.remove_signal_handler(sig)
         for task in pending:
             task.cancel()
         progress.close()
