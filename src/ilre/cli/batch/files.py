@@ -111,7 +111,8 @@ class LineFile:
         try:
             self.stream.flush()
             if self.stream is not sys.stdout.buffer:
-                os.fsync(self.stream.fileno()) if not isinstance(self.stream, gzip.GzipFile) else None
+                if not isinstance(self.stream, gzip.GzipFile):  # a gzip member is whole once closed
+                    os.fsync(self.stream.fileno())
                 self.stream.close()
         except OSError as exc:
             raise CliError(f"output: cannot write {self.path}: {exc.strerror}") from None
