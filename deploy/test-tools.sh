@@ -7,6 +7,8 @@
 #   a C++ compiler:                  else `apt-get install g++` when root (or password-less sudo)
 #   chromium (renders the explanation page in its test): else `apt-get install chromium` likewise;
 #                                    without root the browser test is skipped, saying why
+#   nft (nftables: the cut and lossy links of the multi-host tests, tests/hosts/): `apt-get install
+#                                    nftables` when root; without it those tests are skipped, saying why
 # Usage: deploy/test-tools.sh VENV
 set -euo pipefail
 venv=${1:?usage: test-tools.sh VENV}
@@ -54,5 +56,9 @@ if ! command -v chromium >/dev/null && ! command -v chromium-browser >/dev/null;
   else
     echo "test tools: no chromium and no root: the explanation page's browser test will be skipped" >&2
   fi
+fi
+if ! command -v nft >/dev/null && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+  echo "test tools: no nft; installing Debian's nftables with apt-get (the multi-host tests' link faults)"
+  apt_install nftables || echo "test tools: nftables did not install; the multi-host tests will be skipped" >&2
 fi
 echo "test tools: redis-server $(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p'), cmake $(cmake --version | head -1 | awk '{print $3}'), $(c++ --version | head -1)"
