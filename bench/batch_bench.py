@@ -3,13 +3,14 @@ topics, a planted fact each), through the real command on each backend:
 - loop:    in process, one line at a time (`--in-flight 1`: what the batch CLI did before it was a job);
 - process: in process at its defaults (16 lines in flight through the batching queue);
 - serve:   `ilre serve` started beside it, the lines sent to its HTTP JSON mirror (`--server http://...`);
-- redis-1, redis-2: a redis-server and 1 or 2 `ilre worker --threads 1` processes, the lines sent to the queue
-           (`--redis-url`); on one host over loopback (workers on hosts of their own: network namespaces, not yet).
+- redis-1, redis-2: redis-server, the CLI and 1 or 2 `ilre worker --threads 1`, each on a host of its own (network
+           namespaces on one switch, tests/hosts), the lines sent to the queue over TCP (`--redis-url`).
 Per arm: lines/s, context tokens/s, the CLI's peak RSS (flat in the number of lines: the serve arm also runs on a
-tenth of the lines), the planted fact kept. Rows go to --rows as each arm finishes; a rerun measures only the arms
-not there (--fresh: all again).
+tenth of the lines), the planted fact kept. An arm is a resumable job: --budget-s stops the bench (Ctrl-C to the
+CLI) once that long has passed and the next run goes on where it stopped, its time the sum of the runs' (each
+run's start-up included); rows go to --rows as each arm finishes, a rerun measures only the arms not there.
 
-    .venv/bin/python bench/batch_bench.py [--lines 10000] [--arms loop,process,serve,redis-1,redis-2]
+    .venv/bin/python bench/batch_bench.py [--lines 10000] [--arms loop,process,serve,redis-1,redis-2] [--budget-s S]
 """
 
 from __future__ import annotations
@@ -17,10 +18,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
+import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -30,9 +30,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from ilre.evaluation.tasks.haystack import pydoc_text  # noqa: E402
 from ilre.models.embedded import embedded_checkpoint  # noqa: E402
 from ilre.models.loader import load_tokenizer  # noqa: E402
-from tests.service.conftest import RedisServer, WorkerProcess, free_port  # noqa: E402
+from tests.hosts.cluster import Cluster, missing_tools  # noqa: E402
+from tests.hosts.services import RedisHost, worker_on  # noqa: E402
+from tests.service.conftest import free_port  # noqa: E402
 
-ROWS = Path(__file__).resolve().parents[1] / "results" / "bench" / "batch.jsonl"
+RESULTS = Path(__file__).resolve().parents[1] / "results" / "bench"
+ROWS = RESULTS / "batch.jsonl"
 ILRE = [str(Path(sys.executable).parent / "ilre")]
 TOKENS = 700
 
@@ -42,7 +45,7 @@ def corpus(path: Path, lines: int) -> None:
     tokenizer = load_tokenizer(embedded_checkpoint())
     ids = tokenizer(pydoc_text(), add_special_tokens=False).input_ids
     step = max(1, (len(ids) - TOKENS) // max(lines, 1))
-    with path.open("w") as f:
+    with path.with_suffix(".tmp").open("w") as f:
         for i in range(lines):
             start = (i * step) % max(len(ids) - TOKENS, 1)
             text = tokenizer.decode(ids[start:start + TOKENS])
@@ -50,31 +53,51 @@ def corpus(path: Path, lines: int) -> None:
             text = f"{text[:cut]}The batch code of record {i} is {100000 + i}.\n{text[cut:]}"
             f.write(json.dumps({"id": f"r{i}", "context": text, "query": f"What is the batch code of record {i}?",
                                 "budget": 96}) + "\n")
+    path.with_suffix(".tmp").replace(path)
 
 
-def run_batch(source: Path, output: Path, *flags: str) -> dict:
-    """The real command; its JSON summary plus the CLI's own peak RSS (MiB) and how many facts it kept."""
-    proc = subprocess.Popen([*ILRE, "batch", "--input", str(source), "--output", str(output), "--restart", "--json",
-                             *flags], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+class Deadline:
+    """When the bench stops for this run (--budget-s), or never."""
+
+    def __init__(self, budget_s: float | None):
+        self.at = time.monotonic() + budget_s if budget_s else None
+
+    def left(self) -> float | None:
+        return None if self.at is None else max(0.0, self.at - time.monotonic())
+
+
+def run_batch(argv: list[str], deadline: Deadline, spawn=subprocess.Popen) -> dict:
+    """The real command (SIGINT when the deadline comes: it stops after the lines written); its JSON summary plus
+    its own peak RSS (MiB)."""
+    proc = spawn([*argv, "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
     err: list[bytes] = []
     threading.Thread(target=lambda: err.append(proc.stderr.read()), daemon=True).start()
+    if (left := deadline.left()) is not None:
+        timer = threading.Timer(left, lambda: proc.poll() is None and proc.send_signal(signal.SIGINT))
+        timer.daemon = True
+        timer.start()
     out = proc.stdout.read()
     _, status, usage = os.wait4(proc.pid, 0)
     proc.returncode = os.waitstatus_to_exitcode(status)
-    if proc.returncode != 0:
+    if proc.returncode not in (0, 130):
         time.sleep(0.5)
         raise SystemExit(f"ilre batch failed ({proc.returncode}): {b''.join(err).decode()[-2000:]}")
-    summary = json.loads(out.decode().splitlines()[-1])
+    lines = out.decode().splitlines()
+    summary = json.loads(lines[-1]) if lines else {"state": "finished", "lines": 0, "seconds": 0, "tokens_in": 0}
+    return {**summary, "peak_rss_mib": round(usage.ru_maxrss / 1024, 1)}
+
+
+def facts_kept(output: Path) -> int:
     kept = 0
     with output.open() as f:
         for line in f:
             record = json.loads(line)
             kept += f"is {100000 + int(record['id'][1:])}" in record.get("compressed_context", "")
-    return {**summary, "peak_rss_mib": round(usage.ru_maxrss / 1024, 1), "facts_kept": kept}
+    return kept
 
 
 class Server:
-    """An `ilre` server process (serve or worker) started for an arm."""
+    """An `ilre serve` process started for an arm."""
 
     def __init__(self, *args: str, ready: str = "ilre: "):
         self.proc = subprocess.Popen([*ILRE, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
@@ -92,34 +115,56 @@ class Server:
         self.proc.wait(60)
 
 
-def arm(name: str, source: Path, small: Path, work: Path) -> dict:
+def segment(name: str, source: Path, small: Path, work: Path, deadline: Deadline) -> dict:
+    """One run of arm `name` on `source`, going on from what its output holds."""
     output = work / f"{name}.jsonl"
+    batch = [*ILRE, "batch", "--input", str(source), "--output", str(output)]
     if name == "loop":
-        return run_batch(source, output, "--in-flight", "1")
+        return run_batch([*batch, "--in-flight", "1"], deadline)
     if name == "process":
-        return run_batch(source, output)
+        return run_batch(batch, deadline)
     if name == "serve":
         server = Server("serve", "--grpc-port", "0", "--http-port", str(port := free_port()))
         try:
-            row = run_batch(source, output, "--server", f"http://127.0.0.1:{port}")
-            row["peak_rss_mib_tenth"] = run_batch(small, work / "small.jsonl", "--server", f"http://127.0.0.1:{port}")[
-                "peak_rss_mib"]
+            row = run_batch([*batch, "--server", f"http://127.0.0.1:{port}"], deadline)
+            if row["state"] == "finished" and not deadline.left() == 0:
+                row["peak_rss_mib_tenth"] = run_batch(
+                    [*ILRE, "batch", "--input", str(small), "--output", str(work / "small.jsonl"), "--restart",
+                     "--server", f"http://127.0.0.1:{port}"], Deadline(None))["peak_rss_mib"]
             return row
         finally:
             server.stop()
+    if reason := missing_tools():
+        raise SystemExit(f"{name}: the workers' hosts cannot be made here: {reason}")
     workers = int(name.split("-")[1])
-    (work / name).mkdir()
-    redis = RedisServer(work / name)  # its own directory: no queue or cached document of another arm
-    redis.start()
-    started = [WorkerProcess(redis.url, "bb", f"w{i}") for i in range(workers)]  # one thread each
-    try:
-        for worker in started:
-            worker.wait_registered(redis.client())
-        return run_batch(source, output, "--redis-url", redis.url, "--redis-prefix", "bb", "--in-flight", "32")
-    finally:
-        for worker in started:
-            worker.stop()
-        redis.stop()
+    hosts = [f"w{i}" for i in range(1, workers + 1)]
+    with Cluster(["redis", "cli", *hosts]) as cluster:  # the queue, the CLI and each worker on a host of its own
+        redis = RedisHost(cluster, "redis")
+        for host in hosts:
+            worker_on(cluster, host, redis, "bb")
+        return run_batch([*batch, "--redis-url", redis.url, "--redis-prefix", "bb", "--in-flight", "32"], deadline,
+                         spawn=lambda argv, **kw: cluster.spawn("cli", argv, **kw))
+
+
+def arm(name: str, source: Path, small: Path, work: Path, deadline: Deadline) -> dict | None:
+    """Arm `name` run on until it is done (its row) or the deadline (None); each run is a segment on file."""
+    log = work / f"{name}.segments.jsonl"
+    while deadline.left() != 0:
+        seg = segment(name, source, small, work, deadline)
+        with log.open("a") as f:
+            f.write(json.dumps(seg) + "\n")
+        if seg["state"] == "finished":
+            break
+    segments = [json.loads(line) for line in log.read_text().splitlines()] if log.is_file() else []
+    if not segments or segments[-1]["state"] != "finished":
+        return None
+    lines, seconds = sum(s["lines"] for s in segments), sum(s["seconds"] for s in segments)
+    tokens = sum(s["tokens_in"] for s in segments)
+    row = {"lines": lines, "seconds": round(seconds, 1), "runs": len(segments), "lines_per_s": lines / seconds,
+           "tokens_per_s": tokens / seconds, "peak_rss_mib": max(s["peak_rss_mib"] for s in segments),
+           "facts_kept": facts_kept(work / f"{name}.jsonl")}
+    tenth = [s["peak_rss_mib_tenth"] for s in segments if "peak_rss_mib_tenth" in s]
+    return {**row, **({"peak_rss_mib_tenth": tenth[-1]} if tenth else {})}
 
 
 def summary(rows: dict[str, dict]) -> None:
@@ -140,26 +185,36 @@ def main() -> int:
     parser.add_argument("--lines", type=int, default=10_000)
     parser.add_argument("--arms", default="loop,process,serve,redis-1,redis-2")
     parser.add_argument("--rows", type=Path, default=ROWS)
+    parser.add_argument("--work", type=Path, default=RESULTS / "batch-work",
+                        help="the corpus and each arm's output and runs, kept between runs (default %(default)s)")
+    parser.add_argument("--budget-s", type=float, default=None, help="stop after this long; the next run goes on")
     parser.add_argument("--fresh", action="store_true")
     args = parser.parse_args()
     args.rows.parent.mkdir(parents=True, exist_ok=True)
+    work = args.work / str(args.lines)
     if args.fresh:
         args.rows.unlink(missing_ok=True)
+        subprocess.run(["rm", "-rf", str(work)], check=True)
+    work.mkdir(parents=True, exist_ok=True)
     done = {r["arm"]: r for r in map(json.loads, args.rows.read_text().splitlines())} if args.rows.is_file() else {}
     done = {k: v for k, v in done.items() if v.get("lines") == args.lines}  # another size: measured again
-    with tempfile.TemporaryDirectory() as tmp:
-        work = Path(tmp)
-        source, small = work / "corpus.jsonl", work / "tenth.jsonl"
+    source, small = work / "corpus.jsonl", work / "tenth.jsonl"
+    if not source.is_file():
         corpus(source, args.lines)
         corpus(small, max(1, args.lines // 10))
-        for name in args.arms.split(","):
-            if name in done:
-                continue
-            print(f"{name}: {args.lines} lines", flush=True)
-            done[name] = {"arm": name, **arm(name, source, small, work)}
-            with args.rows.open("a") as f:
-                f.write(json.dumps(done[name]) + "\n")
-            print(f"  {done[name]['lines_per_s']:.2f} lines/s", flush=True)
+    deadline = Deadline(args.budget_s)
+    for name in args.arms.split(","):
+        if name in done:
+            continue
+        print(f"{name}: {args.lines} lines", flush=True)
+        row = arm(name, source, small, work, deadline)
+        if row is None:
+            print(f"  stopped at the time budget; the next run goes on ({work})", flush=True)
+            break
+        done[name] = {"arm": name, **row}
+        with args.rows.open("a") as f:
+            f.write(json.dumps(done[name]) + "\n")
+        print(f"  {done[name]['lines_per_s']:.2f} lines/s", flush=True)
     summary({name: done[name] for name in args.arms.split(",") if name in done})
     return 0
 
