@@ -39,6 +39,7 @@ LONGEST_FIRST = [  # worker-seconds under `make test` (2 workers, 2 cores withou
     "service/test_sidecar_replies.py",  # ~90: each API's answers, passthrough reasons, frozen per key, retrieve
     "cli/test_batch_job.py",  # ~80: a dozen `ilre batch` processes
     "cli/test_batch_vllm.py",  # ~60: one `vllm run-batch`
+    "hosts/test_partitions.py",  # ~90: seven hosts, two workers, faults by link
     "evaluation/test_run_eval.py",  # 119
     "service/test_gateway.py",  # 111: one LiteLLM proxy start
     "engine/test_document_shares.py",  # 104

@@ -9,8 +9,8 @@ whose sockets stay there).
 Faults, by link (a pair of hosts) or by host:
   cut(a, b)        every packet between a and b dropped silently (nftables, as it arrives at either)
   loss(a, b, pct)  a random share of them (nft `numgen random`)
-  delay(a, b, ms)  added latency on the connections a makes to b through `route(a, b, port)`, a TCP
-                   proxy of the harness's own in a (this kernel has no netem qdisc)
+  delay(a, b, ms)  added latency on the connections a makes to b: `shape(a, b)` first sends them through a
+                   transparent TCP proxy of the harness's own in a (this kernel has no netem qdisc)
   heal(a, b)       back to a clean link (no cut, loss or delay)
   freeze(h)/thaw(h) SIGSTOP / SIGCONT every process of host h (a paused VM)
 Everything a Cluster makes is removed by `stop()` (also at interpreter exit, and by the next Cluster
@@ -216,26 +216,34 @@ class Cluster:
                 "  chain input {\n    type filter hook input priority 0;\n" + "".join(rules) + "  }\n}\n")
         _sh("ip", "netns", "exec", self.ns(host), "nft", "-f", "-", stdin=body)
 
-    def route(self, a: str, b: str, port: int) -> str:
-        """host:port in a that reaches b:port through the link's delay proxy (started once per link and port)."""
-        control = self._delays.setdefault((a, b), self.work / f"delay-{a}-{b}")
-        if not control.exists():
-            control.write_text("0")
-        ready = self.work / f"proxy-{a}-{b}-{port}"
+    def shape(self, a: str, *others: str) -> None:
+        """Send a's new TCP connections to `others` (all other hosts when none is named) through a transparent
+        delay proxy in a, at no delay until `delay` sets one: call before a's processes connect."""
+        proxy_port, mark = 15000, 0x1f
+        ready = self.work / f"proxy-{a}"
         if not ready.exists():
-            self.spawn(a, [sys.executable, str(PROXY), str(port), self.address(b), str(port), str(control), str(ready)],
+            control = self.work / f"delay-{a}"
+            control.write_text("0")
+            self.spawn(a, [sys.executable, str(PROXY), str(proxy_port), str(mark), str(control), str(ready)],
                        stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             deadline = time.monotonic() + 20
             while not ready.exists():
                 if time.monotonic() > deadline:
-                    raise RuntimeError(f"the delay proxy {a} -> {b}:{port} did not start")
+                    raise RuntimeError(f"the delay proxy on {a} did not start")
                 time.sleep(0.05)
-        return f"127.0.0.1:{port}"
+        for b in others or [h for h in self.hosts if h != a]:
+            self._delays[(a, b)] = self.work / f"delay-{a}"
+        targets = ", ".join(self.address(b) for (x, b) in self._delays if x == a)
+        body = (f"table ip shaping {{}}\ndelete table ip shaping\ntable ip shaping {{\n"
+                f"  chain output {{\n    type nat hook output priority -100;\n"
+                f"    meta mark != {mark} ip daddr {{ {targets} }} tcp dport != 22 redirect to :{proxy_port}\n  }}\n}}\n")
+        _sh("ip", "netns", "exec", self.ns(a), "nft", "-f", "-", stdin=body)
 
     def delay(self, a: str, b: str, ms: float) -> None:
-        """Add `ms` to every chunk either way on a's routes to b (see `route`)."""
+        """Hold every chunk on a's connections to shaped hosts `ms` longer, either way (see `shape`: one delay
+        per host a, whichever shaped host b is named)."""
         if (a, b) not in self._delays:
-            raise ValueError(f"delay: no route from {a} to {b} was made (Cluster.route)")
+            raise ValueError(f"delay: the links of {a} to {b} are not shaped (Cluster.shape)")
         path = self._delays[(a, b)]
         path.with_suffix(".tmp").write_text(f"{ms:g}")
         path.with_suffix(".tmp").replace(path)

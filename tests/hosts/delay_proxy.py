@@ -1,17 +1,22 @@
-"""A TCP proxy that adds latency: each chunk read on one side is written to the other `delay` ms
-later, order kept (a link's round trip grows by twice the delay). The delay is re-read from a control
-file (milliseconds, as text) every 100 ms, so a test changes it while connections are open.
+"""A transparent TCP proxy that adds latency, run inside a host: nftables redirects the host's new TCP
+connections to the shaped hosts here (Cluster.shape); each is connected on to its original destination
+(SO_ORIGINAL_DST, marked so that it is not redirected again), and each chunk read on one side is written to
+the other `delay` ms later, order kept (a round trip grows by twice the delay). The delay is re-read from a
+control file (milliseconds, as text) every 100 ms, so a test changes it while connections are open.
 
-    python delay_proxy.py LISTEN_PORT TARGET_HOST TARGET_PORT CONTROL_FILE READY_FILE
+    python delay_proxy.py LISTEN_PORT MARK CONTROL_FILE READY_FILE
 """
 
 from __future__ import annotations
 
 import asyncio
+import socket
+import struct
 import sys
 import time
 from pathlib import Path
 
+SO_ORIGINAL_DST = 80
 DELAY_MS = [0.0]
 
 
@@ -47,19 +52,28 @@ async def pipe(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> No
     try:
         await sender
     except (ConnectionError, OSError):
-        pass
+        writer.transport.abort()
 
 
-async def main(listen: int, host: str, port: int, control: Path, ready: Path) -> None:
+async def main(listen: int, mark: int, control: Path, ready: Path) -> None:
+    loop = asyncio.get_running_loop()
+
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        raw = writer.get_extra_info("socket").getsockopt(socket.SOL_IP, SO_ORIGINAL_DST, 16)
+        port, address = struct.unpack("!2xH4s8x", raw)
+        upstream = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        upstream.setsockopt(socket.SOL_SOCKET, socket.SO_MARK, mark)
+        upstream.setblocking(False)
         try:
-            upstream_reader, upstream_writer = await asyncio.open_connection(host, port)
+            await loop.sock_connect(upstream, (socket.inet_ntoa(address), port))
+            upstream_reader, upstream_writer = await asyncio.open_connection(sock=upstream)
         except OSError:
-            writer.close()
+            upstream.close()
+            writer.transport.abort()
             return
         await asyncio.gather(pipe(reader, upstream_writer), pipe(upstream_reader, writer))
 
-    asyncio.get_running_loop().create_task(follow(control))
+    loop.create_task(follow(control))
     server = await asyncio.start_server(handle, "127.0.0.1", listen)
     ready.write_text("ready")
     async with server:
@@ -67,4 +81,4 @@ async def main(listen: int, host: str, port: int, control: Path, ready: Path) ->
 
 
 if __name__ == "__main__":
-    asyncio.run(main(int(sys.argv[1]), sys.argv[2], int(sys.argv[3]), Path(sys.argv[4]), Path(sys.argv[5])))
+    asyncio.run(main(int(sys.argv[1]), int(sys.argv[2]), Path(sys.argv[3]), Path(sys.argv[4])))

@@ -29,8 +29,7 @@ def ping(host: RedisHost, viewer: str, timeout: float = 1.0) -> bool:
 
 def round_trip_ms(cluster: Cluster, viewer: str, address: str) -> float:
     def run() -> float:
-        host, port = address.split(":")
-        with redis.Redis(host=host, port=int(port), socket_timeout=5) as client:
+        with redis.Redis(host=address, port=6379, socket_timeout=5) as client:
             client.ping()
             start = time.monotonic()
             client.ping()
@@ -52,11 +51,13 @@ def test_faults_by_link_and_host():
         cluster.heal("a")
         assert ping(node, "a")
 
-        route = cluster.route("a", "redis", 6379)
+        cluster.shape("a", "redis")
+        route = node.address  # a's connections to it are redirected through the proxy
         assert round_trip_ms(cluster, "a", route) < 50
         cluster.delay("a", "redis", 150)
         time.sleep(0.3)  # the proxy re-reads its delay every 100 ms
         assert 290 <= round_trip_ms(cluster, "a", route) < 600  # each way
+        assert round_trip_ms(cluster, "b", route) < 50  # b's links are not shaped
         cluster.heal("a", "redis")
         time.sleep(0.3)
         assert round_trip_ms(cluster, "a", route) < 50

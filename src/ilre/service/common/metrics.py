@@ -35,6 +35,13 @@ class Metrics:
                                       "caller's cached encoding of a prefix (a grown context)", registry=registry)
         self.dropped = Counter("ilre_dropped", "Queued requests dropped (caller gone or deadline passed)",
                                registry=registry)
+        self.redis_retries = Counter("ilre_redis_retries", "Redis calls that failed and were tried again, by what "
+                                     "waited (result: a front end awaiting a result; finish: a worker writing one)",
+                                     ["call"], registry=registry)
+        self.reclaimed = Counter("ilre_reclaimed", "Queue entries this worker took over from a worker silent past "
+                                 "claim_idle_ms", registry=registry)
+        self.stale_dropped = Counter("ilre_stale_results_dropped", "Results this worker did not deliver because "
+                                     "another worker had taken the entry over meanwhile", registry=registry)
         self.ready = Gauge("ilre_ready", "1 when requests can be served (model loaded / worker alive)",
                            registry=registry)
         # the engine sidecar

@@ -10,6 +10,7 @@ Keys (prefix "ilre" by default):
   {p}:workers        the consumer group the workers read through
   {p}:result:{rid}   list holding the result envelope; the front end BLPOPs it within the deadline
   {p}:cancel:{rid}   set when the caller is gone or its deadline passed: workers drop the entry
+  {p}:done:{rid}     the worker that delivered rid's outcome (so a late one is dropped, not delivered twice)
   {p}:worker:{name}  a live worker's ModelInfo (JSON), with a TTL refreshed by its heartbeat
   {p}:dead-letter    entries whose workers died max_attempts times
   {p}:document-secret the secret document ids are keyed with (service/documents/secret.py)
@@ -32,6 +33,7 @@ import redis.asyncio as aioredis
 from redis.asyncio.retry import Retry
 from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError, ResponseError
+from redis.exceptions import TimeoutError as RedisTimeout
 
 from ...engine.info import ModelInfo
 from ...engine.messages import CompressRequest, CompressResults
@@ -41,44 +43,13 @@ from ..common.keys import ANONYMOUS, KeyPolicy
 from ..common.metrics import Metrics
 from ..common.quotas import rate_refusal, share_refusal
 from ..common.redis_connection import async_client
+from .scripts import ADMIT
 
 log = logging.getLogger(__name__)
 
 BLOCK_CHUNK_S = 2.0  # a waiting front end re-issues BLPOP at least this often
+CALL_S = BLOCK_CHUNK_S + 1.0  # the longest any one Redis call may take before it counts as failed (a dead socket)
 RESULT_GRACE_S = 30  # result and cancel keys outlive the deadline by this much
-
-# Atomic admission and enqueue, the rules of service/common/quotas.py shared by every front end:
-# KEYS: stream, the caller key's unfinished set (rid -> deadline), its GCRA state;
-# ARGV: max_queue, rid, payload, deadline, key name, share limit (0 = none), rate (0 = none), burst, now, grace,
-#       request id, traceparent ('' = none), document scope
-# -> {1 added | 0 queue full | 2 key's share full | 3 key's rate exceeded, depth or unfinished, seconds to wait}
-ADMIT = """
-local n = redis.call('XLEN', KEYS[1])
-if n >= tonumber(ARGV[1]) then return {0, n, '0'} end
-local now, deadline, grace = tonumber(ARGV[9]), tonumber(ARGV[4]), tonumber(ARGV[10])
-local limit = tonumber(ARGV[6])
-if limit > 0 then
-  redis.call('ZREMRANGEBYSCORE', KEYS[2], '-inf', now - grace)
-  local mine = redis.call('ZCARD', KEYS[2])
-  if mine >= limit then return {2, mine, '0'} end
-end
-local rate = tonumber(ARGV[7])
-if rate > 0 then
-  local interval = 1.0 / rate
-  local start = math.max(tonumber(redis.call('GET', KEYS[3]) or now), now)
-  local wait = start - now - (tonumber(ARGV[8]) - 1) * interval
-  if wait > 1e-9 then return {3, n, tostring(wait)} end
-  redis.call('SET', KEYS[3], tostring(start + interval), 'PX', math.ceil((start + interval - now) * 1000) + 1000)
-end
-redis.call('XADD', KEYS[1], '*', 'rid', ARGV[2], 'payload', ARGV[3], 'deadline', ARGV[4], 'key', ARGV[5],
-           'request_id', ARGV[11], 'traceparent', ARGV[12], 'scope', ARGV[13])
-if limit > 0 then
-  redis.call('ZADD', KEYS[2], deadline, ARGV[2])
-  local ttl = math.ceil((deadline + grace - now) * 1000)
-  if redis.call('PTTL', KEYS[2]) < ttl then redis.call('PEXPIRE', KEYS[2], ttl) end
-end
-return {1, n + 1, '0'}
-"""
 
 
 @dataclass(frozen=True)
@@ -109,6 +80,10 @@ class RedisKeys:
     def cancel(self, rid: str) -> str:
         return f"{self.prefix}:cancel:{rid}"
 
+    def done(self, rid: str) -> str:
+        """Set when a worker delivers rid's outcome: a late result of another is dropped, not delivered twice."""
+        return f"{self.prefix}:done:{rid}"
+
     def worker(self, name: str) -> str:
         return f"{self.prefix}:worker:{name}"
 
@@ -125,7 +100,7 @@ def connect(url: str) -> aioredis.Redis:
     """An asyncio client (of one server, or of a Sentinel group's master) that fails fast while Redis
     is down and reconnects by itself after, following a failover."""
     return async_client(
-        url, decode_responses=True, socket_connect_timeout=2.0, socket_timeout=BLOCK_CHUNK_S + 8.0,
+        url, decode_responses=True, socket_connect_timeout=2.0, socket_timeout=CALL_S + 1.0,
         retry=Retry(ExponentialBackoff(cap=0.5, base=0.05), 2), health_check_interval=10,
     )
 
@@ -161,6 +136,15 @@ def unavailable(exc: BaseException) -> ServiceError:
     return ServiceError(Code.UNAVAILABLE, f"queue: Redis is unreachable ({type(exc).__name__}); retry later")
 
 
+async def bounded(call: Any, seconds: float = CALL_S) -> Any:
+    """Await a Redis call, TimeoutError past `seconds`: a link that silently drops packets fails the call when it
+    should, not after the socket's own timeouts and the client's retries."""
+    try:
+        return await asyncio.wait_for(call, seconds)
+    except asyncio.TimeoutError:
+        raise RedisTimeout(f"no reply within {seconds:g} s") from None
+
+
 class RedisQueue:
     """Front-end side of the Redis queue: bounded enqueue, await the result within the deadline."""
 
@@ -186,13 +170,13 @@ class RedisQueue:
     async def ready(self) -> bool:
         """Redis answers and at least one worker is registered."""
         try:
-            return bool(await self._workers(limit=1))
+            return bool(await bounded(self._workers(limit=1)))
         except RedisError:
             return False
 
     async def depth(self) -> int:
         try:
-            self._depth = await self.client.xlen(self.keys.stream)
+            self._depth = await bounded(self.client.xlen(self.keys.stream))
         except RedisError:
             pass
         return self._depth
@@ -208,8 +192,8 @@ class RedisQueue:
     async def model_info(self) -> ModelInfo:
         """The model of a live worker (any: workers behind one stream serve one model)."""
         try:
-            names = await self._workers()
-            raw = [v for v in (await self.client.mget(names) if names else []) if v]
+            names = await bounded(self._workers())
+            raw = [v for v in (await bounded(self.client.mget(names)) if names else []) if v]
         except RedisError as exc:
             raise unavailable(exc) from None
         if not raw:
@@ -224,8 +208,10 @@ class RedisQueue:
         deadline = time.time() + timeout_s
         extra = [request_id, tracing.inject({}).get("traceparent", ""), caller.document_scope]
         try:
-            (status, count, wait), replicas = await self._add(rid, encode_request(request), deadline, caller, extra)
+            (status, count, wait), replicas = await bounded(
+                self._add(rid, encode_request(request), deadline, caller, extra), CALL_S + self.wait_ms / 1000.0)
         except RedisError as exc:
+            self._spawn(self._cancel(rid, deadline))  # it may have been added before the link went silent
             raise unavailable(exc) from None
         if status == 0:
             self._depth = int(count)
@@ -267,19 +253,22 @@ class RedisQueue:
         return admitted, int(replicas) if admitted[0] == 1 else self.wait_replicas
 
     async def _await(self, rid: str, deadline: float, timeout_s: float) -> str:
-        """BLPOP the result key in chunks until the deadline; ride out Redis outages up to retry_s."""
-        failing_since: float | None = None
+        """BLPOP the result key in chunks until the deadline; ride out Redis outages up to retry_s. Redis is
+        counted lost from the last reply heard (a chunk's wait aside), each call bounded, so a caller hears of
+        an outage within retry_s + CALL_S + BLOCK_CHUNK_S whatever the sockets do."""
+        last_heard = time.monotonic()
         while (remaining := deadline - time.time()) > 0:
+            chunk = max(0.01, min(remaining, BLOCK_CHUNK_S))
             try:
-                item = await self.client.blpop([self.keys.result(rid)], timeout=max(0.01, min(remaining, BLOCK_CHUNK_S)))
-                failing_since = None
+                item = await bounded(self.client.blpop([self.keys.result(rid)], timeout=chunk), chunk + 1.0)
+                last_heard = time.monotonic()
             except RedisError as exc:
-                now = time.monotonic()
-                failing_since = failing_since or now
-                if now - failing_since >= self.retry_s:
+                self.metrics.redis_retries.labels("result").inc()
+                if time.monotonic() - last_heard >= self.retry_s + BLOCK_CHUNK_S:
                     raise ServiceError(Code.UNAVAILABLE, f"queue: Redis is unreachable ({type(exc).__name__}) for "
-                                                         f"{self.retry_s:.3g} s while an accepted request waits for "
-                                                         f"its result (redis_retry_s); retry later") from None
+                                                         f"{time.monotonic() - last_heard:.1f} s while an accepted "
+                                                         f"request waits for its result (redis_retry_s "
+                                                         f"{self.retry_s:.3g} s); retry later") from None
                 await asyncio.sleep(min(0.2, max(remaining, 0)))
                 continue
             if item:
@@ -289,7 +278,7 @@ class RedisQueue:
     async def _cancel(self, rid: str, deadline: float) -> None:
         ttl = max(1, math.ceil(deadline - time.time())) + RESULT_GRACE_S
         try:
-            await self.client.set(self.keys.cancel(rid), "1", ex=ttl)
+            await bounded(self.client.set(self.keys.cancel(rid), "1", ex=ttl))
         except RedisError:
             pass  # the worker still drops it once its deadline has passed
 

@@ -6,11 +6,14 @@ One loop per worker process:
       delivered more than max_attempts times go to the dead-letter stream, their callers get INTERNAL
   else: XREADGROUP up to max_batch new entries, waiting at most max_wait for the batch to fill
   drop the entries whose caller is gone or whose deadline passed; compress the rest as one batch on
-      the engine thread (queue/batch.py, shared with the in-process batcher); then per entry
-      MULTI {LPUSH result, EXPIRE, XACK, XDEL}
-While a batch runs, its entries are re-claimed (XCLAIM JUSTID) every claim_idle/3 so that no other
-worker mistakes a long batch for a dead worker. On SIGTERM the running batch finishes; a batch
-read but not yet started is put back on the stream.
+      the engine thread (queue/batch.py, shared with the in-process batcher); then per entry, in one
+      script (FINISH): LPUSH result, EXPIRE, mark it done, XACK, XDEL, unless another worker has
+      taken the entry over or answered it meanwhile (this one was cut off or frozen past claim_idle):
+      then the late result is dropped, never delivered twice
+While a batch runs, its entries are re-claimed (XCLAIM JUSTID) every claim_idle/3, those still this
+worker's only, so that no other worker mistakes a long batch for a dead worker and none taken over is
+taken back. On SIGTERM the running batch finishes; a batch read but not yet started is put back on
+the stream.
 """
 
 from __future__ import annotations
@@ -42,12 +45,12 @@ from ..common.metrics import Metrics
 from ..common.redis_url import parse_redis_url
 from ..common.request_log import log_request
 from .batch import run_batch
-from .redis_stream import RESULT_GRACE_S, RedisKeys, connect, encode_outcome, ensure_group
+from .redis_stream import CALL_S, RESULT_GRACE_S, RedisKeys, bounded, connect, encode_outcome, ensure_group
+from .scripts import FINISH, RENEW
 
 log = logging.getLogger(__name__)
 
 Entry = tuple[str, dict[str, str]]  # (stream entry id, fields)
-
 
 class Worker:
     """One consumer of the request stream, serving one Engine."""
@@ -72,6 +75,8 @@ class Worker:
         self.metrics.deepening = engine.deepening
         if config.document_secret:  # else the secret on Redis, agreed before the first entry is read
             engine.adopt_secret(config.document_secret.encode())
+        self._finish_script = self.client.register_script(FINISH)
+        self._renew_script = self.client.register_script(RENEW)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ilre-engine")
         self._inflight: set[str] = set()
         self._claim_cursor = "0-0"
@@ -174,7 +179,8 @@ class Worker:
             else:
                 keep.append((entry_id, fields))
         if keep:
-            log.warning("worker %s: reclaimed %d entries from a worker that stopped", self.name, len(keep))
+            self.metrics.reclaimed.inc(len(keep))
+            log.warning("worker %s: reclaimed %d entries from a worker silent past claim_idle_ms", self.name, len(keep))
         return keep
 
     async def _process(self, entries: list[Entry], stop: asyncio.Event) -> None:
@@ -254,30 +260,30 @@ class Worker:
             span.set_attribute("ilre.code", failure.code.value if failure else "OK")
 
     async def _finish(self, entry_id: str, fields: dict[str, str], outcome: CompressResults | ServiceError | None) -> None:
-        """Write the outcome (if any), acknowledge, and free the caller key's slot, atomically;
-        retried while Redis is down, until the caller's deadline (after it, a later reclaim drops the entry)."""
+        """Write the outcome (if any), acknowledge, and free the caller key's slot, atomically (FINISH), unless
+        another worker took the entry over meanwhile (the result dropped and counted); retried while Redis is
+        down, until the caller's deadline (after it, a later reclaim drops the entry)."""
         rid, deadline = fields.get("rid", ""), _float(fields.get("deadline"))
         ttl = max(1, math.ceil(deadline - time.time())) + RESULT_GRACE_S
+        keys = [self.keys.stream, self.keys.result(rid), self.keys.unfinished(fields.get("key", "")), self.keys.done(rid)]
+        args = [self.keys.group, entry_id, self.name, "" if outcome is None else encode_outcome(outcome), ttl, rid]
         backoff = 0.05
         while True:
             try:
-                async with self.client.pipeline(transaction=True) as pipe:
-                    if outcome is not None:
-                        pipe.lpush(self.keys.result(rid), encode_outcome(outcome))
-                        pipe.expire(self.keys.result(rid), ttl)
-                    pipe.xack(self.keys.stream, self.keys.group, entry_id)
-                    pipe.xdel(self.keys.stream, entry_id)
-                    if fields.get("key"):
-                        pipe.zrem(self.keys.unfinished(fields["key"]), rid)
-                    await pipe.execute()
-                return
+                delivered = await bounded(self._finish_script(keys=keys, args=args))
+                break
             except RedisError as exc:
+                self.metrics.redis_retries.labels("finish").inc()
                 if time.time() >= deadline:
                     log.warning("worker %s: could not deliver %s before its deadline (%s)", self.name, rid,
                                 type(exc).__name__)
                     return
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
+        if not delivered:
+            self.metrics.stale_dropped.inc()
+            log.warning("worker %s: dropped its result for %s: another worker took the entry over meanwhile",
+                        self.name, rid)
 
     async def _dead_letter(self, entry_id: str, fields: dict[str, str], attempts: int) -> None:
         message = (f"request: abandoned after {attempts} attempts, each ending with its worker gone "
@@ -289,6 +295,8 @@ class Worker:
                       maxlen=10000, approximate=True)
             pipe.lpush(self.keys.result(rid), encode_outcome(ServiceError(Code.INTERNAL, message)))
             pipe.expire(self.keys.result(rid), RESULT_GRACE_S + max(1, math.ceil(_float(fields.get("deadline")) - time.time())))
+            pipe.set(self.keys.done(rid), "dead-letter", ex=RESULT_GRACE_S + max(1, math.ceil(
+                _float(fields.get("deadline")) - time.time())))
             pipe.xack(self.keys.stream, self.keys.group, entry_id)
             pipe.xdel(self.keys.stream, entry_id)
             if fields.get("key"):
@@ -307,15 +315,20 @@ class Worker:
         log.info("worker %s: stopping; put %d entries back", self.name, len(entries))
 
     async def _keep_claimed(self) -> None:
-        """Reset the idle time of the running batch's entries so they are not reclaimed."""
+        """Reset the idle time of the running batch's entries so they are not reclaimed; an entry another worker
+        has taken over meanwhile (this one was cut off or frozen) is left to it."""
         while True:
-            await asyncio.sleep(max(0.05, self.claim_idle_s / 3))
+            period = max(0.05, self.claim_idle_s / 3)
+            await asyncio.sleep(period)
             if self._inflight:
                 try:
-                    await self.client.xclaim(self.keys.stream, self.keys.group, self.name, 0,
-                                             sorted(self._inflight), justid=True)
+                    lost = await bounded(self._renew_script(keys=[self.keys.stream], args=[
+                        self.keys.group, self.name, *sorted(self._inflight)]), max(period, CALL_S))
                 except RedisError:
-                    pass
+                    continue
+                if lost:
+                    log.warning("worker %s: %d running entries were taken over by another worker", self.name, len(lost))
+                    self._inflight.difference_update(lost)
 
     async def _sync_secret(self) -> None:
         """Name documents under the secret Redis holds (service/documents/secret.py), unless one is configured."""
