@@ -74,6 +74,7 @@ bench: setup engine litellm ## latency and peak memory; per dtype up to 1M token
 	$(PY) bench/units_bench.py
 	$(PY) bench/compress_bench.py
 	$(PY) bench/speed_bench.py          # float32, bfloat16 and int8 side by side
+	$(PY) bench/compute_thread_bench.py # kernels on the thread that loaded the model vs on the caller's
 	$(PY) bench/dtype_agreement.py      # int8's share of float32's selections on other texts
 	$(PY) bench/attention_kernels.py
 	$(PY) bench/query_scores_bench.py   # a deepened document's scores with DCA: the query moved, not the keys
@@ -86,7 +87,7 @@ bench: setup engine litellm ## latency and peak memory; per dtype up to 1M token
 	$(PY) bench/agent_bench.py          # resumable: results/bench/agent.jsonl
 	$(PY) bench/fleet_bench.py          # resumable by arm: results/bench/fleet.jsonl
 	$(PY) bench/shared_question_agreement.py
-	$(PY) bench/batch_bench.py          # resumable by arm: results/bench/batch.jsonl (10,000 lines an arm)
+	$(PY) bench/batch_bench.py          # resumable by arm and within one (--budget-s): results/bench/batch.jsonl (10,000 lines an arm)
 	$(PY) bench/engine_connections.py
 	$(PY) bench/litellm_hook_bench.py
 	$(PY) bench/gateway_bench.py

@@ -71,8 +71,11 @@ class Deepener:
     lock); `offer(name, ...)` queues a document; `wait_idle()` blocks until nothing is queued or running.
     With `enabled` False, offers are ignored and no thread is started."""
 
-    def __init__(self, enabled: bool, max_pending: int = MAX_PENDING):
+    def __init__(self, enabled: bool, run_on: Callable[..., object] | None = None, max_pending: int = MAX_PENDING):
+        """`run_on(fn)`: runs each step where the engine computes (engine/compute_thread.py); None: on the
+        deepening thread itself."""
         self.enabled = enabled
+        self._run_on = run_on or (lambda fn, *args: fn(*args))
         self.max_pending = max_pending
         self.stats = DeepeningStats()
         self._model = threading.Lock()  # who runs on the model now: one request, or one deepening step
@@ -186,25 +189,31 @@ class Deepener:
 
     def _deepen(self, offer: _Offer) -> None:
         """Run one document's encoding a step at a time, each only while no request waits."""
-        steps: Generator[None, None, ContextState] | None = None
+        steps: list[Generator[None, None, ContextState]] = []
         while True:
             with self._changed:
                 self._changed.wait_for(lambda: self._closed or not self._waiting)
                 if self._closed:
                     return
-            with self._model, torch.inference_mode():
-                clock = time.perf_counter()
-                try:
-                    if steps is None:
-                        if not offer.wanted():
-                            self.stats.dropped += 1
-                            return
-                        steps = offer.start()
-                    next(steps)
-                except StopIteration as done:
-                    offer.store(done.value)
-                    self.stats.finished += 1
-                    return
-                finally:
-                    self.stats.steps += 1
-                    self.stats.seconds += time.perf_counter() - clock
+            if self._run_on(self._step, offer, steps):
+                return
+
+    def _step(self, offer: _Offer, steps: list[Generator[None, None, ContextState]]) -> bool:
+        """One step of `offer`'s encoding (its generator kept in `steps`); True when the document is done with."""
+        with self._model, torch.inference_mode():
+            clock = time.perf_counter()
+            try:
+                if not steps:
+                    if not offer.wanted():
+                        self.stats.dropped += 1
+                        return True
+                    steps.append(offer.start())
+                next(steps[0])
+                return False
+            except StopIteration as done:
+                offer.store(done.value)
+                self.stats.finished += 1
+                return True
+            finally:
+                self.stats.steps += 1
+                self.stats.seconds += time.perf_counter() - clock

@@ -9,6 +9,7 @@ from __future__ import annotations
 import hashlib
 import logging
 import time
+import weakref
 from typing import Callable
 
 import torch
@@ -28,6 +29,7 @@ from ..models.loader import load_spec, load_tokenizer, load_truncated, resolve_c
 from ..models.profiles import Profile, load_profile
 from ..models.retaining_head import attach_head, head_directories, head_path
 from ..models.token_bytes import context_bytes, token_bytes
+from .compute_thread import ComputeThread
 from .deepening import Deepener
 from .defaults import AUTO_BATCH_TOKENS, MAX_EXPLAIN_TOKENS
 from .document_names import DocumentNames
@@ -77,13 +79,15 @@ class Engine:
         self.tokenizer = load_tokenizer(checkpoint.path)
         self.names = DocumentNames()
         self.texts = KnownTexts()  # contexts sent as text: tokenized once while their IDs are cached
-        self.deepening = Deepener(config.deepen)  # also whose turn it is: one request at a time
+        self.thread = ComputeThread()  # every kernel of this engine runs on it (engine/compute_thread.py)
+        weakref.finalize(self, self.thread.close)
+        self.deepening = Deepener(config.deepen, self.thread.call)  # also whose turn it is: one request at a time
         self.heap = HeapTrimmer()  # freed memory back to the system after requests
         documents = DocumentCache(config.doc_cache_mb << 20, shared_documents, config.doc_cache_share)
         encoded_as = INT8_ENCODING_NAME if self.placement.int8 else self.placement.dtype_name  # int8: by its rounding too
         self.encodings = EncodingPolicy(documents, self.deepening, encoded_as, config.resume)
         self._models: dict[int, TruncatedLM] = {}
-        self.model_at(self.layer)
+        self.thread.call(self.model_at, self.layer)
 
     @property
     def documents(self) -> DocumentCache:
@@ -200,7 +204,10 @@ class Engine:
     def run(self, request: CompressRequest, scope: str = "") -> CompressResults:
         """Tokenize, select context tokens, detokenize: one result per query (one prefill for all). Raises
         InputError for bad input and NotFoundError for a document_id that `scope` (the caller's, "" without
-        API keys) does not hold."""
+        API keys) does not hold. Runs on the engine's thread, whichever thread calls."""
+        return self.thread.call(self._run, request, scope)
+
+    def _run(self, request: CompressRequest, scope: str) -> CompressResults:
         try:
             with self.deepening.turn():
                 if request.document_ids is not None:
@@ -232,7 +239,13 @@ class Engine:
         ScopedRequest carries its caller's document scope (a bare request: "").
         Short one-query requests on the same layer and DCA setting share one batched prefill when
         `batch_tokens` allows; the others go through the document cache. The results equal those
-        of `run` one by one. `on_result(i, outcome)` is called as soon as request i is done."""
+        of `run` one by one. `on_result(i, outcome)` is called as soon as request i is done (on the engine's
+        thread, where the batch runs whichever thread calls)."""
+        return self.thread.call(self._compress_many, requests, on_result)
+
+    def _compress_many(self, requests: list[CompressRequest | ScopedRequest],
+                       on_result: Callable[[int, CompressResults | InputError], None] | None,
+                       ) -> list[CompressResults | InputError]:
         outcomes: list[CompressResults | InputError | None] = [None] * len(requests)
 
         def deliver(i: int, outcome: CompressResults | InputError) -> None:
@@ -278,7 +291,8 @@ class Engine:
                 and joins_a_batch(job.context_ids.numel(), job.budget, job.strategy, job.prefill))
 
     def close(self) -> None:
-        """Stop the background deepening (after its step in progress)."""
+        """Stop the background deepening (after its step in progress); the engine still answers (its thread
+        ends with the engine)."""
         self.deepening.close()
 
     def answer(self, job: Prepared) -> list[Selection]:
