@@ -17,7 +17,7 @@ SGLANG_ENV        := $(ILRE_CACHE_DIR)/sglang-$(SGLANG_VERSION)
 # the venv's bin/ first: redis-server and cmake may be installed there (deploy/test-tools.sh)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup tools engine run demo test test-fast bench soak soak-mixed proto settings eval eval-quick lingua litellm clean
+.PHONY: setup tools engine run demo test test-fast bench soak soak-mixed soak-partitions proto settings eval eval-quick lingua litellm clean
 
 setup: $(STAMP)
 
@@ -94,6 +94,9 @@ bench: setup engine litellm ## latency and peak memory; per dtype up to 1M token
 
 soak: setup tools   ## an hour of mixed traffic on front end + 2 workers + Redis: errors, latency and RSS over time -> results/soak/
 	$(PY) bench/soak.py --minutes $(or $(MINUTES),60)
+
+soak-partitions: setup tools   ## 30 minutes of traffic across seven hosts (network namespaces) with a random network fault every 1-3 minutes -> results/bench/soak-partitions/
+	$(PY) bench/soak_partitions.py --minutes $(or $(MINUTES),30)
 
 soak-mixed: setup tools   ## an hour of several API keys (one flooding) under worker restarts and Sentinel failovers -> results/bench/soak-mixed/
 	$(PY) bench/soak_mixed.py --sentinel --no-flood --minutes $(or $(BASELINE_MINUTES),20)
