@@ -1,6 +1,6 @@
 """`make soak-partitions`: --minutes of traffic on the queue across seven hosts (tests/hosts/site.py: three Redis
-hosts with a sentinel each, two workers, a front end, a client, each in a network namespace) with a random network
-fault every 1-3 minutes, each healed before the next:
+hosts with a sentinel each, two workers, a front end, a client, each in a network namespace) with a network fault every
+1-3 minutes (every kind in turn, each round in a random order), each healed before the next:
   worker cut      a worker cut from every Redis host for 30 s (its request reclaimed by the other past claim_idle)
   front end cut   the front end cut from Redis for 20 s (its callers told within --redis-retry + 5 s)
   master split    the master cut from its replicas and sentinels for 40 s (a failover; it rejoins as a replica)
@@ -172,7 +172,7 @@ def main() -> int:
         raise SystemExit(f"soak-partitions: the hosts cannot be made here: {reason}")
     OUT.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
-    faults, samples = [], []
+    faults, samples, order = [], [], []
     # every request computed in full, as its idle answer was: no document cache, no deepening (a request asked
     # again would meet its own cached or deepened encoding, a different path with answers of its own)
     with started_site(POOL, "--deepen", "off", "--doc-cache-mb", "0") as site:
@@ -190,7 +190,9 @@ def main() -> int:
                 time.sleep(1)
             if time.monotonic() >= end - 60:
                 break
-            name = rng.choice(FAULTS)
+            if not order:  # every kind in turn, each round in a random order
+                order = rng.sample(FAULTS, len(FAULTS))
+            name = order.pop()
             began = time.monotonic() - start
             healed = fault(site, name, rng)
             recovery = traffic.first_ok_after(healed)
