@@ -202,7 +202,6 @@ def main() -> int:
             print(json.dumps(row), flush=True)
         traffic.finish()
         samples.append(sample(site))
-        site.redis(lambda r: r.xlen(f"{PREFIX}:requests"))
         again, other = leftovers(site)
         metrics = {name: {host: site.metric(host, f"ilre_{name}_total") for host in (*WORKERS, "fe")}
                    for name in ("redis_retries", "reclaimed", "stale_results_dropped")}

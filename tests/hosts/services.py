@@ -8,7 +8,6 @@ import subprocess
 import sys
 import threading
 import time
-from pathlib import Path
 from typing import Callable
 
 import redis
@@ -190,7 +189,3 @@ def serve_on(cluster: Cluster, host: str, redis_url: str, prefix: str, *args: st
     """`ilre serve` on `host` in front of the Redis queue, listening on its address."""
     return IlreHost(cluster, host, "serve", redis_url, "--redis-prefix", prefix, *args, env=env,
                     ready="ilre: gRPC on")
-
-
-def repo_root() -> Path:
-    return Path(__file__).resolve().parents[2]
