@@ -105,9 +105,11 @@ class Site:
         self.redis(lambda r: [r.delete(k) for k in r.keys(f"{PREFIX}:result:*")])
         self.reruns = len(left)
 
-    def metric(self, host: str, name: str) -> float:
-        """A counter's total (all its labels) as the host's /metrics says it."""
+    def metric(self, host: str, name: str, label: str = "") -> float:
+        """A counter's total (all its labels, or those of series with `label`, e.g. 'call="finish"') as the host's
+        /metrics says it."""
         port = HTTP_PORT if host == "fe" else METRICS_PORT
         text = self.cluster.on("client", lambda: httpx.get(f"http://{self.cluster.address(host)}:{port}/metrics",
                                                            timeout=10).text)
-        return sum(float(v) for v in re.findall(rf"^{name}(?:{{[^}}]*}})? (\S+)$", text, re.M))
+        series = re.findall(rf"^{name}(?:{{([^}}]*)}})? (\S+)$", text, re.M)
+        return sum(float(v) for labels, v in series if label in labels)

@@ -114,6 +114,8 @@ def test_a_second_worker_process_serves_a_document_the_first_encoded(redis_serve
             assert _metric(ports[1], 'ilre_doc_cache_hits_total{kind="ids",tier="shared"}') == 1
             assert _metric(ports[1], 'ilre_doc_cache_hits_total{kind="state",tier="shared"}') == 1
             assert _metric(ports[1], 'ilre_doc_cache_misses_total{kind="state",tier="shared"}') == 0
+            exported = httpx.get(f"http://127.0.0.1:{ports[1]}/metrics").text.splitlines()
+            assert "ilre_doc_cache_shared_skipped_total 0.0" in exported  # Redis answered every call
             many = grpc_api.compress_queries(document_id=result.document_id, queries=QUESTIONS, budget=64,
                                              strategy_options=CANDIDATES)
             assert many.document_id == result.document_id and comparable(many.results[0]) == comparable(result)

@@ -7,6 +7,7 @@ not accepted (retried by the caller)."""
 from __future__ import annotations
 
 import concurrent.futures
+import signal
 import threading
 import time
 
@@ -16,12 +17,12 @@ import torch
 
 from ilre.service.client import Client, ClientError
 from ilre.service.common.errors import ConfigError
-from ilre.service.common.redis_connection import sync_client
+from ilre.service.common.redis_connection import CALL_S, sync_client
 from ilre.service.common.redis_url import parse_redis_url
-from ilre.service.documents.redis_tier import RedisDocuments
+from ilre.service.documents.redis_tier import OUTAGE_S, RedisDocuments
 from ilre.service.server import ServiceThread
 
-from .conftest import QUERY, WorkerProcess, comparable, context, free_port, service_config, wait_for
+from .conftest import QUERY, RedisServer, WorkerProcess, comparable, context, free_port, service_config, wait_for
 from .redis_group import DOWN_AFTER_MS, SentinelGroup
 from .test_redis_queue import expected
 
@@ -169,3 +170,36 @@ def test_ids_no_replica_holds_or_no_redis_takes_are_answered_and_counted(redis_s
     gone.put_state("doc-1", "key", {"x": torch.zeros(2)}, "owner")  # states are a cache: given up at once
     assert gone.at_risk == {"unstored": 1, "unread": 1} and 1.0 <= time.monotonic() - started < 3.0
     gone.close()
+
+
+def test_a_silent_redis_costs_one_bounded_call_then_cache_calls_skip_it(tmp_path):
+    """Redis frozen (SIGSTOP: connections stay open, nothing answers, as across a cut link): the first state read
+    fails within one call's bound, the next reads and writes of states and prefixes do not wait for it (counted
+    skipped), IDs still ride out retry_s; thawed, the cache is read again once the outage window has passed."""
+    server = RedisServer(tmp_path)
+    server.start()
+    docs = RedisDocuments(server.url, "silent", retry_s=1.0)
+    state = {"x": torch.arange(4.0)}
+    try:
+        docs.put_state("doc-1", "key", state, "owner")
+        assert torch.equal(docs.get_state("doc-1", "key")["x"], state["x"])
+        server.proc.send_signal(signal.SIGSTOP)
+        started = time.monotonic()
+        assert docs.get_state("doc-1", "key") is None
+        first = time.monotonic() - started
+        assert CALL_S <= first < CALL_S + 1.5
+        started = time.monotonic()
+        docs.put_state("doc-2", "key", state, "owner")
+        docs.put_prefix("slot", "doc-1")
+        assert docs.get_prefixes(["slot"]) == [None] and docs.get_state("doc-1", "key") is None
+        assert time.monotonic() - started < 0.1 and docs.skipped == 4
+        started = time.monotonic()
+        docs.put_ids("doc-1", torch.arange(10), "owner")  # IDs are what a document_id stands on: not skipped
+        assert docs.at_risk == {"unstored": 1} and 1.0 <= time.monotonic() - started < CALL_S * 2 + 1
+        server.proc.send_signal(signal.SIGCONT)
+        time.sleep(OUTAGE_S)
+        assert torch.equal(docs.get_state("doc-1", "key")["x"], state["x"]) and docs.skipped == 4
+    finally:
+        server.proc.send_signal(signal.SIGCONT)
+        docs.close()
+        server.stop()

@@ -36,7 +36,8 @@ class Metrics:
         self.dropped = Counter("ilre_dropped", "Queued requests dropped (caller gone or deadline passed)",
                                registry=registry)
         self.redis_retries = Counter("ilre_redis_retries", "Redis calls that failed and were tried again, by what "
-                                     "waited (result: a front end awaiting a result; finish: a worker writing one)",
+                                     "waited (result: a front end awaiting a result; finish: a worker writing "
+                                     "one; cancel: a worker reading its requests' cancel markers, none taken as set)",
                                      ["call"], registry=registry)
         self.reclaimed = Counter("ilre_reclaimed", "Queue entries this worker took over from a worker silent past "
                                  "claim_idle_ms", registry=registry)
@@ -124,6 +125,9 @@ class _DocumentCacheCollector:
             for outcome in ("unconfirmed", "unstored", "unread"):
                 family.add_metric([outcome], at_risk.get(outcome, 0))
             yield family
+            yield CounterMetricFamily("ilre_doc_cache_shared_skipped", "Reads and writes of states and prefixes "
+                                      "not sent to Redis: another call had failed within the outage window",
+                                      value=getattr(cache.shared, "skipped", 0))
         yield GaugeMetricFamily("ilre_doc_cache_bytes", "Bytes held by the in-process document cache", value=stats.bytes)
         parts = GaugeMetricFamily("ilre_doc_cache_part_bytes", "Bytes held by the in-process document cache, by part "
                                   "(ids, units; of the encodings: keys, parts, windows, scores, stream, rows, resume)",

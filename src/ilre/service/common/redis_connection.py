@@ -17,6 +17,8 @@ from redis.sentinel import Sentinel
 
 from .redis_url import RedisTarget, parse_redis_url
 
+CALL_S = 3.0  # the longest any one Redis call may take before it counts as failed (a dead socket)
+
 
 def async_client(url: str, **options: Any) -> aioredis.Redis:
     """An asyncio client of the server, or of the Sentinel group's current master."""

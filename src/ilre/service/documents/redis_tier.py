@@ -22,6 +22,9 @@ through a failover: their reads and writes ride out an unreachable Redis for up 
 write waits (WAIT, same connection) until `wait_replicas` replicas hold it, within `wait_ms`. Encoded
 states are a cache: a failed read or write of one is given up at once (the state is computed again).
 Failures never fail a request: they are logged, counted (`at_risk`), and the entry counts as missing.
+Every call is bounded (CALL_S, the queue's bound), and once one fails the cache calls (states, prefixes)
+skip Redis for OUTAGE_S (counted in `skipped`): a worker cut from Redis computes its request at about its
+usual pace, paying one failed call and its IDs' ride-out, not a timeout per lookup.
 """
 
 from __future__ import annotations
@@ -37,12 +40,13 @@ from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
 from ...engine.defaults import DOC_CACHE_SHARE
-from ..common.redis_connection import sync_client
+from ..common.redis_connection import CALL_S, sync_client
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 RETRY_PAUSE_S = 0.2  # between tries of a read or write of IDs while Redis is failing
 ENTRY_OVERHEAD = 768  # bytes Redis holds per entry besides its value: key, expiry, index, hashes (~650-850 by fit)
+OUTAGE_S = 5.0  # after a failed call, reads and writes of states and prefixes skip Redis this long
 
 
 def charged(length: int) -> int:
@@ -112,7 +116,7 @@ class RedisDocuments:
 
     def __init__(self, url: str, prefix: str = "ilre", max_bytes: int = 2 << 30, ttl_s: int = 3600,
                  share: float = DOC_CACHE_SHARE, *, wait_replicas: int = 0, wait_ms: int = 1000, retry_s: float = 5.0):
-        self.client = sync_client(url, socket_timeout=10, socket_connect_timeout=2)
+        self.client = sync_client(url, socket_timeout=CALL_S, socket_connect_timeout=2)
         self.prefix, self.max_bytes, self.ttl_s, self.share = prefix, max_bytes, ttl_s, share
         self.wait_replicas, self.wait_ms, self.retry_s = wait_replicas, wait_ms, retry_s
         # IDs whose write fewer than wait_replicas replicas acknowledged in time ("unconfirmed"), or that could not
@@ -122,6 +126,22 @@ class RedisDocuments:
         self._admit = self.client.register_script(ADMIT)
         self.evictions = 0
         self.evicted: collections.Counter = collections.Counter()  # by cause: own, pressure
+        self.skipped = 0  # cache calls not made: Redis had failed within OUTAGE_S
+        self._down_until = 0.0  # time.monotonic() before which cache calls skip Redis
+
+    def _skip(self) -> bool:
+        """Whether a cache call (a state, a prefix) skips Redis now: another call failed within OUTAGE_S."""
+        if time.monotonic() < self._down_until:
+            self.skipped += 1
+            return True
+        return False
+
+    def _failed(self, what: str, exc: Exception) -> None:
+        """Log a failed call and start (or extend) the outage during which cache calls skip Redis."""
+        if time.monotonic() >= self._down_until:
+            log.warning("shared document cache: %s failed (%s); states and prefixes skip Redis for %g s",
+                        what, type(exc).__name__, OUTAGE_S)
+        self._down_until = time.monotonic() + OUTAGE_S
 
     def _ids_key(self, doc: str) -> str:
         return f"{self.prefix}:doc:{doc}:ids"
@@ -147,26 +167,32 @@ class RedisDocuments:
     def drop_state(self, doc: str, key: str) -> None:
         """Forget `doc`'s state `key` (its bytes leave the cap's count); best effort, as every write."""
         name = self._state_key(doc, key)
+        if self._skip():
+            return
         try:
             with self.client.pipeline(transaction=True) as pipe:
                 pipe.delete(name).zrem(self.index, name).hdel(self.sizes, name).hdel(self.owners, name).execute()
         except RedisError as exc:
-            log.warning("shared document cache: cannot drop %s (%s)", name, exc)
+            self._failed(f"dropping {name}", exc)
 
     def put_prefix(self, prefix: str, doc: str) -> None:
         """Name `doc` as the document whose encoding a longer context with the prefix `prefix` (a slot) takes on
         (a few bytes, outside the byte cap, expiring with the documents)."""
+        if self._skip():
+            return
         try:
             self.client.set(f"{self.prefix}:prefix:{prefix}", doc, ex=self.ttl_s)
         except RedisError as exc:
-            log.warning("shared document cache: cannot store prefix %s (%s)", prefix, exc)
+            self._failed(f"storing prefix {prefix}", exc)
 
     def get_prefixes(self, prefixes: list[str]) -> list[str | None]:
         """The documents `put_prefix` named for each of `prefixes`, in one round trip (None: none)."""
+        if not prefixes or self._skip():
+            return [None] * len(prefixes)
         try:
-            found = self.client.mget([f"{self.prefix}:prefix:{p}" for p in prefixes]) if prefixes else []
+            found = self.client.mget([f"{self.prefix}:prefix:{p}" for p in prefixes])
         except RedisError as exc:
-            log.warning("shared document cache: cannot read prefixes (%s)", exc)
+            self._failed("reading prefixes", exc)
             return [None] * len(prefixes)
         return [None if doc is None else (doc.decode() if isinstance(doc, bytes) else doc) for doc in found]
 
@@ -188,17 +214,23 @@ class RedisDocuments:
                 pipe.get(name).expire(name, self.ttl_s).zadd(self.index, {name: time.time()}, xx=True)
                 return pipe.execute()[0]
 
+        if not retry_s and self._skip():
+            return None
         try:
             raw = self._retrying(read, retry_s)
             return None if raw is None else load_tensors(raw)
-        except (RedisError, ValueError, RuntimeError) as exc:  # unreachable, or bytes that do not parse
-            log.warning("shared document cache: cannot read %s (%s)", name, exc)
-            if retry_s and isinstance(exc, RedisError):
+        except RedisError as exc:  # unreachable
+            self._failed(f"reading {name}", exc)
+            if retry_s:
                 self.at_risk["unread"] += 1
-            return None
+        except (ValueError, RuntimeError) as exc:  # bytes that do not parse
+            log.warning("shared document cache: cannot read %s (%s)", name, exc)
+        return None
 
     def _put(self, name: str, tensors: dict[str, torch.Tensor], owner: str, durable: bool = False) -> None:
         """Admit and store one entry; `durable`: ride out an outage for retry_s and WAIT for the replicas."""
+        if not durable and self._skip():
+            return
         blob = save_tensors(tensors)
         wait = self.wait_replicas if durable else 0
 
@@ -221,7 +253,7 @@ class RedisDocuments:
         try:
             replicas = self._retrying(write, self.retry_s if durable else 0.0)
         except RedisError as exc:
-            log.warning("shared document cache: cannot store %s (%s)", name, exc)
+            self._failed(f"storing {name}", exc)
             if durable:
                 self.at_risk["unstored"] += 1
             return

@@ -42,13 +42,12 @@ from ..common.errors import Code, ServiceError
 from ..common.keys import ANONYMOUS, KeyPolicy
 from ..common.metrics import Metrics
 from ..common.quotas import rate_refusal, share_refusal
-from ..common.redis_connection import async_client
+from ..common.redis_connection import CALL_S, async_client
 from .scripts import ADMIT
 
 log = logging.getLogger(__name__)
 
-BLOCK_CHUNK_S = 2.0  # a waiting front end re-issues BLPOP at least this often
-CALL_S = BLOCK_CHUNK_S + 1.0  # the longest any one Redis call may take before it counts as failed (a dead socket)
+BLOCK_CHUNK_S = CALL_S - 1.0  # a waiting front end re-issues BLPOP at least this often (within one call's bound)
 RESULT_GRACE_S = 30  # result and cancel keys outlive the deadline by this much
 
 

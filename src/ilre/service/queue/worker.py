@@ -184,8 +184,7 @@ class Worker:
         return keep
 
     async def _process(self, entries: list[Entry], stop: asyncio.Event) -> None:
-        rids = [fields.get("rid", "") for _, fields in entries]
-        cancelled = await self.client.mget([self.keys.cancel(rid) for rid in rids])
+        cancelled = await self._cancelled([fields.get("rid", "") for _, fields in entries])
         self.metrics.batch_size.observe(len(entries))
         self._inflight = {entry_id for entry_id, _ in entries}
         loop = asyncio.get_running_loop()
@@ -217,6 +216,15 @@ class Worker:
                 await asyncio.wrap_future(done)
         finally:  # entries left unfinished (Redis went away) are reclaimed once idle
             self._inflight = set()
+
+    async def _cancelled(self, rids: list[str]) -> list[Any]:
+        """Each request's cancel marker (None: not cancelled); when Redis does not answer within a call's bound, none
+        counts as cancelled: the entries are this worker's, and their results are written once Redis is back."""
+        try:
+            return await bounded(self.client.mget([self.keys.cancel(rid) for rid in rids]))
+        except RedisError:
+            self.metrics.redis_retries.labels("cancel").inc()
+            return [None] * len(rids)
 
     def _compress(self, entries: list[Entry], ready: Callable[[int, CompressResults | ServiceError], None]) -> None:
         """On the engine thread: queued requests (entry id, fields) as one batch (queue/batch.py);
