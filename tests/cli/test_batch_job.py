@@ -53,8 +53,9 @@ def stable(records: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if k not in VOLATILE} for r in records]
 
 
-def batch(*args: str, stdin: bytes | None = None, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([*ILRE, *args], input=stdin, capture_output=True, timeout=timeout)
+def batch(*args: str, stdin: bytes | None = None, timeout: float = 600, cwd: Path | None = None
+          ) -> subprocess.CompletedProcess:
+    return subprocess.run([*ILRE, *args], input=stdin, capture_output=True, timeout=timeout, cwd=cwd)
 
 
 def summary(proc: subprocess.CompletedProcess) -> dict:
@@ -137,10 +138,12 @@ def test_another_inputs_output_is_not_taken_on(job, tmp_path):
 
 def test_standard_input_to_standard_output_and_gzip(job, tmp_path):
     source, whole = job
-    proc = batch("--input", "-", "--output", "-", *SMALL, stdin=source.read_bytes())
+    piped = tmp_path / "piped"
+    piped.mkdir()
+    proc = batch("--input", "-", "--output", "-", *SMALL, stdin=source.read_bytes(), cwd=piped)
     assert proc.returncode == 0, proc.stderr.decode()
     assert stable([json.loads(line) for line in proc.stdout.decode().splitlines()]) == stable(whole)
-    assert not Path("-").exists()
+    assert not list(piped.iterdir())  # no file named "-", no empty error file: nothing failed
 
     packed = write_lines(tmp_path / "in.jsonl.gz", read_lines(source))
     proc = batch("--input", str(packed), "--output", str(tmp_path / "out.jsonl.gz"), *SMALL)
@@ -174,6 +177,7 @@ def test_openai_batch_lines_come_out_in_their_shape_and_failures_in_the_error_sh
     assert proc.returncode == 0, proc.stderr.decode()
     ran = summary(proc)
     assert (ran["lines"], ran["errors"], ran["passed_through"]) == (5, 2, 0)
+    assert ran["errors_file"] == str(tmp_path / "compressed.errors.jsonl")
     chat, completion, short = read_lines(output)
     assert [r["custom_id"] for r in (chat, completion, short)] == ["chat-1", "completion-1", "short-1"]
     assert {k: v for k, v in chat.items() if k != "body"} == {k: v for k, v in lines[0].items() if k != "body"}
@@ -192,6 +196,7 @@ def test_openai_batch_lines_come_out_in_their_shape_and_failures_in_the_error_sh
     passed = tmp_path / "passed.jsonl"
     proc = batch("--input", str(source), "--output", str(passed), "--budget", "300", "--pass-errors")
     assert proc.returncode == 0 and read_lines(passed)[3:] == lines[3:]  # unchanged, in their place
+    assert not (tmp_path / "passed.errors.jsonl").exists()  # none went to an error file
     assert "2 failed (2 passed through unchanged)" in proc.stderr.decode()
 
 

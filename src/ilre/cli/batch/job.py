@@ -12,6 +12,7 @@ from __future__ import annotations
 import asyncio
 import collections
 import json
+import os
 import signal
 import sys
 import time
@@ -66,7 +67,7 @@ class Tally:
                 "tokens_out": self.tokens_out, "seconds": round(seconds, 3),
                 "lines_per_s": round(self.lines / seconds, 3) if seconds else 0.0,
                 "tokens_per_s": round(self.tokens_in / seconds, 1) if seconds else 0.0, "retries": retries,
-                "output": job.output, "errors_file": job.errors}
+                "output": job.output, "errors_file": job.errors if os.path.exists(job.errors) else None}
 
 
 class Interrupted(Exception):
@@ -104,6 +105,8 @@ def run_job(job: BatchJob, backend: Backend) -> int:
     finally:
         out.close()
         errors.close()
+        if not errors.count:  # no line failed: no error file (as a batch API names none)
+            remove(job.errors)
         if state != "failed":
             _report(job, tally, backend.retries, state)
     return code
