@@ -167,34 +167,35 @@ class RedisDocuments:
     def drop_state(self, doc: str, key: str) -> None:
         """Forget `doc`'s state `key` (its bytes leave the cap's count); best effort, as every write."""
         name = self._state_key(doc, key)
-        if self._skip():
-            return
-        try:
+
+        def drop() -> None:
             with self.client.pipeline(transaction=True) as pipe:
                 pipe.delete(name).zrem(self.index, name).hdel(self.sizes, name).hdel(self.owners, name).execute()
-        except RedisError as exc:
-            self._failed(f"dropping {name}", exc)
+        self._best_effort(f"dropping {name}", drop, None)
 
     def put_prefix(self, prefix: str, doc: str) -> None:
         """Name `doc` as the document whose encoding a longer context with the prefix `prefix` (a slot) takes on
         (a few bytes, outside the byte cap, expiring with the documents)."""
-        if self._skip():
-            return
-        try:
-            self.client.set(f"{self.prefix}:prefix:{prefix}", doc, ex=self.ttl_s)
-        except RedisError as exc:
-            self._failed(f"storing prefix {prefix}", exc)
+        self._best_effort(f"storing prefix {prefix}",
+                          lambda: self.client.set(f"{self.prefix}:prefix:{prefix}", doc, ex=self.ttl_s), None)
 
     def get_prefixes(self, prefixes: list[str]) -> list[str | None]:
         """The documents `put_prefix` named for each of `prefixes`, in one round trip (None: none)."""
-        if not prefixes or self._skip():
-            return [None] * len(prefixes)
-        try:
-            found = self.client.mget([f"{self.prefix}:prefix:{p}" for p in prefixes])
-        except RedisError as exc:
-            self._failed("reading prefixes", exc)
-            return [None] * len(prefixes)
+        if not prefixes:
+            return []
+        found = self._best_effort("reading prefixes", lambda: self.client.mget(
+            [f"{self.prefix}:prefix:{p}" for p in prefixes]), [None] * len(prefixes))
         return [None if doc is None else (doc.decode() if isinstance(doc, bytes) else doc) for doc in found]
+
+    def _best_effort(self, what: str, call: Callable[[], T], fallback: T) -> T:
+        """`call()` once, or `fallback` within an outage (not sent) or when Redis fails it (an outage starts)."""
+        if self._skip():
+            return fallback
+        try:
+            return call()
+        except RedisError as exc:
+            self._failed(what, exc)
+            return fallback
 
     def _retrying(self, call: Callable[[], T], retry_s: float) -> T:
         """`call()`, again every RETRY_PAUSE_S while Redis fails (a failover: no master yet, or a connection to
