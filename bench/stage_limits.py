@@ -1,0 +1,206 @@
+"""Each stage of a first question against its own limit, measured in the same run.
+
+One compression of a --tokens passkey document (budget 1024) per strategy: the default (the cascade) and plain ILRe at
+l_R, on the embedded model after a warm-up, under torch.profiler with the operators' shapes. Operators are grouped into
+stages as bench/prefill_profile.py groups them; per stage: self time, the work it did (FLOPs of the matmuls and of
+the chunk attention from their shapes; bytes read and written for the passes that only move data), the rate, the
+stage's limit (the matmul peak of its operands' dtype on the model's own shapes, or the memory bandwidth), and its
+share of that limit (the time the limit allows over the time taken). Then the whole request's useful FLOPs over its
+time, as a share of the matmul peak of the request's dtype. The limits are measured first, in this process:
+    matmul peak: (1024, 576) @ (576, 3072), the MLP's gate/up shape, in float32, bfloat16 and int8 (oneDNN's
+                 int8 linear on an already quantized input);
+    bandwidth:   a 12 MiB float32 copy, the size of a chunk's largest activation (1024 x 3072): what a pass over
+                 one chunk's tensors can move (bytes read + written over its time).
+Shares are of the profiled run's self times; the whole request is timed again without the profiler.
+Usage: bench/stage_limits.py [--tokens 32768] [--dtype auto] [--strategies default,ilre]
+With ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 in the environment it measures
+what a CPU without AVX-512 runs (`--dtype auto` is int8 there).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from prefill_profile import STAGES  # noqa: E402
+
+SIZES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4, "bool": 1,
+         "unsigned char": 1, "signed char": 1, "short int": 2}
+MOVES = {"copies and casts", "elementwise"}  # stages whose limit is the memory bandwidth
+COMPOSITE = {"aten::to", "aten::_to_copy", "aten::clone"}  # their bytes are their copy_'s, counted there
+STAGES = {**STAGES, "onednn::qlinear_pointwise": "matmuls", "aten::_fused_rms_norm": "elementwise",
+          "aten::abs": "elementwise", "aten::round_": "elementwise", "aten::mul_": "elementwise",
+          "aten::add_": "elementwise", "aten::div_": "elementwise", "aten::sigmoid": "elementwise",
+          "aten::lerp": "elementwise", "aten::clamp_min_": "elementwise"}
+
+
+def best_s(fn, repeats: int = 5) -> float:
+    """Best wall time of `fn()` over `repeats` calls, after one warm-up."""
+    fn()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def limits(own: str) -> dict[str, float]:
+    """The limits: GFLOP/s per operand dtype ("float" and `own`: the request's, "c10::BFloat16" or "int8") and
+    "bandwidth" in GB/s."""
+    import torch
+
+    from ilre.models.int8 import Int8Linear, int8_available, quantize_tokens
+
+    m, k, n = 1024, 576, 3072
+    out = {}
+    for name, dtype in (("float", torch.float32), ("c10::BFloat16", torch.bfloat16)):
+        if name not in ("float", own):
+            continue
+        a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
+        out[name] = 2 * m * k * n / best_s(lambda: a @ b) / 1e9
+    if own == "int8" and int8_available():
+        linear, x = Int8Linear(torch.randn(n, k)), torch.randn(m, k)
+        _, quantized = quantize_tokens(x)
+        packed, w_scale, w_zero = linear._rows(slice(None))
+        qlinear = lambda: torch.ops.onednn.qlinear_pointwise(  # noqa: E731
+            quantized, 1.0, 128, packed, w_scale, w_zero, None, 1.0, 0, torch.float32, "none", [], "")
+        out["int8"] = 2 * m * k * n / best_s(qlinear) / 1e9
+    src, dst = torch.randn(m, n), torch.empty(m, n)
+    out["bandwidth"] = 2 * src.numel() * 4 / best_s(lambda: dst.copy_(src), 20) / 1e9
+    return out
+
+
+def tensor_bytes(event) -> list[int]:
+    """Bytes of each tensor input of a profiler event (from its recorded shapes and dtypes)."""
+    sizes = []
+    for shape, dtype in zip(event.input_shapes, event.input_dtypes):
+        if shape and dtype in SIZES:
+            count = 1
+            for dim in shape:
+                count *= dim
+            sizes.append(count * SIZES[dtype])
+    return sizes
+
+
+def work(event) -> tuple[float, float, str]:
+    """(FLOPs, bytes, limit key) of one operator from its shapes; (0, 0, "") for what is not counted."""
+    name, shapes = event.name, event.input_shapes
+    if name == "aten::mm":
+        (m, k), (_, n) = shapes[0], shapes[1]
+        return 2.0 * m * k * n, 0.0, event.input_dtypes[0]
+    if name == "aten::addmm":
+        (m, k), (_, n) = shapes[1], shapes[2]
+        return 2.0 * m * k * n, 0.0, event.input_dtypes[1]
+    if name == "aten::bmm":
+        (b, m, k), (_, _, n) = shapes[0], shapes[1]
+        return 2.0 * b * m * k * n, 0.0, event.input_dtypes[0]
+    if name == "onednn::qlinear_pointwise":
+        (m, k), (n,) = shapes[0][-2:], shapes[4]
+        return 2.0 * m * k * n, 0.0, "int8"
+    if name == "aten::_scaled_dot_product_flash_attention_for_cpu":
+        _, heads, lq, d = shapes[0]
+        lk = shapes[1][2]
+        causal = bool(event.concrete_inputs[4]) if len(event.concrete_inputs) > 4 else False
+        pairs = lq * lk - (lq * (lq - 1) // 2 if causal else 0)
+        return 4.0 * heads * d * pairs, 0.0, event.input_dtypes[0]
+    if STAGES.get(name) in MOVES and name not in COMPOSITE:
+        sizes = tensor_bytes(event)
+        if not sizes:
+            return 0.0, 0.0, ""
+        written = 0 if name.endswith("_") else max(sizes)  # in place (copy_ included): the output is an input
+        return 0.0, float(sum(sizes) + written), "bandwidth"
+    return 0.0, 0.0, ""
+
+
+def profile_request(engine, request):
+    """(the profiler, the CompressResult) of one compression, profiled on the engine's compute thread."""
+    from torch.profiler import ProfilerActivity, profile
+
+    def profiled():  # on the engine's compute thread: the profiler records the thread it is entered on
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+            return prof, engine.compress(request)
+
+    return engine.thread.call(profiled)
+
+
+def stage_table(prof, peaks: dict[str, float]) -> tuple[dict[str, dict[str, float]], float]:
+    """Per stage {seconds, flops, bytes, limit_s} and the request's useful FLOPs (matmuls + attention)."""
+    stages: dict[str, dict[str, float]] = defaultdict(lambda: defaultdict(float))
+    useful = 0.0
+    for event in prof.events():
+        stage = STAGES.get(event.name, "other")
+        row = stages[stage]
+        row["seconds"] += event.self_cpu_time_total / 1e6
+        flops, moved, key = work(event)
+        row["flops"] += flops
+        row["bytes"] += moved
+        useful += flops
+        if key == "bandwidth":
+            row["limit_s"] += moved / (peaks["bandwidth"] * 1e9)
+        elif key:
+            row["limit_s"] += flops / (peaks.get(key, peaks["float"]) * 1e9)
+    return stages, useful
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--tokens", type=int, default=32768)
+    parser.add_argument("--dtype", default="auto")
+    parser.add_argument("--strategies", default="default,ilre")
+    args = parser.parse_args()
+
+    import torch
+
+    from ilre.engine.engine import Engine, EngineConfig
+    from ilre.engine.messages import CompressRequest
+    from ilre.evaluation.tasks.passkey import make_passkey_sample
+
+    engine = Engine(EngineConfig(dtype=args.dtype, doc_cache_mb=0))
+    placement = engine.placement.describe()
+    own = next((key for word, key in (("bfloat16", "c10::BFloat16"), ("int8", "int8")) if word in placement), "float")
+    peaks = limits(own)
+    print(f"{args.tokens} tokens, {placement}, {torch.get_num_threads()} threads; limits measured now: matmul "
+          + ", ".join(f"{k.removeprefix('c10::')} {v:,.0f} GFLOP/s" for k, v in peaks.items() if k != "bandwidth")
+          + f" on (1024, 576) @ (576, 3072); bandwidth {peaks['bandwidth']:.1f} GB/s (a 12 MiB copy)")
+    sample = make_passkey_sample(engine.tokenizer, args.tokens, 0.5, seed=7)
+    for name in args.strategies.split(","):
+        strategy = {} if name == "default" else {"strategy": name}
+        ask = lambda ids: CompressRequest(context_ids=ids, query_ids=sample.query_ids, budget=1024,  # noqa: E731
+                                          **strategy)
+        engine.compress(ask(sample.context_ids[:4096]))  # warm-up: packing, first-call allocations
+        prof, result = profile_request(engine, ask(sample.context_ids))
+        stages, useful = stage_table(prof, peaks)
+        start = time.perf_counter()
+        engine.compress(ask(sample.context_ids))
+        wall = time.perf_counter() - start
+        label = "default (cascade)" if not strategy else f"plain {name}"
+        print(f"\n{label} at l_R={result.layer}: {wall:.2f} s ({sum(r['seconds'] for r in stages.values()):.2f} s of "
+              f"operators under the profiler)")
+        print("| stage | seconds | share | work | rate | limit | share of the limit |")
+        print("|---|---|---|---|---|---|---|")
+        total = sum(row["seconds"] for row in stages.values())
+        for stage, row in sorted(stages.items(), key=lambda kv: -kv[1]["seconds"]):
+            if row["flops"]:
+                amount, rate = f"{row['flops'] / 1e9:,.0f} GFLOP", f"{row['flops'] / row['seconds'] / 1e9:,.0f} GFLOP/s"
+                limit = "matmul peak"
+            elif row["bytes"]:
+                amount, rate = f"{row['bytes'] / 1e9:,.1f} GB", f"{row['bytes'] / row['seconds'] / 1e9:,.1f} GB/s"
+                limit = "bandwidth"
+            else:
+                amount = rate = limit = "-"
+            share = f"{100 * row['limit_s'] / row['seconds']:.0f}%" if row["limit_s"] else "-"
+            print(f"| {stage} | {row['seconds']:.2f} | {100 * row['seconds'] / total:.0f}% | {amount} | {rate} | "
+                  f"{limit} | {share} |")
+        print(f"whole request: {useful / 1e9:,.0f} GFLOP in {wall:.2f} s = {useful / wall / 1e9:,.0f} GFLOP/s, "
+              f"{100 * useful / wall / 1e9 / peaks.get(own, peaks['float']):.0f}% of the {own.removeprefix('c10::')} "
+              f"matmul peak")
+
+
+if __name__ == "__main__":
+    main()
