@@ -33,10 +33,6 @@ SIZES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int"
          "unsigned char": 1, "signed char": 1, "short int": 2}
 MOVES = {"copies and casts", "elementwise"}  # stages whose limit is the memory bandwidth
 COMPOSITE = {"aten::to", "aten::_to_copy", "aten::clone"}  # their bytes are their copy_'s, counted there
-STAGES = {**STAGES, "onednn::qlinear_pointwise": "matmuls", "aten::_fused_rms_norm": "elementwise",
-          "aten::abs": "elementwise", "aten::round_": "elementwise", "aten::mul_": "elementwise",
-          "aten::add_": "elementwise", "aten::div_": "elementwise", "aten::sigmoid": "elementwise",
-          "aten::lerp": "elementwise", "aten::clamp_min_": "elementwise"}
 
 
 def best_s(fn, repeats: int = 5) -> float:
@@ -180,11 +176,10 @@ def main() -> None:
         engine.compress(ask(sample.context_ids))
         wall = time.perf_counter() - start
         label = "default (cascade)" if not strategy else f"plain {name}"
-        print(f"\n{label} at l_R={result.layer}: {wall:.2f} s ({sum(r['seconds'] for r in stages.values()):.2f} s of "
-              f"operators under the profiler)")
+        total = sum(row["seconds"] for row in stages.values())
+        print(f"\n{label} at l_R={result.layer}: {wall:.2f} s ({total:.2f} s of operators under the profiler)")
         print("| stage | seconds | share | work | rate | limit | share of the limit |")
         print("|---|---|---|---|---|---|---|")
-        total = sum(row["seconds"] for row in stages.values())
         for stage, row in sorted(stages.items(), key=lambda kv: -kv[1]["seconds"]):
             if row["flops"]:
                 amount, rate = f"{row['flops'] / 1e9:,.0f} GFLOP", f"{row['flops'] / row['seconds'] / 1e9:,.0f} GFLOP/s"
