@@ -63,7 +63,10 @@ def test_a_service_that_comes_up_late_is_waited_for(engine, lines, tmp_path):
     proc = subprocess.Popen([*ILRE, "--input", str(source), "--output", str(output), "--server",
                              f"http://127.0.0.1:{port}", "--retry-s", "120", "--json"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
-    time.sleep(3)
+    deadline = time.monotonic() + 60  # the output opens just before the first request (later on a loaded machine)
+    while not output.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.2)
+    time.sleep(2)  # the first requests are refused
     assert proc.poll() is None and not output.read_bytes()  # waiting, nothing written
     with ServiceThread(service_config(http_port=port), engine):
         out, err = proc.communicate(timeout=300)

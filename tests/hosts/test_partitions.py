@@ -98,8 +98,13 @@ def test_a_frozen_worker_host_is_taken_over_and_its_late_result_dropped(site):
     site.cluster.thaw(owner)
     response, answered = future.result(90)  # seconds from sending it
     site.same_as_idle(3, response)
-    wait_until(lambda: site.metric(owner, "ilre_stale_results_dropped_total") == dropped + 1, 60,
-               "the frozen worker to drop its late result")
+    try:
+        wait_until(lambda: site.metric(owner, "ilre_stale_results_dropped_total") == dropped + 1, 60,
+                   "the frozen worker to drop its late result")
+    except TimeoutError as exc:  # what the frozen worker did after the thaw, for whoever reads the failure
+        retries = {call: site.metric(owner, "ilre_redis_retries_total", f'call="{call}"') for call in ("finish", "cancel")}
+        raise TimeoutError(f"{exc}; its Redis retries {retries}; its last log lines:\n"
+                           + "\n".join(site.workers[owner].lines[-15:])) from None
     site.settled()  # its late result was not delivered: no second result anywhere
     print(f"worker frozen 20 s: answered by the other in {answered:.1f} s; the late result dropped")
 
