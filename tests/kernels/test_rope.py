@@ -103,3 +103,14 @@ def test_rerotate_into_a_slice_equals_rerotate(x, shift):
     rerotate_into(out[:, 1:-2], x, INV_FREQ, shift)
     torch.testing.assert_close(out[:, 1:-2], rerotate(x, INV_FREQ, shift), atol=1e-6, rtol=1e-6)
     assert out[:, 0].isnan().all() and out[:, -2:].isnan().all()  # nothing written beside the slice
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_apply_rope_rounds_as_the_textbook_formula_bit_for_bit(dtype):
+    """Written in place to halve its passes, the rotation still rounds a product and then a sum: selections made with
+    x * cos + rotate_half(x) * sin do not move."""
+    from ilre.kernels.rope import rotate_half
+
+    x = torch.randn(3, 2, 37, 64, generator=torch.Generator().manual_seed(1)).to(dtype)  # (batch, heads, T, d)
+    cos, sin = (t.to(dtype) for t in rope_cos_sin(1.0 / (10000.0 ** (torch.arange(0, 64, 2) / 64)), torch.arange(37)))
+    assert torch.equal(apply_rope(x, cos, sin), x * cos + rotate_half(x) * sin)

