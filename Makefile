@@ -77,6 +77,7 @@ bench: setup engine litellm ## latency and peak memory; per dtype up to 1M token
 	$(PY) bench/compute_thread_bench.py # kernels on the thread that loaded the model vs on the caller's
 	$(PY) bench/dtype_agreement.py      # int8's share of float32's selections on other texts
 	$(PY) bench/stage_limits.py         # each stage of a 32K first question against its own limit, measured in the same run
+	$(PY) bench/elementwise_bench.py    # the passes around the matmuls as now and as before; the servers' allocator at 32 MiB and 4 MiB
 	$(PY) bench/attention_kernels.py
 	$(PY) bench/query_scores_bench.py   # a deepened document's scores with DCA: the query moved, not the keys
 	$(PY) bench/document_bench.py

@@ -172,8 +172,8 @@ def run_serve(args: argparse.Namespace) -> int:
 @contextlib.contextmanager
 def _closing_engines(args: argparse.Namespace) -> Iterator[Callable[[], Any]]:
     """A loader of the command's engine (a server loads it in the background) whose engines are closed
-    (their background deepening stopped) when the command ends. A server runs for long: glibc is tuned for
-    it first (engine/heap.py; a one-shot command keeps glibc's defaults)."""
+    (their background deepening stopped) when the command ends. A server or a batch job runs for long: glibc
+    is tuned for it first (engine/heap.py; a one-shot command keeps glibc's defaults)."""
     from ..engine.heap import tune_allocator
 
     engines: list[Any] = []
@@ -218,7 +218,8 @@ def run_worker(args: argparse.Namespace) -> int:
 def run_batch(args: argparse.Namespace) -> int:
     from .batch import run_batch as run
 
-    return run(args, request_defaults(args), lambda: _engine(args))
+    with _closing_engines(args) as engine:  # a corpus job runs for long, as a server does
+        return run(args, request_defaults(args), engine)
 
 
 def run_demo(args: argparse.Namespace) -> int:

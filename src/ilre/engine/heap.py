@@ -17,8 +17,11 @@ malloc_trim(0) gave back 1.2 GiB of 3.7. Three things keep it down:
   chunk-sized blocks layer after layer (a 1,024-token chunk's MLP product: 12 MiB in float32); from the heap
   they are reused, each in a mapping of its own they were faulted in at every allocation: with the threshold at
   4 MiB a 32K first question took 1.7 million minor faults and 25.6 s, at 32 MiB 33 thousand and 20.8 s
-  (int8 on a CPU without AVX-512, medians of three, alternating in one process). The server commands set it
-  when they load their engine; a process that embeds the Engine as a library, or runs one command and exits,
+  (int8 on a CPU without AVX-512, medians of three, alternating in one process). Since the layers' passes
+  run in place fewer such blocks are made: 365 thousand faults against 45 thousand, the same time within the
+  noise (bench/elementwise_bench.py). The server commands and
+  `ilre batch` set it when they load their engine (24 short lines through the batch loop: 0.77-0.84 s a line
+  tuned, 0.87-0.94 untuned); a process that embeds the Engine as a library, or runs one command and exits,
   keeps glibc's defaults.
 
 Where the C library has no malloc_trim or mallopt (musl, macOS, Windows), the trimmer and the tuning do nothing.
