@@ -238,8 +238,13 @@ def test_an_engine_connection_idle_past_its_keep_alive_is_not_reused(engine, rel
             reply = client.post("/tokenize", json={"content": marker})
             assert reply.status_code == 200, reply.text
             return relay.connection_of(marker.encode())
-        first = connection("keep-alive-one")
-        assert connection("keep-alive-two") == first
+        for attempt in range(3):  # "soon": the pair within the idle limit (a loaded machine can stall past it)
+            start = time.monotonic()
+            first, second = connection(f"keep-alive-one-{attempt}"), connection(f"keep-alive-two-{attempt}")
+            took = time.monotonic() - start
+            if took < IDLE_CONNECTION_S:
+                break
+        assert second == first, f"two requests {took:.2f} s apart took two connections"
         time.sleep(IDLE_CONNECTION_S + 1.0)  # still inside the engine's 5 s
         assert connection("keep-alive-three") != first
 
