@@ -13,7 +13,6 @@
 from __future__ import annotations
 
 import argparse
-import ctypes
 import resource
 import statistics
 import time
@@ -73,8 +72,7 @@ def allocator(tokens: int, repeats: int) -> None:
     if not heap.tune_allocator():
         print("\nallocator: not tuned here (no mallopt, or MALLOC_*/GLIBC_TUNABLES set): skipped")
         return
-    libc = heap._libc()
-    libc.mallopt.argtypes, libc.mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
+    libc = heap._libc()  # its mallopt typed by tune_allocator
     engine = Engine(EngineConfig(doc_cache_mb=0))
     sample = make_passkey_sample(engine.tokenizer, tokens, 0.5, seed=7)
     ask = lambda ids: CompressRequest(context_ids=ids, query_ids=sample.query_ids, budget=1024)  # noqa: E731

@@ -9,7 +9,7 @@ import torch
 
 from tests.tiny_models import single_thread  # noqa: F401 (autouse)
 
-from ilre.kernels.rope import apply_rope, rerotate, rerotate_into, rope_cos_sin
+from ilre.kernels.rope import apply_rope, rerotate, rerotate_into, rope_cos_sin, rotate_half
 
 DIM = 16
 INV_FREQ = 1.0 / (10000.0 ** (torch.arange(0, DIM, 2, dtype=torch.float32) / DIM))  # (d/2,)
@@ -109,8 +109,6 @@ def test_rerotate_into_a_slice_equals_rerotate(x, shift):
 def test_apply_rope_rounds_as_the_textbook_formula_bit_for_bit(dtype):
     """Written in place to halve its passes, the rotation still rounds a product and then a sum: selections made with
     x * cos + rotate_half(x) * sin do not move."""
-    from ilre.kernels.rope import rotate_half
-
     x = torch.randn(3, 2, 37, 64, generator=torch.Generator().manual_seed(1)).to(dtype)  # (batch, heads, T, d)
     cos, sin = (t.to(dtype) for t in rope_cos_sin(1.0 / (10000.0 ** (torch.arange(0, 64, 2) / 64)), torch.arange(37)))
     assert torch.equal(apply_rope(x, cos, sin), x * cos + rotate_half(x) * sin)

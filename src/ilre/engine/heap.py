@@ -13,16 +13,12 @@ malloc_trim(0) gave back 1.2 GiB of 3.7. Three things keep it down:
   tensor is freed, so eviction returns it whatever the heap around it holds;
 - `tune_allocator`: blocks over 32 MiB (glibc's largest threshold) get mappings of their own as well (a fixed
   mmap threshold), and glibc leaves trimming to the trimmer (a high trim threshold: freeing at the heap's top
-  does not shrink it only for the next request to fault it in again). A prefill allocates and frees the same
-  chunk-sized blocks layer after layer (a 1,024-token chunk's MLP product: 12 MiB in float32); from the heap
-  they are reused, each in a mapping of its own they were faulted in at every allocation: with the threshold at
-  4 MiB a 32K first question took 1.7 million minor faults and 25.6 s, at 32 MiB 33 thousand and 20.8 s
-  (int8 on a CPU without AVX-512, medians of three, alternating in one process). Since the layers' passes
-  run in place fewer such blocks are made: 365 thousand faults against 45 thousand, the same time within the
-  noise (bench/elementwise_bench.py). The server commands and
-  `ilre batch` set it when they load their engine (24 short lines through the batch loop: 0.77-0.84 s a line
-  tuned, 0.87-0.94 untuned); a process that embeds the Engine as a library, or runs one command and exits,
-  keeps glibc's defaults.
+  does not shrink it only for the next request to fault it in again). Below it, the chunk-sized blocks a prefill
+  frees and takes again at every layer (a 1,024-token chunk's MLP product: 12 MiB in float32) are reused from
+  the heap; with their own mappings (the threshold was 4 MiB) they were faulted in at each allocation
+  (docs/benchmarks.md; bench/elementwise_bench.py). The server commands and `ilre batch` set it when they load
+  their engine; a process that embeds the Engine as a library, or runs one command and exits, keeps glibc's
+  defaults.
 
 Where the C library has no malloc_trim or mallopt (musl, macOS, Windows), the trimmer and the tuning do nothing.
 """
