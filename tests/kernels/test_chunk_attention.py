@@ -10,7 +10,7 @@ import torch
 from tests.tiny_models import single_thread  # noqa: F401 (autouse)
 
 from ilre.kernels import chunk_attention as chunk_attention_module
-from ilre.kernels.chunk_attention import chunk_attention
+from ilre.kernels.chunk_attention import chunk_attention, torch_chunk_attention
 
 
 def dense_chunk_attention(q, k, v, n_prefix, visible=None):
@@ -27,7 +27,7 @@ def dense_chunk_attention(q, k, v, n_prefix, visible=None):
     return torch.softmax(logits.masked_fill(~mask, -math.inf), -1) @ v_rep.double()
 
 
-@pytest.mark.parametrize("path", ["cpu_flash_merged", "lower_right_bias"])
+@pytest.mark.parametrize("path", ["as_run", "cpu_flash_merged", "lower_right_bias"])
 @pytest.mark.parametrize("n_prefix", [0, 1, 5])
 @pytest.mark.parametrize("group", [1, 2, 3])
 def test_chunk_attention_equals_dense(n_prefix, group, path, monkeypatch):
@@ -38,7 +38,8 @@ def test_chunk_attention_equals_dense(n_prefix, group, path, monkeypatch):
     q = 2 * torch.randn(n_kv * group, n_chunk, dim, generator=gen)  # (H, C, d)
     k = torch.randn(n_kv, n_prefix + n_chunk, dim, generator=gen)  # (KV, P+C, d)
     v = torch.randn(n_kv, n_prefix + n_chunk, dim, generator=gen)
-    got = chunk_attention(q, k, v, n_prefix)
+    attend = chunk_attention if path == "as_run" else torch_chunk_attention  # as run: the C kernel where it builds
+    got = attend(q, k, v, n_prefix)
     assert got.shape == q.shape
     torch.testing.assert_close(got.double(), dense_chunk_attention(q, k, v, n_prefix), atol=1e-5, rtol=1e-5)
 

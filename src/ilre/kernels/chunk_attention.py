@@ -5,6 +5,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from .native_attention import native_chunk_attention, native_preferred
+
 # The CPU flash kernel that returns each row's log-sum-exp: lets the prefix (dense) and the chunk
 # (causal) be two unmasked calls merged exactly, instead of one call over a materialised mask.
 _CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
@@ -14,7 +16,23 @@ def chunk_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_prefix: int, visible: torch.Tensor | None = None,
     rows: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """One chunk of the streaming chunked prefill.
+    """One chunk of the streaming chunked prefill (arguments and result as `torch_chunk_attention`'s).
+
+    On the CPU, the C kernel (kernels/native_attention.py) where it builds and is the faster of the two for the
+    dtype (`native_preferred`: float32 always, bfloat16 where the CPU has no AMX tiles, which PyTorch's kernel
+    runs its products on); elsewhere, and where it does not apply, PyTorch's kernels (`torch_chunk_attention`)."""
+    if q.device.type == "cpu" and native_preferred(q.dtype):
+        out = native_chunk_attention(q, k, v, n_prefix, visible, rows)
+        if out is not None:
+            return out
+    return torch_chunk_attention(q, k, v, n_prefix, visible, rows)
+
+
+def torch_chunk_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, n_prefix: int, visible: torch.Tensor | None = None,
+    rows: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One chunk of the streaming chunked prefill, with PyTorch's attention kernels.
 
     q: (heads, C, d) queries of the chunk; k, v: (kv_heads, P + C, d) with the P = `n_prefix`
     cached sink + window entries first, then the chunk's own. Every query sees the chunk causally
