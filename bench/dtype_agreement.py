@@ -3,9 +3,12 @@ passkeys in Shakespeare at five depths, and a fact planted in Python's reference
 
 Per sample and dtype, one engine's first question (no cache): plain ILRe at the profile's fast layer (the
 speed row's path) and the default cascade. Printed: the share of float32's kept indices each dtype keeps,
-whether each keeps the needle, and the seconds of each (one thread each, as `make bench` runs).
+whether each keeps the needle, and the seconds of each (one thread each, as `make bench` runs). float32's
+selections are made with PyTorch's attention kernels; `--kernels torch,run` measures each dtype with those
+and with the chunk attention the prefill runs (the C kernel where it is preferred: kernels/native_attention.py).
 
     .venv/bin/python bench/dtype_agreement.py [--tokens 8000] [--dtypes int8] [--budget 1024] [--paths plain,default]
+        [--kernels torch,run]
 """
 
 from __future__ import annotations
@@ -20,14 +23,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from stream_agreement import samples  # noqa: E402
 
+import ilre.kernels.chunk_attention as attention  # noqa: E402
 from ilre.engine.engine import Engine, EngineConfig  # noqa: E402
 from ilre.engine.messages import CompressRequest  # noqa: E402
+from ilre.kernels.native_attention import native_preferred  # noqa: E402
 
 PATHS = {"plain": {"strategy": "ilre", "layer": "fast"}, "default": {}}
+KERNELS = {"torch": lambda dtype: False, "run": native_preferred}  # PyTorch's chunk attention, or as the prefill runs
+KERNEL_NAMES = {"torch": " (PyTorch's attention)", "run": ""}
 
 
-def selections(dtype: str, data: list, budget: int, paths: list[str]) -> dict[tuple[str, str], tuple[set[int], float]]:
-    """(path, sample name) -> (kept indices, seconds), one engine without a document cache."""
+def selections(dtype: str, data: list, budget: int, paths: list[str], kernel: str = "run"
+               ) -> dict[tuple[str, str], tuple[set[int], float]]:
+    """(path, sample name) -> (kept indices, seconds), one engine without a document cache, its chunk attention
+    `kernel` (KERNELS)."""
+    attention.native_preferred = KERNELS[kernel]
     engine = Engine(EngineConfig(dtype=dtype, doc_cache_mb=0, deepen="off"))
     out = {}
     for path in paths:
@@ -45,17 +55,21 @@ def main() -> None:
     parser.add_argument("--budget", type=int, default=1024)
     parser.add_argument("--dtypes", default="int8", help="compared with float32")
     parser.add_argument("--paths", default=",".join(PATHS), help=f"of {', '.join(PATHS)}")
+    parser.add_argument("--kernels", default="torch,run", help=f"of {', '.join(KERNELS)}: each dtype with each")
     args = parser.parse_args()
     paths = [p for p in args.paths.split(",") if p]
     if not paths or any(p not in PATHS for p in paths):
         parser.error(f"--paths: each one of {', '.join(PATHS)} (got {args.paths!r})")
+    kernels = [k for k in args.kernels.split(",") if k]
+    if not kernels or any(k not in KERNELS for k in kernels):
+        parser.error(f"--kernels: each one of {', '.join(KERNELS)} (got {args.kernels!r})")
     data = samples(Engine(EngineConfig(doc_cache_mb=0, deepen="off")), args.tokens)
-    base = selections("float32", data, args.budget, paths)
+    base = selections("float32", data, args.budget, paths, "torch")
     print(f"{args.tokens} tokens, budget {args.budget}; share of float32's kept indices, needle, seconds (float32's)")
     print("| dtype | path | " + " | ".join(name for name, *_ in data) + " | mean |")
     print("|---|---|" + "---|" * (len(data) + 1))
-    for dtype in [d for d in args.dtypes.split(",") if d]:
-        got = selections(dtype, data, args.budget, paths)
+    for dtype, kernel in [(d, k) for d in args.dtypes.split(",") if d for k in kernels]:
+        got = selections(dtype, data, args.budget, paths, kernel)
         for path in paths:
             cells, shares = [], []
             for name, _, _, (a, b) in data:
@@ -64,7 +78,7 @@ def main() -> None:
                 shares.append(len(kept & want) / len(want))
                 needle = "kept" if all(i in kept for i in range(a, b)) else "LOST"
                 cells.append(f"{shares[-1]:.1%} {needle} {seconds:.1f} s ({base_seconds:.1f})")
-            print(f"| {dtype} | {path} | " + " | ".join(cells) + f" | {sum(shares) / len(shares):.1%} |", flush=True)
+            print(f"| {dtype}{KERNEL_NAMES[kernel]} | {path} | " + " | ".join(cells) + f" | {sum(shares) / len(shares):.1%} |", flush=True)
 
 
 if __name__ == "__main__":

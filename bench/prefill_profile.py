@@ -15,7 +15,7 @@ from collections import defaultdict
 STAGES = {  # operator name -> stage; anything else is "other"
     "aten::mm": "matmuls", "aten::addmm": "matmuls", "aten::bmm": "matmuls", "aten::matmul": "matmuls",
     "aten::_scaled_dot_product_flash_attention_for_cpu": "chunk attention",
-    "aten::_scaled_dot_product_attention_math": "chunk attention",
+    "aten::_scaled_dot_product_attention_math": "chunk attention", "ilre::native_chunk_attention": "chunk attention",
     "aten::mul": "elementwise", "aten::add": "elementwise", "aten::neg": "elementwise", "aten::silu": "elementwise",
     "aten::rsqrt": "elementwise", "aten::pow": "elementwise", "aten::mean": "elementwise", "aten::exp": "elementwise",
     "aten::sub": "elementwise", "aten::div": "elementwise", "aten::maximum": "elementwise", "aten::amax": "elementwise",

@@ -3,7 +3,7 @@
 One compression of a --tokens passkey document (budget 1024) per strategy: the default (the cascade) and plain ILRe at
 l_R, on the embedded model after a warm-up, under torch.profiler with the operators' shapes. Operators are grouped into
 stages as bench/prefill_profile.py groups them; per stage: self time, the work it did (FLOPs of the matmuls and of
-the chunk attention from their shapes; bytes read and written for the passes that only move data), the rate, the
+the chunk attention from their shapes, or counted around the C kernel's calls; bytes read and written for the passes that only move data), the rate, the
 stage's limit (the matmul peak of its operands' dtype on the model's own shapes, or the memory bandwidth), and its
 share of that limit (the time the limit allows over the time taken). Then the whole request's useful FLOPs over its
 time, as a share of the matmul peak of the request's dtype. The limits are measured first, in this process:
@@ -114,6 +114,43 @@ def work(event) -> tuple[float, float, str]:
     return 0.0, 0.0, ""
 
 
+class NativeAttentionWork:
+    """The C chunk attention's FLOPs (4 * d per visible score element) and its operands' dtype, counted around its
+    calls while in the `with`: it runs outside PyTorch's operators, so the profiler times it (its record_function
+    row) but records no shapes."""
+
+    def __enter__(self) -> "NativeAttentionWork":
+        import torch
+
+        import ilre.kernels.chunk_attention as module
+
+        self.flops, self.key, self.module, self.inner = 0.0, "", module, module.native_chunk_attention
+
+        def counted(q, k, v, n_prefix, visible=None, rows=None):
+            out = self.inner(q, k, v, n_prefix, visible, rows)
+            if out is not None:
+                heads, n_rows, d = q.shape
+                seen = n_prefix if visible is None else int(visible.sum())
+                own = n_rows * (n_rows + 1) // 2 if rows is None else int((rows + 1).sum())
+                self.flops += 4.0 * heads * d * (n_rows * seen + own)
+                self.key = "c10::BFloat16" if q.dtype == torch.bfloat16 else "float"
+            return out
+
+        module.native_chunk_attention = counted
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.module.native_chunk_attention = self.inner
+
+    def add_to(self, stages: dict[str, dict[str, float]], peaks: dict[str, float]) -> float:
+        """Its FLOPs and their limit added to the chunk attention stage; returns the FLOPs."""
+        if self.flops:
+            row = stages["chunk attention"]
+            row["flops"] += self.flops
+            row["limit_s"] += self.flops / (peaks.get(self.key, peaks["float"]) * 1e9)
+        return self.flops
+
+
 def profile_request(engine, request):
     """(the profiler, the CompressResult) of one compression, profiled on the engine's compute thread."""
     from torch.profiler import ProfilerActivity, profile
@@ -170,8 +207,10 @@ def main() -> None:
         ask = lambda ids: CompressRequest(context_ids=ids, query_ids=sample.query_ids, budget=1024,  # noqa: E731
                                           **strategy)
         engine.compress(ask(sample.context_ids[:4096]))  # warm-up: packing, first-call allocations
-        prof, result = profile_request(engine, ask(sample.context_ids))
+        with NativeAttentionWork() as native:
+            prof, result = profile_request(engine, ask(sample.context_ids))
         stages, useful = stage_table(prof, peaks)
+        useful += native.add_to(stages, peaks)
         start = time.perf_counter()
         engine.compress(ask(sample.context_ids))
         wall = time.perf_counter() - start

@@ -130,6 +130,15 @@ def test_returns_none_where_it_does_not_apply():
     assert native_chunk_attention(*meta, 0) is None
 
 
+def test_the_build_reports_whether_it_is_the_faster():
+    # AVX-512, or AVX2 and FMA (ATEN_CPU_CAPABILITY=avx2 builds for x86-64-v3); not an x86-64-v2 build
+    from ilre.kernels import native_attention
+
+    flags, cpu = native_attention._compile_flags(), set(native_attention._cpu_flags().split())
+    native = "-march=native" in flags and ("avx512f" in cpu or {"avx2", "fma"} <= cpu)
+    assert native_attention._fast == (native or "-march=x86-64-v3" in flags)
+
+
 def test_one_openmp_runtime_in_the_process():
     # the kernel runs on torch's libgomp (linked by path): no second OpenMP runtime gets mapped
     assert available()
@@ -139,19 +148,21 @@ def test_one_openmp_runtime_in_the_process():
 
 
 def test_the_prefill_runs_it_where_it_is_the_faster(monkeypatch):
-    # float32 always and bfloat16 without AMX tiles (PyTorch's flash kernel runs its products on them)
+    # float32 always and bfloat16 without AMX tiles (PyTorch's flash kernel runs its products on them), where the
+    # build is the faster one (AVX-512, or AVX2 and FMA)
     from ilre.kernels import native_attention
 
-    def preferred(flags: str, wide: bool = True) -> tuple[bool, bool]:
+    def preferred(flags: str, fast: bool = True) -> tuple[bool, bool]:
         monkeypatch.setattr(native_attention, "_cpu_flags", lambda: flags)
-        monkeypatch.setattr(native_attention, "_wide", wide)
+        monkeypatch.setattr(native_attention, "_fast", fast)
         native_attention.native_preferred.cache_clear()
         return native_attention.native_preferred(torch.float32), native_attention.native_preferred(torch.bfloat16)
 
     try:
         assert preferred("flags : fpu avx512f avx512_bf16") == (True, True)
         assert preferred("flags : fpu avx512f avx512_bf16 amx_bf16 amx_tile") == (True, False)
-        assert preferred("flags : fpu avx2", wide=False) == (False, False)  # built without AVX-512
+        assert preferred("flags : fpu avx2 fma") == (True, True)  # an x86-64-v3 build
+        assert preferred("flags : fpu sse4_2", fast=False) == (False, False)  # an x86-64-v2 build
         assert not native_attention.native_preferred(torch.float16)
     finally:
         native_attention.native_preferred.cache_clear()

@@ -18,9 +18,9 @@ def chunk_attention(
 ) -> torch.Tensor:
     """One chunk of the streaming chunked prefill (arguments and result as `torch_chunk_attention`'s).
 
-    On the CPU, the C kernel (kernels/native_attention.py) where it builds and is the faster of the two for the
-    dtype (`native_preferred`: float32 always, bfloat16 where the CPU has no AMX tiles, which PyTorch's kernel
-    runs its products on); elsewhere, and where it does not apply, PyTorch's kernels (`torch_chunk_attention`)."""
+    On the CPU, the C kernel (kernels/native_attention.py) where it builds for AVX2 or AVX-512 and is the faster of
+    the two for the dtype (`native_preferred`: float32, and bfloat16 where the CPU has no AMX tiles, which PyTorch's
+    kernel runs its products on); elsewhere, and where it does not apply, PyTorch's kernels (`torch_chunk_attention`)."""
     if q.device.type == "cpu" and native_preferred(q.dtype):
         out = native_chunk_attention(q, k, v, n_prefix, visible, rows)
         if out is not None:

@@ -35,10 +35,11 @@ CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC"]
 # AVX-512) caps this kernel's too; otherwise it is built for this CPU.
 MARCH = {"avx2": "-march=x86-64-v3", "default": "-march=x86-64-v2"}
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
+PROFILER_NAME = "ilre::native_chunk_attention"
 
 _lock = threading.Lock()
 _fn: ctypes._CFuncPtr | None = None  # type: ignore[name-defined]
-_wide = False  # built with AVX-512 (ilre_chunk_attention_wide)
+_fast = False  # built with AVX-512 or AVX2 and FMA (ilre_chunk_attention_fast)
 _tried = False
 
 
@@ -101,7 +102,7 @@ def _build(gcc: str) -> Path:
 
 def _load() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     """The kernel's ctypes function, built and loaded on the first call; None when that failed."""
-    global _fn, _wide, _tried
+    global _fn, _fast, _tried
     if _tried:
         return _fn
     with _lock:
@@ -116,7 +117,7 @@ def _load() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
             i64, ptr = ctypes.c_int64, ctypes.c_void_p
             fn.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ptr, ptr, ctypes.c_int, ctypes.c_int]
             fn.restype = ctypes.c_int
-            _wide = bool(lib.ilre_chunk_attention_wide())
+            _fast = bool(lib.ilre_chunk_attention_fast())
             _fn = fn
         except Exception as exc:  # no compiler, failed build or load: the caller falls back to torch
             logger.debug("native chunk attention unavailable: %s", exc)
@@ -131,11 +132,11 @@ def available() -> bool:
 
 @functools.cache
 def native_preferred(dtype: torch.dtype) -> bool:
-    """Whether `chunk_attention` runs the C kernel for `dtype` on this CPU: where it was built with AVX-512 (without,
-    its 16-lane vectors split and it runs several times slower than PyTorch's), for float32, and for bfloat16 unless
-    the CPU has AMX tiles (amx_bf16), on which PyTorch's flash kernel runs its products
-    (bench/native_attention_bench.py measures both)."""
-    if not available() or not _wide:
+    """Whether `chunk_attention` runs the C kernel for `dtype` on this CPU: where it was built with AVX-512 or with AVX2
+    and FMA (x86-64-v3, as under ATEN_CPU_CAPABILITY=avx2; built for x86-64-v2 it runs 2-3x slower than PyTorch's),
+    for float32, and for bfloat16 unless the CPU has AMX tiles (amx_bf16), on which PyTorch's flash kernel runs its
+    products (bench/native_attention_bench.py measures both; without avx512_bf16, bfloat16 goes through float32)."""
+    if not available() or not _fast:
         return False
     if dtype == torch.float32:
         return True
@@ -180,10 +181,11 @@ def native_chunk_attention(
     if visible is not None:
         vis = visible.to(device="cpu", dtype=torch.uint8).contiguous()
     out = torch.empty_like(q)
-    rc = fn(
-        q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), heads, kv_heads, n_rows, n_prefix, n_chunk,
-        dim, None if vis is None else vis.data_ptr(), pos.data_ptr(), code, torch.get_num_threads(),
-    )
+    with torch.profiler.record_function(PROFILER_NAME):  # its own row under the torch profiler (bench/prefill_profile.py)
+        rc = fn(
+            q.data_ptr(), k.data_ptr(), v.data_ptr(), out.data_ptr(), heads, kv_heads, n_rows, n_prefix, n_chunk,
+            dim, None if vis is None else vis.data_ptr(), pos.data_ptr(), code, torch.get_num_threads(),
+        )
     if rc != 0:
         return None
     return out

@@ -7,19 +7,41 @@
  * Layout: the visible prefix keys are gathered first, then the chunk keys, so row r sees exactly
  * the first lim[r] = Pv + pos[r] + 1 keys of the compacted sequence: no per-key prefix mask in
  * the inner loops. K of each kv head is converted once to float32 (dp, Npad), V to (Npad, dp)
- * (dp = d rounded up to 16, Npad = keys rounded up to the key tile, zero padded). Scores are
+ * (dp = d rounded up to 16, Npad = keys rounded up to the key tile, zero padded). Vectors of 16 float
+ * lanes with AVX-512, 8 without (AVX2 registers), with micro-kernel shapes per width. Scores are
  * kept in the base-2 domain (q pre-scaled by scale * log2(e)) with an online softmax per key tile.
  * bfloat16 inputs on CPUs with avx512_bf16 use its dot products instead (exact products of the
  * bf16 inputs summed in float32; the softmax weights rounded to bf16 for P . V, as PyTorch does).
- * Build: gcc -O3 -march=native -fopenmp -fno-math-errno -shared -fPIC (no finite-math: masked
- * scores are -inf).
+ * Build: gcc -O3 -march=native (or x86-64-v3) -fopenmp -fno-math-errno -shared -fPIC (no finite-math:
+ * masked scores are -inf).
  */
 #include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
-#define BC 64 /* keys per tile (4 vectors of 16) */
+/* Vector width: 16 float lanes (one zmm register) with AVX-512, else 8 (one ymm register with AVX;
+ * built for x86-64-v2 each is a pair of xmm registers). Micro-kernels: MR query rows by NXS vectors of
+ * keys (scores) and by NXV vectors of head columns (P . V), sized so that the accumulators, the loaded
+ * vectors and a broadcast fit the register file (32 zmm: 6 x 4; 16 ymm: 6 x 2). */
+#ifdef __AVX512F__
+#define VL 16
+#ifndef NXS
+#define NXS 4
+#endif
+#ifndef NXV
+#define NXV 4
+#endif
+#else
+#define VL 8
+#ifndef NXS
+#define NXS 2
+#endif
+#ifndef NXV
+#define NXV 2
+#endif
+#endif
+#define BC 64 /* keys per tile (a multiple of VL * NXS) */
 #ifndef BR
 #define BR 48 /* query rows per parallel task (a multiple of MR) */
 #endif
@@ -27,49 +49,81 @@
 #define MR 6 /* query rows per micro-kernel */
 #endif
 #define DMAX 256
+#define NB (BC / VL) /* vectors per tile row */
 _Static_assert(BR % MR == 0, "a row block holds whole micro-kernel row groups");
+_Static_assert(BC % (VL * NXS) == 0, "a key tile holds whole score micro-kernels");
+_Static_assert(NXV >= 1 && NXV <= 4, "P . V micro-kernels of 1 to 4 vectors");
 
-typedef float v16 __attribute__((vector_size(64)));
-typedef int32_t vi16 __attribute__((vector_size(64)));
+typedef float vf __attribute__((vector_size(VL * 4)));
+typedef int32_t vi __attribute__((vector_size(VL * 4)));
 
-static inline v16 splat(float x) { return (v16){0} + x; }
-static inline v16 sel(vi16 m, v16 a, v16 b) { return (v16)(((vi16)a & m) | ((vi16)b & ~m)); }
-static inline v16 vmax(v16 a, v16 b) { return sel(a > b, a, b); }
+#if VL == 16
+static inline vf splat(float x) { return (vf){0} + x; }
+#else
+/* a plain broadcast (0 + x would cost a scalar add: -0 + 0 is +0) */
+static inline vf splat(float x) { return (vf){x, x, x, x, x, x, x, x}; }
+#endif
+static inline vf sel(vi m, vf a, vf b) { return (vf)(((vi)a & m) | ((vi)b & ~m)); }
+static inline vf vmax(vf a, vf b) { return sel(a > b, a, b); }
 
-static inline float hmax(v16 x) {
-    v16 y;
-    y = __builtin_shuffle(x, (vi16){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+#if VL == 16
+static inline float hmax(vf x) {
+    vf y;
+    y = __builtin_shuffle(x, (vi){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
     x = vmax(x, y);
-    y = __builtin_shuffle(x, (vi16){4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
+    y = __builtin_shuffle(x, (vi){4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
     x = vmax(x, y);
-    y = __builtin_shuffle(x, (vi16){2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
+    y = __builtin_shuffle(x, (vi){2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
     x = vmax(x, y);
-    y = __builtin_shuffle(x, (vi16){1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+    y = __builtin_shuffle(x, (vi){1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
     x = vmax(x, y);
     return x[0];
 }
 
-static inline float hsum(v16 x) {
-    v16 y;
-    y = __builtin_shuffle(x, (vi16){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
+static inline float hsum(vf x) {
+    vf y;
+    y = __builtin_shuffle(x, (vi){8, 9, 10, 11, 12, 13, 14, 15, 0, 1, 2, 3, 4, 5, 6, 7});
     x = x + y;
-    y = __builtin_shuffle(x, (vi16){4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
+    y = __builtin_shuffle(x, (vi){4, 5, 6, 7, 0, 1, 2, 3, 12, 13, 14, 15, 8, 9, 10, 11});
     x = x + y;
-    y = __builtin_shuffle(x, (vi16){2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
+    y = __builtin_shuffle(x, (vi){2, 3, 0, 1, 6, 7, 4, 5, 10, 11, 8, 9, 14, 15, 12, 13});
     x = x + y;
-    y = __builtin_shuffle(x, (vi16){1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
+    y = __builtin_shuffle(x, (vi){1, 0, 3, 2, 5, 4, 7, 6, 9, 8, 11, 10, 13, 12, 15, 14});
     x = x + y;
     return x[0];
 }
+#else
+static inline float hmax(vf x) {
+    vf y;
+    y = __builtin_shuffle(x, (vi){4, 5, 6, 7, 0, 1, 2, 3});
+    x = vmax(x, y);
+    y = __builtin_shuffle(x, (vi){2, 3, 0, 1, 6, 7, 4, 5});
+    x = vmax(x, y);
+    y = __builtin_shuffle(x, (vi){1, 0, 3, 2, 5, 4, 7, 6});
+    x = vmax(x, y);
+    return x[0];
+}
+
+static inline float hsum(vf x) {
+    vf y;
+    y = __builtin_shuffle(x, (vi){4, 5, 6, 7, 0, 1, 2, 3});
+    x = x + y;
+    y = __builtin_shuffle(x, (vi){2, 3, 0, 1, 6, 7, 4, 5});
+    x = x + y;
+    y = __builtin_shuffle(x, (vi){1, 0, 3, 2, 5, 4, 7, 6});
+    x = x + y;
+    return x[0];
+}
+#endif
 
 /* 2^x for x <= 0 (x < -126, including -inf, gives 0); relative error ~1e-7. */
-static inline v16 vexp2(v16 x) {
-    const v16 lo = splat(-126.0f), magic = splat(12582912.0f); /* 1.5 * 2^23: round to nearest */
-    vi16 keep = x >= lo;
+static inline vf vexp2(vf x) {
+    const vf lo = splat(-126.0f), magic = splat(12582912.0f); /* 1.5 * 2^23: round to nearest */
+    vi keep = x >= lo;
     x = vmax(x, lo);
-    v16 n = (x + magic) - magic;
-    v16 f = x - n; /* [-0.5, 0.5] */
-    v16 p = splat(1.5252733804059840e-5f);  /* ln2^k / k!, k = 7..0 */
+    vf n = (x + magic) - magic;
+    vf f = x - n; /* [-0.5, 0.5] */
+    vf p = splat(1.5252733804059840e-5f);  /* ln2^k / k!, k = 7..0 */
     p = p * f + splat(1.5403530393381610e-4f);
     p = p * f + splat(1.3333558146428443e-3f);
     p = p * f + splat(9.6181291076284772e-3f);
@@ -77,8 +131,8 @@ static inline v16 vexp2(v16 x) {
     p = p * f + splat(2.4022650695910071e-1f);
     p = p * f + splat(6.9314718055994531e-1f);
     p = p * f + splat(1.0f);
-    vi16 e = (__builtin_convertvector(n, vi16) + 127) << 23;
-    return (v16)((vi16)(p * (v16)e) & keep);
+    vi e = (__builtin_convertvector(n, vi) + 127) << 23;
+    return (vf)((vi)(p * (vf)e) & keep);
 }
 
 static inline float load_elem(const void *src, int64_t i, int bf16) {
@@ -105,43 +159,64 @@ static inline void store_elem(void *dst, int64_t i, float f, int bf16) {
     }
 }
 
+#if NB != 4
+/* The maximum of a tile row's NB vectors (a pairwise tree). */
+static inline __attribute__((always_inline)) vf row_max(const vf s[NB]) {
+    vf t[NB];
+    for (int x = 0; x < NB; x++) t[x] = s[x];
+    for (int w = NB / 2; w >= 1; w /= 2)
+        for (int x = 0; x < w; x++) t[x] = vmax(t[2 * x], t[2 * x + 1]);
+    return t[0];
+}
+#endif
+
 /* Online-softmax update of one row from its scores s (BC keys, base-2 domain): masked past the
  * row's `rel` visible keys, m and l updated, alpha = the factor on the old accumulator, p = 2^(s - m). */
 static inline __attribute__((always_inline)) void row_softmax(
-    v16 s[4], int masked, int64_t rel, float *restrict m, float *restrict l, float *restrict alpha,
+    vf s[NB], int masked, int64_t rel, float *restrict m, float *restrict l, float *restrict alpha,
     float *restrict p) {
-    const v16 iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#if VL == 16
+    const vf iota = {0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15};
+#else
+    const vf iota = {0, 1, 2, 3, 4, 5, 6, 7};
+#endif
     if (masked) {
-        v16 relv = splat((float)rel); /* keys j0 + t with t < rel are visible */
-        for (int x = 0; x < 4; x++) s[x] = sel(iota + (float)(16 * x) < relv, s[x], splat(-INFINITY));
+        vf relv = splat((float)rel); /* keys j0 + t with t < rel are visible */
+        for (int x = 0; x < NB; x++) s[x] = sel(iota + (float)(VL * x) < relv, s[x], splat(-INFINITY));
     }
+#if NB == 4
     float mt = hmax(vmax(vmax(s[0], s[1]), vmax(s[2], s[3])));
+#else
+    float mt = hmax(row_max(s));
+#endif
     float mnew = mt > *m ? mt : *m;
     *alpha = exp2f(*m - mnew); /* m = -inf on the first tile: 0 */
     *m = mnew;
-    v16 mv = splat(mnew), sum = splat(0.0f);
-    for (int x = 0; x < 4; x++) {
-        v16 e = vexp2(s[x] - mv);
+    vf mv = splat(mnew), sum = splat(0.0f);
+    for (int x = 0; x < NB; x++) {
+        vf e = vexp2(s[x] - mv);
         sum += e;
-        *(v16 *)(p + 16 * x) = e;
+        *(vf *)(p + VL * x) = e;
     }
     *l = *l * *alpha + hsum(sum);
 }
 
 /* S = Q (MR x dp, pre-scaled) . Kt (dp x BC), then the softmax update of each row: P (MR x BC). */
+#if NXS == NB && NB == 4
+/* one micro-kernel spans the tile: the scores stay in registers */
 static inline __attribute__((always_inline)) void scores_softmax(
     const float *restrict qb, int64_t dp, const float *restrict kt, int64_t npad, int64_t j0,
     const int64_t *lim, int masked, float *restrict m, float *restrict l, float *restrict alpha,
     float *restrict pb) {
-    v16 acc[MR][4];
+    vf acc[MR][NB];
     for (int i = 0; i < MR; i++)
-        for (int x = 0; x < 4; x++) acc[i][x] = splat(0.0f);
+        for (int x = 0; x < NB; x++) acc[i][x] = splat(0.0f);
     for (int64_t c = 0; c < dp; c++) {
         const float *kr = kt + c * npad;
-        v16 k0 = *(const v16 *)kr, k1 = *(const v16 *)(kr + 16);
-        v16 k2 = *(const v16 *)(kr + 32), k3 = *(const v16 *)(kr + 48);
+        vf k0 = *(const vf *)kr, k1 = *(const vf *)(kr + VL);
+        vf k2 = *(const vf *)(kr + 2 * VL), k3 = *(const vf *)(kr + 3 * VL);
         for (int i = 0; i < MR; i++) {
-            v16 qv = splat(qb[i * dp + c]);
+            vf qv = splat(qb[i * dp + c]);
             acc[i][0] += qv * k0;
             acc[i][1] += qv * k1;
             acc[i][2] += qv * k2;
@@ -151,33 +226,66 @@ static inline __attribute__((always_inline)) void scores_softmax(
     for (int i = 0; i < MR; i++)
         row_softmax(acc[i], masked, lim[i] - j0, m + i, l + i, alpha + i, pb + i * BC);
 }
+#else
+/* the tile's scores in NB / NXS micro-kernels through pb, then the softmax of each row */
+static inline __attribute__((always_inline)) void scores_block(
+    const float *restrict qb, int64_t dp, const float *restrict kt, int64_t npad, float *restrict pb) {
+    vf acc[MR][NXS];
+    for (int i = 0; i < MR; i++)
+        for (int x = 0; x < NXS; x++) acc[i][x] = splat(0.0f);
+    for (int64_t c = 0; c < dp; c++) {
+        const float *kr = kt + c * npad;
+        vf kx[NXS];
+        for (int x = 0; x < NXS; x++) kx[x] = *(const vf *)(kr + VL * x);
+        for (int i = 0; i < MR; i++) {
+            vf qv = splat(qb[i * dp + c]);
+            for (int x = 0; x < NXS; x++) acc[i][x] += qv * kx[x];
+        }
+    }
+    for (int i = 0; i < MR; i++)
+        for (int x = 0; x < NXS; x++) *(vf *)(pb + i * BC + VL * x) = acc[i][x];
+}
 
-/* O (MR x 16*NV columns at ob, row stride dp) = alpha * O + P (MR x nk) . V (nk x 16*NV). */
+static inline __attribute__((always_inline)) void scores_softmax(
+    const float *restrict qb, int64_t dp, const float *restrict kt, int64_t npad, int64_t j0,
+    const int64_t *lim, int masked, float *restrict m, float *restrict l, float *restrict alpha,
+    float *restrict pb) {
+    for (int x0 = 0; x0 < BC; x0 += VL * NXS) scores_block(qb, dp, kt + x0, npad, pb + x0);
+    for (int i = 0; i < MR; i++) {
+        vf s[NB];
+        for (int x = 0; x < NB; x++) s[x] = *(const vf *)(pb + i * BC + VL * x);
+        row_softmax(s, masked, lim[i] - j0, m + i, l + i, alpha + i, pb + i * BC);
+    }
+}
+#endif
+
+/* O (MR x VL*nv columns at ob, row stride dp) = alpha * O + P (MR x nk) . V (nk x VL*nv). */
 static inline __attribute__((always_inline)) void pv_block(
     float *restrict ob, int64_t dp, const float *restrict pb, const float *restrict vt, int64_t nk,
     const float *alpha, int nv) {
-    v16 acc[MR][4];
+    vf acc[MR][4];
     for (int i = 0; i < MR; i++) {
-        v16 a = splat(alpha[i]);
-        for (int x = 0; x < nv; x++) acc[i][x] = a * *(const v16 *)(ob + i * dp + 16 * x);
+        vf a = splat(alpha[i]);
+        for (int x = 0; x < nv; x++) acc[i][x] = a * *(const vf *)(ob + i * dp + VL * x);
     }
     for (int64_t j = 0; j < nk; j++) {
         const float *vr = vt + j * dp;
-        v16 w[4];
-        for (int x = 0; x < nv; x++) w[x] = *(const v16 *)(vr + 16 * x);
+        vf w[4];
+        for (int x = 0; x < nv; x++) w[x] = *(const vf *)(vr + VL * x);
         for (int i = 0; i < MR; i++) {
-            v16 pv = splat(pb[i * BC + j]);
+            vf pv = splat(pb[i * BC + j]);
             for (int x = 0; x < nv; x++) acc[i][x] += pv * w[x];
         }
     }
     for (int i = 0; i < MR; i++)
-        for (int x = 0; x < nv; x++) *(v16 *)(ob + i * dp + 16 * x) = acc[i][x];
+        for (int x = 0; x < nv; x++) *(vf *)(ob + i * dp + VL * x) = acc[i][x];
 }
 
+/* dp is a multiple of 16 floats: whole vectors at either width. */
 static void pv_update(float *ob, int64_t dp, const float *pb, const float *vt, int64_t nk, const float *alpha) {
     int64_t c0 = 0;
-    for (; c0 + 64 <= dp; c0 += 64) pv_block(ob + c0, dp, pb, vt + c0, nk, alpha, 4);
-    switch ((dp - c0) / 16) {
+    for (; c0 + VL * NXV <= dp; c0 += VL * NXV) pv_block(ob + c0, dp, pb, vt + c0, nk, alpha, NXV);
+    switch ((dp - c0) / VL) {
         case 3: pv_block(ob + c0, dp, pb, vt + c0, nk, alpha, 3); break;
         case 2: pv_block(ob + c0, dp, pb, vt + c0, nk, alpha, 2); break;
         case 1: pv_block(ob + c0, dp, pb, vt + c0, nk, alpha, 1); break;
@@ -209,8 +317,8 @@ static inline __attribute__((always_inline)) void scores_softmax_bf16(
         }
     }
     for (int i = 0; i < MR; i++) {
-        v16 sc[4];
-        for (int x = 0; x < 4; x++) sc[x] = (v16)acc[i][x] * qscale;
+        vf sc[4];
+        for (int x = 0; x < 4; x++) sc[x] = (vf)acc[i][x] * qscale;
         row_softmax(sc, masked, lim[i] - j0, m + i, l + i, alpha + i, pb + i * BC);
     }
 }
@@ -220,8 +328,8 @@ static inline __attribute__((always_inline)) void pv_block_bf16(
     const float *alpha, int nv) {
     __m512 acc[MR][4];
     for (int i = 0; i < MR; i++) {
-        v16 a = splat(alpha[i]);
-        for (int x = 0; x < nv; x++) acc[i][x] = (__m512)(a * *(const v16 *)(ob + i * dp + 16 * x));
+        vf a = splat(alpha[i]);
+        for (int x = 0; x < nv; x++) acc[i][x] = (__m512)(a * *(const vf *)(ob + i * dp + 16 * x));
     }
     for (int64_t j = 0; j < nk2; j++) {
         __m512bh w[4];
@@ -232,7 +340,7 @@ static inline __attribute__((always_inline)) void pv_block_bf16(
         }
     }
     for (int i = 0; i < MR; i++)
-        for (int x = 0; x < nv; x++) *(v16 *)(ob + i * dp + 16 * x) = (v16)acc[i][x];
+        for (int x = 0; x < nv; x++) *(vf *)(ob + i * dp + 16 * x) = (vf)acc[i][x];
 }
 
 /* pb (MR x BC float) -> pp (MR x BC/2 bf16 pairs), then O = alpha * O + P . V over nk keys. */
@@ -260,10 +368,11 @@ static void pv_update_bf16(float *ob, int64_t dp, const float *pb, uint32_t *pp,
 
 static inline uint32_t bits16(const uint16_t *row, int64_t c, int64_t d) { return c < d ? row[c] : 0u; }
 
-/* Whether the 16-lane vectors are single AVX-512 registers (built without AVX-512, each is split into
- * narrower ones and the kernel runs several times slower than PyTorch's). */
-int ilre_chunk_attention_wide(void) {
-#ifdef __AVX512F__
+/* Whether this build is the faster one than PyTorch's kernels (bench/native_attention_bench.py): its vectors
+ * single registers with FMA, 16 lanes with AVX-512 or 8 with AVX2 (x86-64-v3). Built for x86-64-v2, each
+ * 8-lane vector is a pair of SSE registers and there is no FMA. */
+int ilre_chunk_attention_fast(void) {
+#if defined(__AVX512F__) || (defined(__AVX2__) && defined(__FMA__))
     return 1;
 #else
     return 0;
@@ -325,7 +434,7 @@ int ilre_chunk_attention(const void *q, const void *k, const void *v, void *out,
         free(idx);
         return 2;
     }
-    float *vf = kt + KV * npad * dp;
+    float *vbuf = kt + KV * npad * dp;
     const float qscale = (float)(1.4426950408889634 / sqrt((double)d)); /* log2(e) / sqrt(d) */
     const int64_t nblk = (R + BR - 1) / BR, ntask = H * nblk;
     if (nthreads < 1) nthreads = 1;
@@ -337,7 +446,7 @@ int ilre_chunk_attention(const void *q, const void *k, const void *v, void *out,
         for (int64_t gt = 0; gt < KV * ntiles; gt++) {
             const int64_t g = gt / ntiles, j0 = (gt % ntiles) * BC;
             if (dot16) { /* K -> (dh, npad) pairs along d, V -> (npad/2, dp) pairs along the keys */
-                uint32_t *k2 = (uint32_t *)(kt + g * dp * npad), *v2 = (uint32_t *)(vf + g * npad * dp);
+                uint32_t *k2 = (uint32_t *)(kt + g * dp * npad), *v2 = (uint32_t *)(vbuf + g * npad * dp);
                 for (int64_t j = j0; j < j0 + BC; j++) {
                     const uint16_t *kr = j < N ? (const uint16_t *)k + (g * Nk + idx[j]) * d : NULL;
                     for (int64_t c = 0; c < dh; c++)
@@ -353,7 +462,7 @@ int ilre_chunk_attention(const void *q, const void *k, const void *v, void *out,
                 continue;
             }
             /* K -> (dp, npad) and V -> (npad, dp) float32 */
-            float *ktg = kt + g * dp * npad, *vfg = vf + g * npad * dp;
+            float *ktg = kt + g * dp * npad, *vfg = vbuf + g * npad * dp;
             for (int64_t j = j0; j < j0 + BC; j++) {
                 float *vrow = vfg + j * dp;
                 if (j < N) {
@@ -399,7 +508,7 @@ int ilre_chunk_attention(const void *q, const void *k, const void *v, void *out,
             }
             int64_t maxlim = 0;
             for (int64_t i = 0; i < nrp; i++) maxlim = blim[i] > maxlim ? blim[i] : maxlim;
-            const float *ktg = kt + g * dp * npad, *vfg = vf + g * npad * dp;
+            const float *ktg = kt + g * dp * npad, *vfg = vbuf + g * npad * dp;
             for (int64_t j0 = 0; j0 < maxlim; j0 += BC) {
                 for (int64_t i0 = 0; i0 < nrp; i0 += MR) {
                     int64_t gmin = blim[i0], gmax = blim[i0];
