@@ -9,13 +9,19 @@ Usage: bench/native_attention_bench.py [--repeats 15] [--threads N]
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 
-from ilre.kernels.chunk_attention import torch_chunk_attention
-from ilre.kernels.native_attention import available, native_chunk_attention
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from stage_limits import best_s  # noqa: E402
+
+from ilre.kernels.chunk_attention import torch_chunk_attention  # noqa: E402
+from ilre.kernels.native_attention import available, native_chunk_attention  # noqa: E402
 
 HEADS, KV_HEADS, DIM = 9, 3, 64
 SHAPES = [  # name, prefix keys, chunk rows
@@ -24,14 +30,8 @@ SHAPES = [  # name, prefix keys, chunk rows
 
 
 def best_ms(fn: Callable[[], object], repeats: int) -> float:
-    """The fastest of `repeats` timed calls after a warm-up one (the least disturbed by other jobs)."""
-    fn()
-    best = float("inf")
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - start)
-    return best * 1000.0
+    """The fastest of `repeats` timed calls after a warm-up one (the least disturbed by other jobs), in ms."""
+    return best_s(fn, repeats) * 1000.0
 
 
 def main() -> None:
