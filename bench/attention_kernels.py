@@ -12,7 +12,7 @@ import time
 
 import torch
 
-from ilre.kernels.chunk_attention import chunk_attention
+from ilre.kernels.chunk_attention import chunk_attention, torch_chunk_attention
 
 HEADS, KV_HEADS, CHUNK, PREFIX, DIM = 9, 3, 1024, 516, 64
 FLASH = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu
@@ -47,7 +47,9 @@ def main() -> None:
     prefix_elems = HEADS * CHUNK * PREFIX
     causal_elems = HEADS * CHUNK * (CHUNK + 1) // 2
     cases = [
-        ("whole chunk, as ilre runs it (flash prefix + flash causal)", lambda: chunk_attention(q, k, v, PREFIX),
+        ("whole chunk, as ilre runs it (the C kernel where preferred)", lambda: chunk_attention(q, k, v, PREFIX),
+         prefix_elems + causal_elems),
+        ("whole chunk, PyTorch's (flash prefix + flash causal)", lambda: torch_chunk_attention(q, k, v, PREFIX),
          prefix_elems + causal_elems),
         ("  prefix only (flash, no mask)", lambda: FLASH(q4, kp, vp, 0.0, False), prefix_elems),
         ("  chunk only (flash, causal)", lambda: FLASH(q4, k[:, PREFIX:].unsqueeze(0), v[:, PREFIX:].unsqueeze(0), 0.0, True),
