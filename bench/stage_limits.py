@@ -124,7 +124,10 @@ class NativeAttentionWork:
 
         import ilre.kernels.chunk_attention as module
 
-        self.flops, self.key, self.module, self.inner = 0.0, "", module, module.native_chunk_attention
+        self.flops, self.key, self.module = 0.0, "", module
+        self.inner = getattr(module, "native_chunk_attention", None)  # None: a tree without the C kernel
+        if self.inner is None:
+            return self
 
         def counted(q, k, v, n_prefix, visible=None, rows=None):
             out = self.inner(q, k, v, n_prefix, visible, rows)
@@ -140,7 +143,8 @@ class NativeAttentionWork:
         return self
 
     def __exit__(self, *exc) -> None:
-        self.module.native_chunk_attention = self.inner
+        if self.inner is not None:
+            self.module.native_chunk_attention = self.inner
 
     def add_to(self, stages: dict[str, dict[str, float]], peaks: dict[str, float]) -> float:
         """Its FLOPs and their limit added to the chunk attention stage; returns the FLOPs."""
