@@ -27,6 +27,8 @@ from pathlib import Path
 
 import torch
 
+from ..models.embedded import cache_root
+
 logger = logging.getLogger(__name__)
 
 SOURCE = Path(__file__).with_name("native") / "chunk_attention.c"
@@ -71,25 +73,20 @@ def _cpu_flags() -> str:
         return ""
 
 
-def _cache_dir() -> Path:
-    root = os.environ.get("ILRE_CACHE_DIR") or os.path.join(os.path.expanduser("~"), ".cache", "ilre")
-    return Path(root) / "kernels"
-
-
 def _build(gcc: str) -> Path:
     """Compiles the source into the cache (atomic rename; concurrent builders are harmless)."""
     source = SOURCE.read_text()
-    flags = _compile_flags() + _link_flags()
+    compile_flags, link_flags = _compile_flags(), _link_flags()
     version = subprocess.run([gcc, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\0".join([source, " ".join(flags), version, _cpu_flags()]).encode()).hexdigest()
-    target = _cache_dir() / key / "chunk_attention.so"
+    key = hashlib.sha256("\0".join([source, " ".join(compile_flags + link_flags), version, _cpu_flags()]).encode())
+    target = cache_root() / "kernels" / key.hexdigest() / "chunk_attention.so"
     if target.exists():
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
     os.close(fd)
     try:
-        cmd = [gcc, *_compile_flags(), "-o", tmp, str(SOURCE), *_link_flags()]
+        cmd = [gcc, *compile_flags, "-o", tmp, str(SOURCE), *link_flags]  # libraries after the source
         done = subprocess.run(cmd, capture_output=True, text=True)
         if done.returncode != 0:
             raise RuntimeError(f"{' '.join(cmd)}: {done.stderr.strip()}")
@@ -174,7 +171,7 @@ def native_chunk_attention(
     if rows is None:
         if n_rows != n_chunk:
             raise ValueError(f"q has {n_rows} rows for a chunk of {n_chunk}")
-        pos = _arange(n_chunk)
+        pos = torch.arange(n_chunk, dtype=torch.int64)
     else:
         pos = rows.to(device="cpu", dtype=torch.int64).contiguous()
     vis = None
@@ -190,15 +187,3 @@ def native_chunk_attention(
         return None
     return out
 
-
-_aranges: dict[int, torch.Tensor] = {}
-
-
-def _arange(n: int) -> torch.Tensor:
-    """torch.arange(n) int64, cached per length (the whole-chunk row positions)."""
-    got = _aranges.get(n)
-    if got is None:
-        if len(_aranges) > 64:
-            _aranges.clear()
-        got = _aranges[n] = torch.arange(n, dtype=torch.int64)
-    return got
