@@ -20,7 +20,7 @@ from ..compressor.prefill import ContextState, PrefillConfig
 from ..compressor.strategies import STRATEGIES, Strategy
 from ..compressor.units import UNITS_VERSION, Units, document_units
 from ..models.device import resolve_placement
-from ..models.embedded import cache_root
+from ..kernels.cache_dir import cache_root
 from ..models.int8 import ENCODING_NAME as INT8_ENCODING_NAME
 from ..models.int8 import Calibration, calibration_sequences
 from ..models.int8 import quantize as quantize_int8

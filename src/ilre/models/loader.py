@@ -13,7 +13,8 @@ from pathlib import Path
 
 import torch
 
-from .embedded import EMBEDDED_NAME, cache_root, convert_gguf, embedded_checkpoint
+from ..kernels.cache_dir import cache_root
+from .embedded import EMBEDDED_NAME, convert_gguf, embedded_checkpoint
 from .llama import TruncatedLM
 from .spec import ModelSpec, load_hf_config, rope_inv_freq, spec_from_config
 

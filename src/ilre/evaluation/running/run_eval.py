@@ -109,7 +109,7 @@ class Evaluator:
 
     def lingua(self):
         if self._lingua is None and self._lingua_failed is None:
-            from ...models.embedded import cache_root
+            from ...kernels.cache_dir import cache_root
             from .lingua import LinguaPeer, lingua_unavailable
 
             reason = lingua_unavailable()
