@@ -221,3 +221,33 @@ def test_bad_input_and_output_are_named(tmp_path):
     assert "Traceback" not in proc.stderr.decode()
     proc = batch("--input", str(source), "--output", "-", "--in-flight", "0")
     assert proc.returncode == 2 and "--in-flight" in proc.stderr.decode()
+
+
+def test_a_context_grown_in_one_job_takes_its_first_reading_on(tmp_path):
+    """A context and the same context grown by a tool result, one after the other (an agent's transcript): the grown
+    line takes the first's encoding on (`resumed_tokens`), with the stream a batch job holds (`--deepen hold`, its
+    default; the suite's environment sets off) its candidates start there (so it selects otherwise than from layer
+    1: 92 of 96 tokens in common here), and the fact in the new part is kept; with `--deepen off` the grown line is
+    what the same line alone in a fresh job gives."""
+    text = pydoc_text()
+    first = text[:6000]
+    grown = f"{first}{text[6000:7400]}\nThe tool returned the code 7781.\n{text[7400:8800]}"
+    ask = {"query": "What code did the tool return?", "budget": 96}
+    lines = [{"id": "first", "context": first, **ask}, {"id": "grown", "context": grown, **ask}]
+    source = write_lines(tmp_path / "in.jsonl", lines)
+    alone = write_lines(tmp_path / "grown-alone.jsonl", lines[1:])
+    outputs = {}
+    for name, args in {"hold": ["--deepen", "hold"], "off": ["--deepen", "off"], "alone": ["--deepen", "off"]}.items():
+        given = alone if name == "alone" else source
+        proc = batch("--input", str(given), "--output", str(tmp_path / f"{name}.jsonl"), "--in-flight", "1", *args)
+        assert proc.returncode == 0, proc.stderr.decode()
+        outputs[name] = {line["id"]: line for line in read_lines(tmp_path / f"{name}.jsonl")}
+    for name in ("hold", "off"):
+        assert outputs[name]["first"].get("resumed_tokens", 0) == 0
+        assert outputs[name]["grown"].get("resumed_tokens", 0) >= 1024, outputs[name]["grown"]
+        assert "7781" in outputs[name]["grown"]["compressed_context"]
+    assert outputs["alone"]["grown"].get("resumed_tokens", 0) == 0
+    same = ("kept_indices", "token_ids", "compressed_context")
+    assert all(outputs["off"]["grown"][k] == outputs["alone"]["grown"][k] for k in same)
+    assert outputs["hold"]["first"]["kept_indices"] == outputs["off"]["first"]["kept_indices"]  # a first reading
+    assert outputs["hold"]["grown"]["kept_indices"] != outputs["off"]["grown"]["kept_indices"]  # from the stream

@@ -123,13 +123,14 @@ def test_every_model_command_checks_device_and_dtype(command, cli):
 
 
 @pytest.mark.parametrize("command", [["serve", "--grpc-port", "0", "--http-port", "0"], ["sidecar", "--port", "0"],
-                                     ["worker", "--redis-url", "redis://127.0.0.1:1"]])
-def test_every_server_checks_deepen(command, cli):
+                                     ["worker", "--redis-url", "redis://127.0.0.1:1"],
+                                     ["batch", "--input", "-", "--output", "-"]])
+def test_every_server_and_batch_checks_deepen(command, cli):
     status, err = cli(*command, env={"ILRE_DEEPEN": "always"})
-    assert status == 2 and "deepen: must be one of idle, off (got 'always'; env ILRE_DEEPEN)" in err, err
+    assert status == 2 and "deepen: must be one of idle, hold, off (got 'always'; env ILRE_DEEPEN)" in err, err
     assert "Traceback" not in err
     status, err = cli(*command, "--deepen", "later")
-    assert status == 2 and "argument --deepen: must be one of idle, off (got 'later')" in err
+    assert status == 2 and "argument --deepen: must be one of idle, hold, off (got 'later')" in err
 
 
 def test_batch_keeps_going_past_bad_lines(tmp_path: Path):
@@ -212,12 +213,14 @@ def test_evaluation_commands_name_the_missing_extra(monkeypatch, capsys, argv, m
     assert f"needs the `eval` extra (missing: {missing}): pip install 'ilre[eval]'" in err and "Traceback" not in err
 
 
-def test_deepening_is_on_by_default_for_every_server():
+def test_deepening_is_on_by_default_for_every_server_and_batch_holds_streams():
     from ilre.cli.parser import build_parser
 
     env = {k: v for k, v in os.environ.items() if k != "ILRE_DEEPEN"}
     script = ("from ilre.cli.parser import build_parser; p = build_parser(); "
-              "print([p.parse_args(a).deepen for a in (['serve'], ['worker'], ['sidecar'])])")
+              "print([p.parse_args(a).deepen for a in (['serve'], ['worker'], ['sidecar'], "
+              "['batch', '--input', 'x', '--output', 'y'])])")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=120)
-    assert out.stdout.strip() == "['idle', 'idle', 'idle']", out.stderr  # the sidecar's: a chat one turn longer
+    # the sidecar's: a chat one turn longer; a batch job's: no idle moment to deepen in, a grown line from the stream
+    assert out.stdout.strip() == "['idle', 'idle', 'idle', 'hold']", out.stderr
     assert build_parser().parse_args(["sidecar", "--deepen", "off"]).deepen == "off"  # takes its deepened prefix on

@@ -158,6 +158,26 @@ def test_a_step_sent_before_the_deepening_ends_takes_the_prefix_on_with_its_stre
                                                CompressRequest(context_ids=context, **ask))
 
 
+def test_holding_streams_without_deepening_takes_the_prefix_on_with_its_stream(engine, cache):
+    """`--deepen hold` (a batch job's default): no document is deepened, yet C's encoding holds its stream and a
+    grown C + D sent right after starts its candidates there, as a step before the deepening ends does; with it
+    off (the engine's default here) C + D selects what a fresh engine selects (the tests above)."""
+    context = ids(engine)[: C_MID + 700]
+    ask = dict(query=QUERY, budget=256, strategy_options=CANDIDATES)
+    engine.encodings.hold_streams, steps = True, engine.deepening.stats.steps
+    try:
+        engine.compress(CompressRequest(context_ids=context[:C_MID], **ask))
+        (held,) = [state for entry in cache._docs.values() for state in entry.states.values()]
+        assert held.hidden is not None and held.hidden.shape[0] == C_MID  # counted in the cache's bound
+        later = engine.compress(CompressRequest(context_ids=context, **ask))
+    finally:
+        engine.encodings.hold_streams = False
+    assert not engine.deepening.enabled and engine.deepening.stats.steps == steps
+    assert later.resumed_tokens == resume_at(C_MID) and not later.fell_back
+    assert later.kept_indices == kept_taken_on(engine, CompressRequest(context_ids=context[:C_MID], **ask),
+                                               CompressRequest(context_ids=context, **ask))
+
+
 def kept_taken_on(engine, first: CompressRequest, later: CompressRequest) -> list[int]:
     """What the pipeline keeps for `later` on the encoding of `first`'s context (with its stream), asked `first`'s
     question from layer 1, then taken on to `later`'s context (prefill.extend_context), its candidates from the

@@ -122,15 +122,18 @@ class EncodingPlan:
 class EncodingPolicy:
     """The engine's encoding policy over its document cache and its background deepening."""
 
-    def __init__(self, documents: DocumentCache, deepening: Deepener, dtype_name: str, resume: bool = True):
+    def __init__(self, documents: DocumentCache, deepening: Deepener, dtype_name: str, resume: bool = True,
+                 hold_streams: bool = False):
         self.documents, self.deepening, self.dtype_name, self.resume = documents, deepening, dtype_name, resume
+        self.hold_streams = hold_streams  # without deepening, cached encodings still hold their stream (keeps_stream)
 
     def keeps_stream(self, strategy: Strategy) -> bool:
         """Whether the cached encoding of `strategy` keeps the residual stream entering its top layer ((L, D), counted by
-        the cache's bound): with deepening on, for a strategy whose deepened form reads deeper (a cascade), so that
-        deepening takes the encoding on from there and the document's questions before it ends start their candidates
-        there (compressor/candidate_prefill.Streams). The deep encoding that replaces it keeps none."""
-        return self.deepening.enabled and strategy.deepened() is not None
+        the cache's bound): with streams held (deepening on, or `--deepen hold`), for a strategy whose deepened form
+        reads deeper (a cascade), so that deepening takes the encoding on from there and the document's later
+        questions, and a context that grows it, start their candidates there (compressor/candidate_prefill.Streams).
+        The deep encoding that replaces it keeps none."""
+        return (self.deepening.enabled or self.hold_streams) and strategy.deepened() is not None
 
     def key(self, job: Prepared, strategy: Strategy) -> str:
         """The document cache's key of the encoded context `strategy` reads on this job's layer and prefill."""

@@ -85,7 +85,8 @@ class Engine:
         self.heap = HeapTrimmer()  # freed memory back to the system after requests
         documents = DocumentCache(config.doc_cache_mb << 20, shared_documents, config.doc_cache_share)
         encoded_as = INT8_ENCODING_NAME if self.placement.int8 else self.placement.dtype_name  # int8: by its rounding too
-        self.encodings = EncodingPolicy(documents, self.deepening, encoded_as, config.resume)
+        self.encodings = EncodingPolicy(documents, self.deepening, encoded_as, config.resume,
+                                        hold_streams=config.hold_streams)
         self._models: dict[int, TruncatedLM] = {}
         self.thread.call(self.model_at, self.layer)
 

@@ -33,6 +33,7 @@ class EngineConfig:
     doc_cache_mb: int = DOC_CACHE_MB  # in-process document cache (IDs and encoded contexts); 0 = off
     doc_cache_share: float = DOC_CACHE_SHARE  # of each tier's cap, held for each caller's scope (engine/documents.py)
     deepen: bool = False  # encode asked documents in full to l_R while idle (engine/deepening.py; the service's default)
+    hold_streams: bool = False  # without deepening, still hold asked documents' streams (engine/encodings.py; batch's)
     resume: bool = True  # a context that extends a cached one takes its encoding on (engine/encodings.py)
 
     def __post_init__(self) -> None:
@@ -47,4 +48,4 @@ class EngineConfig:
                    prefill=PrefillConfig(settings.sink, settings.window or None, settings.chunk),
                    max_context_tokens=settings.max_context_tokens, batch_tokens=settings.batch_tokens,
                    doc_cache_mb=settings.doc_cache_mb, doc_cache_share=settings.doc_cache_share, deepen=settings.deepen == "idle",
-                   resume=settings.resume == "on")
+                   hold_streams=settings.deepen == "hold", resume=settings.resume == "on")

@@ -13,7 +13,7 @@ from .defaults import AUTO_BATCH_TOKENS, DEFAULT_BUDGET, DOC_CACHE_MB, DOC_CACHE
 from .messages import DCA_MODES, GRANULARITIES
 from .settings import SERVERS, check_settings, setting
 
-DEEPEN_MODES = ("idle", "off")
+DEEPEN_MODES = ("idle", "hold", "off")
 
 
 def layer_value(text: str) -> int | str:
@@ -59,9 +59,12 @@ class EngineSettings:
                                        "padded context tokens (0 = off)", SERVERS, parse=int, minimum=0,
                                        shown_default=f"{AUTO_BATCH_TOKENS} on GPUs and NPUs, 0 on CPUs",
                                        advanced=True)
-    deepen: str = setting("off", "idle: while no request waits, encode each asked document in full to l_R, so its "
-                          "later queries skip the candidate pass; off: never", SERVERS, choices=DEEPEN_MODES,
-                          default_for=(("serve", "idle"), ("worker", "idle"), ("sidecar", "idle")))
+    deepen: str = setting("off", "idle: while no request waits, encode each asked document in full to l_R (its later "
+                          "queries skip the candidate pass), and hold its residual stream until then; hold: deepen "
+                          "none, hold each asked document's stream; a later query or a grown context starts its "
+                          "candidates from a held stream; off: neither, every question selects what a fresh engine "
+                          "would", (*SERVERS, "batch"), choices=DEEPEN_MODES,
+                          default_for=(("serve", "idle"), ("worker", "idle"), ("sidecar", "idle"), ("batch", "hold")))
     resume: str = setting("on", "on: a context that extends one the caller sent before (a chat one turn longer, an "
                           "appended tool result) takes its cached encoding on, the new chunks only; each cached "
                           "encoding then also keeps its window caches as they stood before a last chunk cut short. "
