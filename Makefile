@@ -91,6 +91,7 @@ bench: setup engine litellm ## latency and peak memory; per dtype up to 1M token
 	$(PY) bench/agent_bench.py          # resumable: results/bench/agent.jsonl
 	$(PY) bench/fleet_bench.py          # resumable by arm: results/bench/fleet.jsonl
 	$(PY) bench/shared_question_agreement.py
+	$(PY) bench/batch_grown_bench.py    # a context grown by 1K tokens right after its first 16K reading: --deepen hold and off
 	$(PY) bench/batch_bench.py          # resumable by arm and within one (--budget-s): results/bench/batch.jsonl (10,000 lines an arm)
 	$(PY) bench/engine_connections.py
 	$(PY) bench/litellm_hook_bench.py
