@@ -13,7 +13,7 @@ memory target is judged on. Then the default alone from 8K
 to 1M tokens (one run each): is its time linear in the length (R^2 of a least-squares line)? And the
 default when its candidates miss (`deepen_below` 1: the whole context read to l_R after the candidate
 pass, as a query whose candidates l_R attends to weakly is answered), beside the default and l_R.
-Usage: bench/default_bench.py [--lengths 32768,131072] [--repeats 3] [--linear 8192,...,1048576] [--missed 32768]
+Usage: bench/default_bench.py [--lengths 32768,131072] [--repeats 3] [--dtype auto] [--linear 8192,...,1048576] [--missed 32768]
                               [--output results/bench/default.jsonl]
 """
 
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 import time
@@ -47,7 +48,8 @@ def measure(strategy: str, layer: str | None, length: int, repeats: int = 1, dee
     from ilre.engine.messages import CompressRequest
     from ilre.evaluation.tasks.passkey import make_passkey_sample
 
-    engine = Engine(EngineConfig(doc_cache_mb=0))  # nothing kept between the warm-up and the measurement
+    # nothing kept between the warm-up and the measurement; the dtype as the servers read it (--dtype sets it)
+    engine = Engine(EngineConfig(doc_cache_mb=0, dtype=os.environ.get("ILRE_DTYPE", "auto")))
     sample = make_passkey_sample(engine.tokenizer, length, 0.5, seed=7)
 
     def request(ids: list[int]) -> CompressRequest:
@@ -177,8 +179,11 @@ def main() -> None:
     parser.add_argument("--linear", default="8192,32768,131072,524288,1048576", help="lengths of the default alone ('' = none)")
     parser.add_argument("--missed", default="32768", help="lengths of the default with its fallback taken ('' = none)")
     parser.add_argument("--output", default="results/bench/default.jsonl")
+    parser.add_argument("--dtype", default=None, help="the engine's dtype (default: $ILRE_DTYPE, else auto)")
     parser.add_argument("--child", default=None, help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.dtype:
+        os.environ["ILRE_DTYPE"] = args.dtype  # the children's
     if args.child:
         strategy, layer, length, repeats, deepen = args.child.split(":")
         print(json.dumps(measure(strategy, layer or None, int(length), int(repeats), float(deepen) if deepen else None)))
