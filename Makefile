@@ -83,6 +83,7 @@ bench: setup engine litellm ## latency and peak memory; per dtype up to 1M token
 	$(PY) bench/native_attention_bench.py   # the C chunk-attention kernel against PyTorch's, per shape and dtype
 	$(PY) bench/query_scores_bench.py   # a deepened document's scores with DCA: the query moved, not the keys
 	$(PY) bench/document_bench.py
+	$(PY) bench/doc_cache_bench.py      # one store as the cache fills with documents holding only their IDs, now and at a commit before
 	$(PY) bench/growing_bench.py        # resumable: results/bench/growing.jsonl
 	$(PY) bench/stream_agreement.py
 	$(PY) bench/scope_bench.py

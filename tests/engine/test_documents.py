@@ -150,6 +150,47 @@ def test_a_growing_conversation_stays_under_the_byte_cap_with_its_resume_points(
     assert cache.stats.evictions > 0 and not cache.holds(turns[0][0], "k")  # the oldest turns went (their states first)
 
 
+def test_the_counted_bytes_follow_every_change_as_a_full_recount_would():
+    """Eviction keeps each owner's bytes and the documents holding states as documents change, rather than reading
+    every document held (a long job leaves thousands holding only their IDs): after each of a few hundred mixed
+    calls (stores, a state replaced, its keys-only twin, a state dropped, a document grown in place, lookups) from
+    three owners under a cap of a few states, the counts equal a recount of what is held, the cap holds, and the
+    documents the states passes read are exactly those holding states, least recently used first."""
+    import random
+
+    rng = random.Random(7)
+    states = [tiny_state(seed) for seed in range(6)]
+    docs = [document(100 + n) for n in range(40)]
+    cache = DocumentCache(max_bytes=4 * (docs[0][1].numel() * 8 + states[0].nbytes), share=0.5)
+    evicted_whole = 0
+    for step in range(400):
+        slot, ids = rng.choice(docs)
+        owner, state, call = rng.choice("abc"), rng.choice(states), rng.randrange(7)
+        if call == 0:
+            cache.remember(slot, ids, owner)
+        elif call == 1:
+            cache.remember(slot, ids, owner)
+            cache.state(slot, "k", lambda state=state: state, None, owner)
+        elif call == 2:
+            cache.store_state(slot, "k2", state, replaces="k", owner=owner)
+        elif call == 3:
+            cache.store_state(slot, "k2" + KEYS_ONLY, state.keys_only(), owner=owner)
+        elif call == 4:
+            cache.drop_state(slot, rng.choice(["k", "k2"]))
+        elif call == 5:
+            cache.refit(slot)
+        else:
+            cache.ids(slot)
+        held = cache._docs
+        used: dict[str, int] = {}
+        for entry in held.values():
+            used[entry.owner] = used.get(entry.owner, 0) + entry.nbytes
+        assert dict(cache._used) == {o: b for o, b in used.items() if b > 0}, step
+        assert cache.stats.bytes == sum(used.values()) <= cache.max_bytes, step
+        assert list(cache._stateful) == [s for s, entry in held.items() if entry.states], step
+        evicted_whole = sum(cache.stats.documents_evicted.values())
+    assert cache.stats.evictions > 50 and evicted_whole > 0  # the cap was under pressure throughout
+
 @pytest.fixture()
 def shared(redis_server, request):
     store = RedisDocuments(redis_server.url, prefix=f"docs-{request.node.name}", max_bytes=1 << 20, ttl_s=60)

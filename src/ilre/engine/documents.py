@@ -29,85 +29,20 @@ from __future__ import annotations
 import collections
 import logging
 import threading
-from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol
+from typing import Any, Callable
 
 import torch
 
 from ..compressor.context_state import STATE_PARTS
-from ..compressor.prefill import ContextState, PrefillConfig
+from ..compressor.prefill import ContextState
 from ..compressor.units import Units
 from .defaults import DOC_CACHE_SHARE
+from .document_entries import KEYS_ONLY, CacheStats, HeldDocument, SharedDocuments, state_key
 from .heap import off_heap
 
+__all__ = ["KEYS_ONLY", "CacheStats", "DocumentCache", "SharedDocuments", "state_key"]
+
 log = logging.getLogger(__name__)
-
-
-def state_key(layer: int, prefill: PrefillConfig, dtype: str, parts: tuple[str, ...] = (),
-              also_layers: tuple[int, ...] = ()) -> str:
-    """The prefill settings a ContextState depends on besides the IDs (and the extra parts and
-    lower layers' keys it holds for some strategies, e.g. values for lagkv), as one string."""
-    extra = "".join(f"-{part}" for part in sorted(parts)) + "".join(f"-k{l}" for l in sorted(also_layers))
-    dca = f"dca{int(prefill.dca)}" + ("u" if prefill.dca else "")  # u: DCA's keys kept unmoved (extendable)
-    return f"l{layer}-s{prefill.sink}-w{prefill.window or 0}-c{prefill.chunk}-{dca}-{dtype}{extra}"
-
-
-KEYS_ONLY = "-keysonly"  # the cache key's suffix of an encoding kept without its window caches (ContextState.keys_only)
-
-class SharedDocuments(Protocol):
-    """A store every worker reads (None results = not there; failures are the store's to log)."""
-
-    def get_ids(self, slot: str) -> torch.Tensor | None: ...
-    def put_ids(self, slot: str, ids: torch.Tensor, owner: str = "") -> None: ...
-    def get_state(self, slot: str, key: str) -> dict[str, torch.Tensor] | None: ...
-    def put_state(self, slot: str, key: str, tensors: dict[str, torch.Tensor], owner: str = "") -> None: ...
-    def drop_state(self, slot: str, key: str) -> None: ...
-    def put_prefix(self, prefix: str, slot: str) -> None: ...
-    def get_prefixes(self, prefixes: list[str]) -> list[str | None]: ...
-
-
-@dataclass
-class CacheStats:
-    """Counters for /metrics: lookups by kind ("ids", "state") and tier ("local", "shared")."""
-
-    hits: collections.Counter = field(default_factory=collections.Counter)
-    misses: collections.Counter = field(default_factory=collections.Counter)
-    evictions: int = 0
-    evicted: collections.Counter = field(default_factory=collections.Counter)  # by cause: own, pressure
-    documents_evicted: collections.Counter = field(default_factory=collections.Counter)  # whole (IDs gone), by cause
-    bytes: int = 0
-    documents: int = 0
-
-
-@dataclass
-class _Document:
-    ids: torch.Tensor
-    states: dict[str, ContextState] = field(default_factory=dict)
-    uses: int = 1  # requests that named it (its context again, or its id)
-    units: dict[str, Units] = field(default_factory=dict)  # units per segmentation setting
-    prefixes: set[str] = field(default_factory=set)  # the prefix slots naming it (`DocumentCache.name_prefix`)
-    owner: str = ""  # whose share it counts in (DocumentNames.owner of the caller's scope)
-    _nbytes: int | None = field(default=None, repr=False)  # `nbytes`, counted once per change
-
-    @property
-    def nbytes(self) -> int:
-        """The bytes it holds, counted once after each change (`changed`): eviction reads every document's."""
-        if self._nbytes is None:
-            self._nbytes = sum(self.part_bytes().values())
-        return self._nbytes
-
-    def changed(self) -> None:
-        """Its states or units changed (or grew in place): count its bytes again when next asked."""
-        self._nbytes = None
-
-    def part_bytes(self) -> dict[str, int]:
-        """Bytes held by part: "ids", "units", and each of its states' parts (ContextState.part_bytes) summed."""
-        units = [t for units in self.units.values() for t in units.to_tensors().values()]
-        out = collections.Counter({"ids": self.ids.numel() * self.ids.element_size(),
-                                   "units": sum(t.numel() * t.element_size() for t in units)})
-        for state in self.states.values():
-            out.update(state.part_bytes())
-        return dict(out)
 
 
 class DocumentCache:
@@ -117,8 +52,12 @@ class DocumentCache:
         self.max_bytes, self.share = max_bytes, share
         self.shared = shared
         self.stats = CacheStats()
-        self._docs: collections.OrderedDict[str, _Document] = collections.OrderedDict()
+        self._docs: collections.OrderedDict[str, HeldDocument] = collections.OrderedDict()
         self._prefixes: dict[str, str] = {}  # prefix slot -> the slot of the document whose encoding it takes on
+        # Kept as documents change, so that eviction reads only what it may evict (not every document held):
+        self._stateful: collections.OrderedDict[str, None] = collections.OrderedDict()  # slots with states, LRU order
+        self._counted: dict[str, int] = {}  # slot -> its document's bytes, counted at its last change
+        self._used: collections.Counter = collections.Counter()  # owner -> bytes its documents hold
         self._lock = threading.RLock()
 
     def ids(self, slot: str, owner: str = "") -> torch.Tensor | None:
@@ -127,7 +66,7 @@ class DocumentCache:
         with self._lock:
             entry = self._docs.get(slot)
             if entry is not None:
-                self._docs.move_to_end(slot)
+                self._touch(slot)
                 entry.uses += 1
                 self.stats.hits["ids", "local"] += 1
                 return entry.ids
@@ -137,7 +76,7 @@ class DocumentCache:
         ids = self.shared.get_ids(slot)
         (self.stats.hits if ids is not None else self.stats.misses)["ids", "shared"] += 1
         if ids is not None:
-            self._insert(slot, _Document(ids, uses=2, owner=owner))  # named again: another worker saw it first
+            self._insert(slot, HeldDocument(ids, uses=2, owner=owner))  # named again: another worker saw it first
         return ids
 
     def held_ids(self, slot: str) -> torch.Tensor | None:
@@ -151,10 +90,10 @@ class DocumentCache:
         by id."""
         with self._lock:
             if slot in self._docs:
-                self._docs.move_to_end(slot)
+                self._touch(slot)
                 self._docs[slot].uses += 1
                 return
-        self._insert(slot, _Document(off_heap(ids), owner=owner))
+        self._insert(slot, HeldDocument(off_heap(ids), owner=owner))
         if self.shared is not None:
             self.shared.put_ids(slot, ids, owner)
 
@@ -237,7 +176,7 @@ class DocumentCache:
                 entry = self._docs.get(self._prefixes.get(prefix, ""))
                 state = entry.states.get(key) if entry is not None else None
                 if state is not None and state.resume is not None and state.resume.at == at:
-                    self._docs.move_to_end(self._prefixes[prefix])
+                    self._touch(self._prefixes[prefix])
                     self.stats.hits["prefix", "local"] += 1
                     return state
         self.stats.misses["prefix", "local"] += 1
@@ -269,7 +208,7 @@ class DocumentCache:
             entry = self._docs.get(slot)
             return entry is not None and (key is None or key in entry.states)
 
-    def _tiered(self, slot: str, key: str, kind: str, held: Callable[[_Document], dict], compute: Callable[[], Any],
+    def _tiered(self, slot: str, key: str, kind: str, held: Callable[[HeldDocument], dict], compute: Callable[[], Any],
                 restore: Callable[[dict[str, torch.Tensor]], Any], to_tensors: Callable[[Any], dict[str, torch.Tensor]],
                 owner: str):
         """What `held(entry)[key]` holds for the document: from this process, else the shared store
@@ -283,14 +222,14 @@ class DocumentCache:
         self._keep(slot, key, held, value)
         return value
 
-    def _lookup(self, slot: str, key: str, kind: str, held: Callable[[_Document], dict],
+    def _lookup(self, slot: str, key: str, kind: str, held: Callable[[HeldDocument], dict],
                 restore: Callable[[dict[str, torch.Tensor]], Any]) -> Any:
         """`held(entry)[key]` from this process, else from the shared store (restored and kept here), else None."""
         with self._lock:
             entry = self._docs.get(slot)
             found = held(entry).get(key) if entry is not None else None
             if found is not None:
-                self._docs.move_to_end(slot)
+                self._touch(slot)
                 self.stats.hits[kind, "local"] += 1
                 return found
         self.stats.misses[kind, "local"] += 1
@@ -304,7 +243,7 @@ class DocumentCache:
         self._keep(slot, key, held, value)
         return value
 
-    def _keep(self, slot: str, key: str, held: Callable[[_Document], dict], value: Any) -> bool:
+    def _keep(self, slot: str, key: str, held: Callable[[HeldDocument], dict], value: Any) -> bool:
         """Hang `value` on the document under `key` (a state's tensors moved off the heap first) and evict to the
         cap; False when the document is not held (evicted meanwhile, or its IDs never fit)."""
         if isinstance(value, ContextState) and self.holds(slot):
@@ -315,11 +254,11 @@ class DocumentCache:
                 return False
             held(entry)[key] = value
             entry.changed()
-            self._docs.move_to_end(slot)
+            self._touch(slot)
             self._fit(keep=slot)
             return True
 
-    def _forget(self, entry: _Document) -> None:
+    def _forget(self, entry: HeldDocument) -> None:
         """Drop the prefix slots naming an evicted document."""
         for prefix in entry.prefixes:
             self._prefixes.pop(prefix, None)
@@ -329,13 +268,43 @@ class DocumentCache:
         with self._lock:
             self._docs.clear()
             self._prefixes.clear()
+            self._stateful.clear()
+            self._counted.clear()
+            self._used.clear()
             self.stats.bytes = self.stats.documents = 0
 
-    def _insert(self, slot: str, entry: _Document) -> None:
+    def _insert(self, slot: str, entry: HeldDocument) -> None:
         with self._lock:
+            if (old := self._docs.get(slot)) is not None:  # another thread brought it meanwhile: this one replaces it
+                self._account(old.owner, -self._counted.pop(slot, 0))
+                self._stateful.pop(slot, None)
             self._docs[slot] = entry
-            self._docs.move_to_end(slot)
+            self._touch(slot)
             self._fit(keep=slot)
+
+    def _touch(self, slot: str) -> None:
+        """The document in `slot` was just used: it goes last in the eviction order."""
+        self._docs.move_to_end(slot)
+        if slot in self._stateful:
+            self._stateful.move_to_end(slot)
+
+    def _account(self, owner: str, delta: int) -> None:
+        self._used[owner] += delta
+        if self._used[owner] <= 0:
+            del self._used[owner]
+
+    def _recount(self, slot: str) -> None:
+        """Count the bytes of the document in `slot` again after a change (its owner's total and whether it holds
+        states follow). Every change to a held document ends here: `_fit` recounts the document it keeps, and
+        eviction the ones it changes."""
+        entry = self._docs[slot]
+        bytes_now = entry.nbytes
+        self._account(entry.owner, bytes_now - self._counted.get(slot, 0))
+        self._counted[slot] = bytes_now
+        if not entry.states:
+            self._stateful.pop(slot, None)
+        elif slot not in self._stateful:  # its first state: it was just used (`_keep`), so it goes last
+            self._stateful[slot] = None
 
     def _fit(self, keep: str) -> None:
         """Evict until the cap holds. Who gives up entries, in turn: the owner of `keep` (the document just used)
@@ -344,39 +313,41 @@ class DocumentCache:
         each turn least recently used first, in the order: the states of documents named once, those documents,
         the states of documents named again, those documents. `keep` goes last: first its states, then, if its
         IDs alone do not fit, the document itself."""
-        used: collections.Counter = collections.Counter()
-        for entry in self._docs.values():
-            used[entry.owner] += entry.nbytes
+        if keep in self._docs:
+            self._recount(keep)
+        used = self._used
         total, share = sum(used.values()), self.share * self.max_bytes
         owner = self._docs[keep].owner if keep in self._docs else None
-        for slot in list(self._docs):  # first what is cheapest to recompute: a message's whole encoding beside its keys
+        # first what is cheapest to recompute: a message's whole encoding beside its keys
+        for slot in (list(self._stateful) if total > self.max_bytes else ()):
             if total <= self.max_bytes:
                 break
-            total -= self._drop_spare(slot, used, "own" if self._docs[slot].owner == owner else "pressure")
+            total -= self._drop_spare(slot, "own" if self._docs[slot].owner == owner else "pressure")
         turns = (lambda who: who == owner and used[who] > share, lambda who: used[who] > share, None, lambda who: True)
         for turn in turns:
             if turn is None:  # the writer over its share gives up the states it just brought before anyone else's
                 if total > self.max_bytes and keep in self._docs and used[owner] > share and self._docs[keep].states:
-                    total -= self._evict(keep, False, used, "own")
+                    total -= self._evict(keep, False, "own")
                 continue
             for repeated, whole in ((False, False), (False, True), (True, False), (True, True)):
-                for slot in list(self._docs):
+                # the states passes read only documents holding states; a list is made only for a pass that runs
+                for slot in (list(self._docs if whole else self._stateful) if total > self.max_bytes else ()):
                     if total <= self.max_bytes:
                         break
                     entry = self._docs[slot]
                     if (slot == keep or (entry.uses > 1) != repeated or not (whole or entry.states)
                             or not turn(entry.owner)):
                         continue
-                    total -= self._evict(slot, whole, used, "own" if entry.owner == owner else "pressure")
+                    total -= self._evict(slot, whole, "own" if entry.owner == owner else "pressure")
         entry = self._docs.get(keep)
         if total > self.max_bytes and entry is not None:
-            total -= self._evict(keep, False, used, "own")
+            total -= self._evict(keep, False, "own")
             if entry.nbytes > self.max_bytes:
-                total -= self._evict(keep, True, used, "own")
+                total -= self._evict(keep, True, "own")
         self.stats.bytes = max(0, total)
         self.stats.documents = len(self._docs)
 
-    def _drop_spare(self, slot: str, used: collections.Counter, cause: str) -> int:
+    def _drop_spare(self, slot: str, cause: str) -> int:
         """Drop the states of the document in `slot` that its keys-only twin can stand for (the whole encoding a
         conversation's end keeps: its windows and resume point, encoded again from the IDs where a request needs
         them); the bytes freed."""
@@ -384,30 +355,33 @@ class DocumentCache:
         spare = [key for key in entry.states if key + KEYS_ONLY in entry.states]
         if not spare:
             return 0
-        before = entry.nbytes
+        before = self._counted.get(slot, 0)
         for key in spare:
             del entry.states[key]
         entry.changed()
-        freed = before - entry.nbytes
-        used[entry.owner] -= freed
+        self._recount(slot)
+        freed = before - self._counted[slot]
         self.stats.evictions += len(spare)
         self.stats.evicted[cause] += len(spare)
         return freed
 
-    def _evict(self, slot: str, whole: bool, used: collections.Counter, cause: str) -> int:
-        """Drop the document in `slot` (whole) or its states; the bytes freed (`used` and the stats follow)."""
+    def _evict(self, slot: str, whole: bool, cause: str) -> int:
+        """Drop the document in `slot` (whole) or its states; the bytes freed (its owner's total and the stats
+        follow)."""
         entry = self._docs[slot]
-        before = entry.nbytes
+        before = self._counted.get(slot, 0)
         if whole:
             self._forget(self._docs.pop(slot))
+            self._stateful.pop(slot, None)
+            self._account(entry.owner, -self._counted.pop(slot, 0))
             count = 1
             self.stats.documents_evicted[cause] += 1
         else:
             count = len(entry.states)
             entry.states.clear()
             entry.changed()
-        freed = before - (0 if whole else entry.nbytes)
-        used[entry.owner] -= freed
+            self._recount(slot)
+        freed = before - self._counted.get(slot, 0)
         self.stats.evictions += count
         self.stats.evicted[cause] += count
         return freed
