@@ -235,6 +235,81 @@ def test_shared_store_evicts_states_before_ids(shared):
     assert shared.get_state(f"{1:032x}", "k") is None and shared.get_state(f"{3:032x}", "k") is not None
 
 
+def shared_counts(store: RedisDocuments, client) -> tuple[dict, dict, dict, dict]:
+    """What the store keeps as entries change (each owner's bytes; per kind and owner, its entries by last use),
+    beside the same recounted from every entry's size, owner and last use."""
+    sizes, owners = client.hgetall(store.sizes), client.hgetall(store.owners)
+    used: dict[str, int] = {}
+    order: dict[str, list] = {}
+    for name, score in client.zrange(store.index, 0, -1, withscores=True):
+        who, kind = owners[name], "s" if ":state:" in name else "i"
+        used[who] = used.get(who, 0) + int(sizes[name])
+        order.setdefault(f"{store.lru_prefix}{kind}:{who}", []).append((name, score))
+    kept = {o: int(b) for o, b in client.hgetall(store.used).items()}
+    lists = {key: client.zrange(key, 0, -1, withscores=True) for key in client.keys(store.lru_prefix + "*")}
+    return kept, used, lists, order
+
+
+def test_the_shared_tier_keeps_its_counts_as_a_full_recount_would(shared, redis_server):
+    """A write reads the owners' totals and the oldest entry of each owner it may evict from, kept as entries
+    change, not every entry held: after each of a few hundred mixed calls from three owners (IDs, states, reads,
+    a state dropped) under a cap of a few entries, the kept counts equal a recount and the cap holds."""
+    import random
+
+    rng, client = random.Random(3), redis_server.client()
+    shared.max_bytes, shared.share = 200_000, 0.4
+    for step in range(300):
+        doc, owner, call = f"{rng.randrange(30):032x}", rng.choice("abc"), rng.randrange(4)
+        if call == 0:
+            shared.put_ids(doc, random_ids(40, seed=step), owner)
+        elif call == 1:
+            shared.put_state(doc, "k", {"x": torch.zeros(rng.randrange(10_000, 40_000), dtype=torch.uint8)}, owner)
+        elif call == 2:
+            shared.get_state(doc, "k") if rng.random() < 0.5 else shared.get_ids(doc)
+        else:
+            shared.drop_state(doc, "k")
+        kept, used, lists, order = shared_counts(shared, client)
+        assert kept == used and lists == order, step
+        assert sum(used.values()) <= shared.max_bytes, step
+    assert shared.evicted["own"] > 20 and shared.evicted["pressure"] > 5  # both turns ran
+
+
+def test_the_shared_tier_takes_over_a_store_written_before_it_kept_counts(shared, redis_server):
+    """Entries written with only the index, sizes and owners (the layout before the kept counts) are counted by
+    the first write, which then evicts the oldest state to make room as before."""
+    client = redis_server.client()
+    shared.max_bytes = 150_000
+    for i, who in enumerate("ab"):
+        name = shared._state_key(f"{i:032x}", "k")
+        client.set(name, b"x" * 60_000, ex=60)
+        client.zadd(shared.index, {name: time.time() - 10 + i})
+        client.hset(shared.sizes, name, charged(60_000, name))
+        client.hset(shared.owners, name, who)
+    shared.put_state(f"{9:032x}", "k", {"x": torch.zeros(60_000, dtype=torch.uint8)}, "a")
+    assert client.get(shared._state_key(f"{0:032x}", "k")) is None and shared.evictions == 1
+    kept, used, lists, order = shared_counts(shared, client)
+    assert kept == used and lists == order and set(used) == {"a", "b"}
+
+
+def test_an_entry_is_charged_at_least_what_redis_holds_for_it(shared, redis_server):
+    """The cap bounds the tier's share of Redis's used memory: over 1,200 IDs and states of 0.6-20 KB (the IDs
+    of 150-5,000-token documents), named under this test's long prefix, the bytes charged cover what Redis's used
+    memory grew by, and not by much more."""
+    client = redis_server.client()
+    shared.max_bytes = 1 << 30
+    before = client.info("memory")["used_memory"]
+    for i in range(1200):
+        size = (600, 4_000, 20_000)[i % 3]
+        if i % 2:
+            shared.put_state(f"{i:032x}", "l8-s4-w1024-c1024-dca0-bfloat16", {"x": torch.zeros(size, dtype=torch.uint8)},
+                             "0123456789abcdef")
+        else:
+            shared.put_ids(f"{i:032x}", torch.zeros(size // 4, dtype=torch.int64), "0123456789abcdef")
+    grown = client.info("memory")["used_memory"] - before
+    charged_bytes = sum(int(n) for n in client.hvals(shared.sizes))
+    assert grown <= charged_bytes <= 1.1 * grown, (grown, charged_bytes)
+
+
 def test_shared_store_entries_expire(shared):
     shared.ttl_s = 1
     doc, ids = document(8)
@@ -438,7 +513,8 @@ def test_a_cached_document_costs_what_a_later_query_reads(engine, redis_server, 
     blob = len(save(state.to_tensors()))
     assert state.nbytes <= blob <= state.nbytes + 16 << 10  # the serialised size: the tensors and a header
     # charged on Redis: the serialised size, plus what Redis holds besides (redis_tier.charged)
-    assert stored[store._state_key(engine.names.slot('', result.document_id), key)] == charged(blob)
+    name = store._state_key(engine.names.slot('', result.document_id), key)
+    assert stored[name] == charged(blob, name)
     assert blob <= 1.25 * live + (16 << 10)
 
 

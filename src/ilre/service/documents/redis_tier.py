@@ -6,17 +6,20 @@ Keys (prefix "ilre" by default, beside the queue's):
   {p}:docs                  sorted set: every entry above, scored by its last use (unix s)
   {p}:docs:bytes            hash: entry -> its size in bytes
   {p}:docs:owners           hash: entry -> its owner (an opaque tag of the caller's scope, DocumentNames.owner)
-An entry is charged what Redis holds for it, not only its value: ENTRY_OVERHEAD for its key, expiry,
-index and hash fields, and 1/128 of the value for the allocator's rounding, so that the cap bounds the
-tier's share of Redis's used memory (measured: 1-7% beyond the values, the more the smaller they are).
+  {p}:docs:used             hash: owner -> the bytes its entries are charged
+  {p}:docs:lru:{s|i}:{owner} sorted sets: the owner's states (s) and IDs (i), scored by last use
+An entry is charged what Redis holds for it, not only its value: ENTRY_OVERHEAD and its name's copies for its
+key, expiry, index, order and hash fields, and 1/128 of the value for the allocator's rounding, so that the cap
+bounds the tier's share of Redis's used memory (`charged`).
 Every entry expires `ttl` seconds after its last use (SET EX, refreshed by reads). A write first
 drops the expired entries from the index, then evicts until the new one fits under `max_bytes`, in
 turns: the writer's own entries while its owner holds more than `share` of the cap, then those of
 owners over their share, then (shares oversubscribed) anyone's; within a turn the least recently used
 states first, IDs only when no state is left to evict (a lost state is computed again, lost IDs make
-the document_id unknown). One Lua script does it, so concurrent workers keep the sums right; an entry
-larger than the cap is not stored. The cap is this store's own: Redis's maxmemory policy must not
-be left to evict, it would take the request stream with it.
+the document_id unknown). Lua scripts do it (service/documents/redis_scripts.py), reading only the owners'
+totals and the oldest entries of those it may evict from, so concurrent workers keep the sums right and a write
+costs the same however many entries are held; an entry larger than the cap is not stored. The cap is this store's
+own: Redis's maxmemory policy must not be left to evict, it would take the request stream with it.
 A document's IDs are what its document_id (and a gateway retrieve hash) stand on, so they are kept
 through a failover: their reads and writes ride out an unreachable Redis for up to `retry_s`, and a
 write waits (WAIT, same connection) until `wait_replicas` replicas hold it, within `wait_ms`. Encoded
@@ -41,74 +44,22 @@ from safetensors.torch import save as save_tensors
 
 from ...engine.defaults import DOC_CACHE_SHARE
 from ..common.redis_connection import CALL_S, sync_client
+from .redis_scripts import ADMIT, DROP, READ
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 RETRY_PAUSE_S = 0.2  # between tries of a read or write of IDs while Redis is failing
-ENTRY_OVERHEAD = 768  # bytes Redis holds per entry besides its value: key, expiry, index, hashes (~650-850 by fit)
+ENTRY_OVERHEAD = 512  # bytes Redis holds per entry besides its value and its name's copies: key, expiry, index entries
+NAME_COPIES = 6  # an entry's name is held as its key, in the index (twice), its owner's order (twice) and the hashes
 OUTAGE_S = 5.0  # after a failed call, reads and writes of states and prefixes skip Redis this long
 
 
-def charged(length: int) -> int:
-    """Bytes of Redis's used memory an entry whose value is `length` bytes is charged: the value, 1/128 of it for
-    the allocator's rounding, and ENTRY_OVERHEAD (used memory measured +6.5% beyond 4-17 KB values, +1.9% beyond
-    17-70 KB, +0.9% beyond 70-700 KB: this charges a little more)."""
-    return length + length // 128 + ENTRY_OVERHEAD
-
-# KEYS: index zset, sizes hash, owners hash, the entry; ARGV: size, now, ttl, cap, owner, share (bytes)
-#   -> {stored 0|1, evicted from its own owner, evicted from others}
-ADMIT = """
-local index, sizes, owners, entry = KEYS[1], KEYS[2], KEYS[3], KEYS[4]
-local size, now, ttl, cap = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
-local owner, share = ARGV[5], tonumber(ARGV[6])
-local function drop(name)
-  redis.call('DEL', name)
-  redis.call('ZREM', index, name)
-  redis.call('HDEL', sizes, name)
-  redis.call('HDEL', owners, name)
-end
-for _, name in ipairs(redis.call('ZRANGEBYSCORE', index, '-inf', now - ttl)) do drop(name) end
-drop(entry)
-if size > cap then return {0, 0, 0} end
-local whose, used, total = {}, {}, 0
-local flat = redis.call('HGETALL', owners)
-for i = 1, #flat, 2 do whose[flat[i]] = flat[i + 1] end
-flat = redis.call('HGETALL', sizes)
-local bytes = {}
-for i = 1, #flat, 2 do
-  local name, n = flat[i], tonumber(flat[i + 1])
-  bytes[name] = n
-  local who = whose[name] or ''
-  used[who] = (used[who] or 0) + n
-  total = total + n
-end
-used[owner] = (used[owner] or 0) + size
-local own, others = 0, 0
-local names = redis.call('ZRANGE', index, 0, -1)
-local turns = {
-  function(who) return who == owner and used[who] > share end,
-  function(who) return used[who] > share end,
-  function(who) return true end}
-for _, turn in ipairs(turns) do
-  for _, states in ipairs({true, false}) do
-    for _, name in ipairs(names) do
-      if total + size <= cap then break end
-      local who = whose[name] or ''
-      if bytes[name] and (string.find(name, ':state:', 1, true) ~= nil) == states and turn(who) then
-        total = total - bytes[name]
-        used[who] = used[who] - bytes[name]
-        bytes[name] = nil
-        drop(name)
-        if who == owner then own = own + 1 else others = others + 1 end
-      end
-    end
-  end
-end
-redis.call('ZADD', index, now, entry)
-redis.call('HSET', sizes, entry, size)
-redis.call('HSET', owners, entry, owner)
-return {1, own, others}
-"""
+def charged(length: int, name: str) -> int:
+    """Bytes of Redis's used memory an entry whose value is `length` bytes, stored under `name`, is charged: the
+    value, 1/128 of it for the allocator's rounding, ENTRY_OVERHEAD and NAME_COPIES bytes per character of its name
+    (Redis's used memory grows by about 460 bytes plus 5.6 per character of the name beyond each value: this charges a
+    little more; tests/engine/test_documents.py holds it to that)."""
+    return length + length // 128 + ENTRY_OVERHEAD + NAME_COPIES * len(name)
 
 
 class RedisDocuments:
@@ -123,7 +74,8 @@ class RedisDocuments:
         # be written or read within retry_s ("unstored", "unread")
         self.at_risk: collections.Counter = collections.Counter()
         self.index, self.sizes, self.owners = f"{prefix}:docs", f"{prefix}:docs:bytes", f"{prefix}:docs:owners"
-        self._admit = self.client.register_script(ADMIT)
+        self.used, self.lru_prefix = f"{prefix}:docs:used", f"{prefix}:docs:lru:"
+        self._admit, self._read, self._drop = map(self.client.register_script, (ADMIT, READ, DROP))
         self.evictions = 0
         self.evicted: collections.Counter = collections.Counter()  # by cause: own, pressure
         self.skipped = 0  # cache calls not made: Redis had failed within OUTAGE_S
@@ -167,11 +119,11 @@ class RedisDocuments:
     def drop_state(self, doc: str, key: str) -> None:
         """Forget `doc`'s state `key` (its bytes leave the cap's count); best effort, as every write."""
         name = self._state_key(doc, key)
+        self._best_effort(f"dropping {name}", lambda: self._drop(keys=self._keys(name), args=[self.lru_prefix]), None)
 
-        def drop() -> None:
-            with self.client.pipeline(transaction=True) as pipe:
-                pipe.delete(name).zrem(self.index, name).hdel(self.sizes, name).hdel(self.owners, name).execute()
-        self._best_effort(f"dropping {name}", drop, None)
+    def _keys(self, name: str) -> list[str]:
+        """The scripts' KEYS for entry `name` (service/documents/redis_scripts.py)."""
+        return [self.index, self.sizes, self.owners, self.used, name]
 
     def put_prefix(self, prefix: str, doc: str) -> None:
         """Name `doc` as the document whose encoding a longer context with the prefix `prefix` (a slot) takes on
@@ -211,9 +163,7 @@ class RedisDocuments:
 
     def _get(self, name: str, retry_s: float = 0.0) -> dict[str, torch.Tensor] | None:
         def read() -> bytes | None:
-            with self.client.pipeline(transaction=False) as pipe:
-                pipe.get(name).expire(name, self.ttl_s).zadd(self.index, {name: time.time()}, xx=True)
-                return pipe.execute()[0]
+            return self._read(keys=self._keys(name), args=[self.lru_prefix, time.time(), self.ttl_s])
 
         if not retry_s and self._skip():
             return None
@@ -236,9 +186,9 @@ class RedisDocuments:
         wait = self.wait_replicas if durable else 0
 
         def write() -> int | None:  # replicas holding the entry (None: not stored, larger than the cap)
-            stored, own, others = self._admit(keys=[self.index, self.sizes, self.owners, name],
-                                              args=[charged(len(blob)), time.time(), self.ttl_s, self.max_bytes, owner,
-                                                    int(self.share * self.max_bytes)])
+            stored, own, others = self._admit(keys=self._keys(name),
+                                              args=[self.lru_prefix, charged(len(blob), name), time.time(), self.ttl_s,
+                                                    self.max_bytes, owner, int(self.share * self.max_bytes)])
             self.evictions += int(own) + int(others)
             self.evicted["own"] += int(own)
             self.evicted["pressure"] += int(others)
