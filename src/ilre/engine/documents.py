@@ -27,7 +27,6 @@ is stored in both. The shared tier is best effort: when it fails, the request is
 from __future__ import annotations
 
 import collections
-import logging
 import threading
 from typing import Any, Callable
 
@@ -41,8 +40,6 @@ from .document_entries import KEYS_ONLY, CacheStats, HeldDocument, SharedDocumen
 from .heap import off_heap
 
 __all__ = ["KEYS_ONLY", "CacheStats", "DocumentCache", "SharedDocuments", "state_key"]
-
-log = logging.getLogger(__name__)
 
 
 class DocumentCache:
