@@ -19,7 +19,7 @@ from .cluster import Cluster
 from .services import HTTP_PORT, SentinelHosts, serve_on, wait_until, worker_on
 
 PREFIX, REDIS, WORKERS = "np", ["r1", "r2", "r3"], ["w1", "w2"]
-CLAIM_IDLE_MS, RETRY_S, METRICS_PORT = 12000, 4, 9100
+CLAIM_IDLE_MS, RETRY_S, METRICS_PORT = 20000, 4, 9100  # claim_idle: a request computed with the CPU shared
 QUERY = "What is the harbour code of record {i}?"
 
 
