@@ -5,7 +5,7 @@ hosts with a sentinel each, two workers, a front end, a client, each in a networ
   front end cut   the front end cut from Redis for 20 s (its callers told within --redis-retry + 5 s)
   master split    the master cut from its replicas and sentinels for 40 s (a failover; it rejoins as a replica)
   slow links      200 ms of delay and 5% loss on both workers' links to Redis for 60 s
-  worker frozen   a worker host stopped (SIGSTOP) for 20 s
+  worker frozen   a worker host stopped (SIGSTOP) past claim_idle (FROZEN_S, 28 s)
 Callers (--callers, from the client host, no pause) send requests of ~2,500 tokens drawn from a pool whose answers
 were taken on the idle service first. Counted: answers equal to the idle one (ok) or not (wrong), refusals before
 acceptance (503, retried by the caller), clear errors after it (503 while waiting, 504), replies never received
@@ -34,7 +34,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from soak import rss_mib  # noqa: E402
 from tests.hosts.cluster import missing_tools  # noqa: E402
-from tests.hosts.site import PREFIX, REDIS, WORKERS, Site, started_site  # noqa: E402
+from tests.hosts.site import FROZEN_S, PREFIX, REDIS, WORKERS, Site, started_site  # noqa: E402
 
 OUT = Path(__file__).resolve().parents[1] / "results" / "bench" / "soak-partitions"
 POOL = 12  # distinct requests, answers taken on the idle service
@@ -136,7 +136,7 @@ def fault(site: Site, name: str, rng: random.Random) -> float:
     elif name == "worker frozen":
         worker = rng.choice(WORKERS)
         cluster.freeze(worker)
-        time.sleep(20)
+        time.sleep(FROZEN_S)
         cluster.thaw(worker)
     return time.monotonic()
 

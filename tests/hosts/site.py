@@ -20,6 +20,7 @@ from .services import HTTP_PORT, SentinelHosts, serve_on, wait_until, worker_on
 
 PREFIX, REDIS, WORKERS = "np", ["r1", "r2", "r3"], ["w1", "w2"]
 CLAIM_IDLE_MS, RETRY_S, METRICS_PORT = 20000, 4, 9100  # claim_idle: a request computed with the CPU shared
+FROZEN_S = CLAIM_IDLE_MS / 1000 + 8  # a frozen worker host stays stopped past claim_idle: its entry is taken over
 QUERY = "What is the harbour code of record {i}?"
 
 
