@@ -86,6 +86,7 @@ bench: setup engine litellm ## latency and peak memory; per dtype up to 1M token
 	$(PY) bench/doc_cache_bench.py      # one store as the cache fills with documents holding only their IDs, now and at a commit before
 	$(PY) bench/growing_bench.py        # resumable: results/bench/growing.jsonl
 	$(PY) bench/stream_agreement.py
+	$(PY) bench/first_stream_bench.py   # resumable: a first question's candidates from its stream vs from layer 1, on the evaluation's tasks
 	$(PY) bench/scope_bench.py
 	$(PY) bench/service_bench.py
 	$(PY) bench/sidecar_bench.py

@@ -228,7 +228,8 @@ def test_a_context_grown_in_one_job_takes_its_first_reading_on(tmp_path):
     line takes the first's encoding on (`resumed_tokens`), with the stream a batch job holds (`--deepen hold`, its
     default; the suite's environment sets off) its candidates start there (so it selects otherwise than from layer
     1: 92 of 96 tokens in common here), and the fact in the new part is kept; with `--deepen off` the grown line is
-    what the same line alone in a fresh job gives."""
+    what the same line alone in a fresh job gives. The first line's candidates start from its own stream under hold,
+    as they do under off when the line asks for it (`first_from_stream`), and from layer 1 under off."""
     text = pydoc_text()
     first = text[:6000]
     grown = f"{first}{text[6000:7400]}\nThe tool returned the code 7781.\n{text[7400:8800]}"
@@ -236,9 +237,13 @@ def test_a_context_grown_in_one_job_takes_its_first_reading_on(tmp_path):
     lines = [{"id": "first", "context": first, **ask}, {"id": "grown", "context": grown, **ask}]
     source = write_lines(tmp_path / "in.jsonl", lines)
     alone = write_lines(tmp_path / "grown-alone.jsonl", lines[1:])
+    asked = write_lines(tmp_path / "first-streamed.jsonl",
+                        [{**lines[0], "strategy_options": {"first_from_stream": True}}])
     outputs = {}
-    for name, args in {"hold": ["--deepen", "hold"], "off": ["--deepen", "off"], "alone": ["--deepen", "off"]}.items():
-        given = alone if name == "alone" else source
+    runs = {"hold": ["--deepen", "hold"], "off": ["--deepen", "off"], "alone": ["--deepen", "off"],
+            "asked": ["--deepen", "off"]}
+    for name, args in runs.items():
+        given = {"alone": alone, "asked": asked}.get(name, source)
         proc = batch("--input", str(given), "--output", str(tmp_path / f"{name}.jsonl"), "--in-flight", "1", *args)
         assert proc.returncode == 0, proc.stderr.decode()
         outputs[name] = {line["id"]: line for line in read_lines(tmp_path / f"{name}.jsonl")}
@@ -249,5 +254,6 @@ def test_a_context_grown_in_one_job_takes_its_first_reading_on(tmp_path):
     assert outputs["alone"]["grown"].get("resumed_tokens", 0) == 0
     same = ("kept_indices", "token_ids", "compressed_context")
     assert all(outputs["off"]["grown"][k] == outputs["alone"]["grown"][k] for k in same)
-    assert outputs["hold"]["first"]["kept_indices"] == outputs["off"]["first"]["kept_indices"]  # a first reading
+    assert outputs["hold"]["first"]["kept_indices"] == outputs["asked"]["first"]["kept_indices"]  # from its stream
+    assert outputs["hold"]["first"]["kept_indices"] != outputs["off"]["first"]["kept_indices"]  # off: from layer 1
     assert outputs["hold"]["grown"]["kept_indices"] != outputs["off"]["grown"]["kept_indices"]  # from the stream

@@ -73,9 +73,9 @@ def test_select_contexts_equals_select_context_and_keeps_order():
 
 
 def test_the_default_and_blended_layers_take_the_batched_prefill():
-    """The cascade with its candidate stage (the coarse layer batched, the candidates of each run after it)
-    and on a context its candidates cover (l_R with the coarse layer blended), and ILRe with also_layers:
-    batched with other requests, each selection equals its own streaming one."""
+    """The cascade with its candidate stage (the coarse layer batched, the candidates of each run after it from the
+    stream the batch kept) and on a context its candidates cover (l_R with the coarse layer blended), and ILRe with
+    also_layers: batched with the requests that encode the same layers, each selection equals its own streaming one."""
     config = PrefillConfig(sink=2, window=5, chunk=24)
     strategies = [make_strategy("cascade", {"coarse_layer": 1}), make_strategy("ilre", {"also_layers": [2]}),
                   make_strategy("ilre"), make_strategy("cascade", {"coarse_layer": 2, "coarse_weight": 1.0}),
@@ -90,4 +90,21 @@ def test_the_default_and_blended_layers_take_the_batched_prefill():
     for job, got in zip(jobs, together):
         alone = select_context(model("llama"), job.context_ids, job.query_ids, job.budget, job.strategy, config)
         assert got.kept.tolist() == alone.kept.tolist()
-        assert got.prefill_shared == len(jobs)  # one batched prefill for all
+        assert got.measured == alone.measured  # the candidates' pass from the coarse stream, where they have one
+    # layers 1 + l_R; 2 + l_R (twice: one prefill); l_R; 2 + l_R; 1 with candidates; 2 with candidates
+    assert [got.prefill_shared for got in together] == [1, 2, 1, 2, 1, 1]
+    assert together[-1].measured["from_layer"] == 2
+
+
+def test_first_questions_of_a_batch_run_their_candidates_from_the_batch_streams():
+    """Default cascades whose candidates do not cover their contexts: one batched prefill to the coarse layer, the
+    streams entering it kept, each question's candidates run on from there as its own streaming selection runs them."""
+    config = PrefillConfig(sink=2, window=5, chunk=24)
+    strategy = make_strategy("cascade", {"coarse_layer": 2, "candidates": 1.5})
+    jobs = [SelectionJob(random_ids(18 + 2 * i, seed=400 + i), random_ids(2 + i, seed=500 + i), 6, strategy)
+            for i in range(4)]
+    together = select_contexts(model("llama"), jobs, config, batch_tokens=200)
+    for job, got in zip(jobs, together):
+        alone = select_context(model("llama"), job.context_ids, job.query_ids, job.budget, job.strategy, config)
+        assert got.kept.tolist() == alone.kept.tolist() and got.prefill_shared == len(jobs)
+        assert got.measured["from_layer"] == alone.measured["from_layer"] == 2

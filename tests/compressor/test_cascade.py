@@ -11,7 +11,7 @@ from ilre.compressor.candidate_prefill import Streams, candidate_prefill
 from ilre.compressor.pipeline import select_context, select_queries, select_query
 from ilre.compressor.prefill import PrefillConfig, encode_context, prefill_query
 from ilre.compressor.strategies import make_strategy
-from ilre.compressor.strategies.cascade import pick_candidates, recent_share
+from ilre.compressor.strategies.cascade import FIRST_STREAM_TOKENS, pick_candidates, recent_share
 from ilre.models.loader import load_truncated
 from tests.reference import dense_candidate_prefill, dense_prefill, dense_scores, dense_stream, literal_algorithm1
 from tests.tiny_models import N_LAYERS, random_ids, single_thread, tiny_checkpoint  # noqa: F401
@@ -150,12 +150,18 @@ def test_candidates_are_the_sink_the_recent_tokens_and_algorithm1(count, recent)
 @pytest.mark.parametrize("config", CONFIGS[:3])
 @pytest.mark.parametrize("factor, budget, coarse, weight", [(2.0, 20, 2, 0.5), (3.5, 16, 1, 0.0), (1.0, 30, 3, 1.0),
                                                             (2.5, 9, 2, 0.5), (2.0, 20, 2, 0.0)])
-def test_cascade_matches_the_literal_reference(config, factor, budget, coarse, weight):
+@pytest.mark.parametrize("first_from_stream", [None, False])
+def test_cascade_matches_the_literal_reference(config, factor, budget, coarse, weight, first_from_stream):
+    """A first question: its candidates run on from the stream the coarse pass left (the default), or from layer 1
+    (first_from_stream false)."""
     context, query = random_ids(LENGTH, seed=5), random_ids(N_QUERY, seed=6)
-    strategy = cascade(coarse_layer=coarse, candidates=factor, coarse_weight=weight)
-    kept = select_context(model(), context, query, budget, strategy, config).kept.tolist()
-    assert kept == reference_kept(context, query, config, coarse, factor, budget, weight)
+    strategy = cascade(coarse_layer=coarse, candidates=factor, coarse_weight=weight,
+                       first_from_stream=first_from_stream)
+    selection = select_context(model(), context, query, budget, strategy, config)
+    kept, streamed = selection.kept.tolist(), first_from_stream is None
+    assert kept == reference_kept(context, query, config, coarse, factor, budget, weight, streamed)
     assert len(kept) == budget and kept == sorted(set(kept))
+    assert selection.measured.get("from_layer") == (coarse if streamed else None)
 
 
 @pytest.mark.parametrize("config", CONFIGS)
@@ -181,7 +187,7 @@ def test_cached_and_multi_query_selections_equal_uncached():
     config = PrefillConfig(sink=4, window=8, chunk=16, dca=True)
     context = random_ids(LENGTH, seed=9)
     queries = [random_ids(N_QUERY, seed=s) for s in (10, 11, 12)]
-    strategy = cascade(coarse_layer=2, candidates=2.0)
+    strategy = cascade(coarse_layer=2, candidates=2.0, first_from_stream=False)  # the cached state keeps no stream
     with torch.inference_mode():
         state = encode_context(model(), context, config, strategy.encoded_layers(N_LAYERS))
     again = [select_query(model(), state, q, 16, strategy, context_ids=context).kept.tolist() for q in queries]
@@ -196,6 +202,16 @@ def test_the_encoded_context_holds_only_the_coarse_layer():
     assert set(state.keys) == {2} and len(state.caches) == 1
 
 
+def test_a_first_question_streams_up_to_the_cap_unless_told_not_to():
+    """The stream a first question's candidates start from is L x D for the request: kept up to FIRST_STREAM_TOKENS,
+    never for a cascade whose candidates cover the context (every token runs to l_R anyway) or told not to."""
+    strategy = cascade(coarse_layer=2)
+    assert strategy.streams_first(FIRST_STREAM_TOKENS) and not strategy.streams_first(FIRST_STREAM_TOKENS + 1)
+    assert not cascade(coarse_layer=2, first_from_stream=False).streams_first(1000)
+    assert not strategy.for_context(100, 90).streams_first(100)  # whole: its candidates would cover the context
+    assert not plain_ilre().streams_first(1000)
+
+
 def test_recent_share_is_an_eighth_within_the_window():
     assert recent_share(4096, PrefillConfig()) == 512
     assert recent_share(256, PrefillConfig()) == 32
@@ -206,6 +222,7 @@ def test_recent_share_is_an_eighth_within_the_window():
     ({"candidates": 0.5}, "candidates"), ({"candidates": "many"}, "candidates"), ({"candidates": True}, "candidates"),
     ({"coarse_layer": 0}, "coarse_layer"), ({"coarse_layer": 2.5}, "coarse_layer"),
     ({"coarse_weight": -0.1}, "coarse_weight"), ({"coarse_weight": 1.5}, "coarse_weight"),
+    ({"first_from_stream": "yes"}, "first_from_stream"), ({"first_from_stream": 1}, "first_from_stream"),
 ])
 def test_bad_options_name_the_field(options, field):
     with pytest.raises(ValueError, match=rf"^{field}: "):

@@ -9,7 +9,7 @@ import math
 import pytest
 import torch
 
-from ilre.compressor.candidate_prefill import candidate_prefill
+from ilre.compressor.candidate_prefill import Streams, candidate_prefill
 from ilre.compressor.pipeline import select_context, select_query
 from ilre.compressor.prefill import PrefillConfig, encode_context, prefill_query, resume_context
 from ilre.compressor.strategies import make_strategy
@@ -24,16 +24,18 @@ BUDGET, COARSE, FACTOR = 16, 2, 2.0
 
 
 def literal_peak(context: torch.Tensor, query: torch.Tensor, config: PrefillConfig) -> float:
-    """The statistic step by step: the coarse layer's A^C picks the candidates, they run to l_R, and the mean
-    of the five largest of l_R's A^C over the candidates outside the sink, summed in a Python loop."""
+    """The statistic step by step: the coarse layer's A^C picks the candidates, they run on to l_R from the stream
+    the coarse pass left, and the mean of the five largest of l_R's A^C over the candidates outside the sink,
+    summed in a Python loop."""
     strategy = cascade(coarse_layer=COARSE, candidates=FACTOR)
     with torch.inference_mode():
-        state = encode_context(model(), context, config, (COARSE,))
+        state = encode_context(model(), context, config, (COARSE,), keep_hidden=True)
         retrieval = prefill_query(model(), state, query)
         coarse = query_key_scores(retrieval.queries[COARSE], retrieval.keys[COARSE])
         count = strategy.candidate_count(BUDGET)
         candidates = pick_candidates(coarse, count, config.sink, recent_share(count, config), strategy.allocator)
-        keys, queries = candidate_prefill(model(), context, candidates, query, config)
+        keys, queries = candidate_prefill(model(), context, candidates, query, config,
+                                          Streams(COARSE, state.hidden, [retrieval.stream]))
         over = query_key_scores(queries, keys).tolist()
     outside = sorted((v for c, v in zip(candidates.tolist(), over) if c >= config.sink), reverse=True)
     total = 0.0
@@ -90,7 +92,7 @@ def test_the_selection_reports_the_peak_it_measured_whether_or_not_it_fell_back(
         selection = select_context(model(), context, query, BUDGET, strategy, config)
         assert selection.measured == {"peak": pytest.approx(peak, rel=1e-5),
                                       "coarse_peak": pytest.approx(literal_coarse_peak(context, query, config), rel=1e-5),
-                                      **({"deep": 1.0} if peak < deepen_below else {})}
+                                      "from_layer": COARSE, **({"deep": 1.0} if peak < deepen_below else {})}
     whole = select_context(model(), context, query, BUDGET, cascade(coarse_layer=COARSE, candidates=FACTOR).deepened(), config)
     assert whole.measured == {}  # no candidates, so nothing to measure
 

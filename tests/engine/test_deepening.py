@@ -29,6 +29,7 @@ from .test_documents import CANDIDATES, QUESTIONS, long_text
 from tests.shallow import engine_on_shallow_calibration  # noqa: F401 (engine: a flow, on the shallow calibration)
 
 
+STREAMED = {**CANDIDATES, "first_from_stream": True}  # as a first question runs where the cache holds streams
 BUDGET = 200  # 800 candidates: well inside the ~2.8K-token document, so the first query runs the candidate pass
 
 
@@ -99,13 +100,13 @@ def test_stepwise_encoding_interleaved_equals_encode_context():
 
 def test_a_document_asked_again_is_answered_from_its_full_depth_encoding(engine):
     cascade = uncached(engine, CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET,
-                                              strategy_options=CANDIDATES))
+                                              strategy_options=STREAMED))
     references = [full_depth_reference(engine, query) for query in QUESTIONS]
     assert cascade["kept_indices"] != references[1]["kept_indices"]  # the two paths differ on this document
     with deepening_on(engine):
         first = engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET,
                                               strategy_options=CANDIDATES))
-        assert comparable(first) == cascade  # the first query: the cascade, unchanged
+        assert comparable(first) == cascade  # the first query: the cascade from the coarse stream, as without deepening
         assert engine.deepening.wait_idle(120) and engine.deepening.stats.finished == 1
         again = [engine.compress(CompressRequest(document_id=first.document_id, query=query, budget=BUDGET,
                                               strategy_options=CANDIDATES))
@@ -124,7 +125,7 @@ def test_a_document_asked_again_is_answered_from_its_full_depth_encoding(engine)
 def test_requests_come_first_and_deepening_resumes_where_it_stopped(engine):
     short = long_text()[:6000]
     alone = uncached(engine, CompressRequest(context=short, query=QUESTIONS[2], budget=BUDGET,
-                                              strategy_options=CANDIDATES))
+                                              strategy_options=STREAMED))
     with deepening_on(engine):
         first = engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET,
                                               strategy_options=CANDIDATES))
@@ -146,12 +147,55 @@ def coarse_layer(engine) -> int:
     return engine.with_profile(make_strategy("cascade")).coarse_layer
 
 
+def test_a_first_question_starts_its_candidates_from_its_own_stream_where_the_engine_holds_streams(engine, monkeypatch):
+    """Streams held (`--deepen hold`, or deepening on): a document's first question runs its candidates on from the
+    stream its coarse pass left, and selects what the pipeline selects on a fresh encoding with that stream. Without
+    them (`--deepen off`) it runs them from layer 1 unless the request asks otherwise, so that cached and grown
+    contexts select what fresh ones do."""
+    started, real = [], cascade_module.candidate_prefill
+
+    def spy(*args):
+        started.append(args[5].layer if args[5] is not None else 1)
+        return real(*args)
+
+    monkeypatch.setattr(cascade_module, "candidate_prefill", spy)
+    asked = CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET, strategy_options=CANDIDATES)
+    held = compressed_fresh(engine, asked)  # the session engine: deepening off, no streams held
+    explicit = compressed_fresh(engine, CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET,
+                                                        strategy_options=STREAMED))
+    streamed = compressed_fresh(engine, asked, hold_streams=True)
+    coarse = coarse_layer(engine)
+    assert started == [1, coarse, coarse]
+    assert streamed["kept_indices"] == explicit["kept_indices"] == kept_from_stream(engine, asked)
+    assert held["kept_indices"] != explicit["kept_indices"]  # the two paths choose differently on this document
+    assert held["kept_indices"] == kept_from_layer_one(engine, asked)
+
+
+def compressed_fresh(engine, request: CompressRequest, hold_streams: bool = False) -> dict:
+    """The request's result on the session engine with an empty document cache, streams held or not."""
+    kept = engine.documents
+    engine.documents, engine.encodings.hold_streams = DocumentCache(0), hold_streams
+    try:
+        return comparable(engine.compress(request))
+    finally:
+        engine.documents, engine.encodings.hold_streams = kept, False
+
+
+def kept_from_layer_one(engine, request: CompressRequest) -> list[int]:
+    """What the pipeline keeps for `request` with its candidates run from layer 1 (no stream handed on)."""
+    job = engine.prepare(request)
+    with torch.inference_mode():
+        state = encode_context(job.model, job.context_ids, job.prefill, job.strategy.encoded_layers(job.layer))
+    return select_query(job.model, state, job.queries[0], job.budget, job.strategy, context_ids=job.context_ids,
+                        units=job.units).kept.tolist()
+
+
 def test_a_question_before_deepening_ends_starts_its_candidates_from_the_kept_stream(engine, monkeypatch):
     """While a document waits for deepening its encoding keeps the stream entering the coarse layer (counted in the
     cache), and its later questions, by id or by text, start their candidates there: equal to the pipeline's
     selection on an encoding that kept its stream, each reading the rows of the candidates the question before it
-    ran (compressor/candidate_rows.py, counted in the cache too). The first question runs from layer 1 (unchanged by
-    deepening)."""
+    ran (compressor/candidate_rows.py, counted in the cache too). The first question starts there too, as it does
+    without deepening."""
     started, real = [], cascade_module.candidate_prefill
 
     def spy(*args):
@@ -180,8 +224,9 @@ def test_a_question_before_deepening_ends_starts_its_candidates_from_the_kept_st
         (deep,) = entry.states.values()
         assert deep.hidden is None  # the deep encoding replaced the coarse one and its stream
     coarse = coarse_layer(engine)
-    assert started == [1, coarse, coarse]
-    assert comparable(first) == uncached(engine, asked[0])
+    assert started == [coarse, coarse, coarse]
+    assert comparable(first) == uncached(engine, CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET,
+                                                                  strategy_options=STREAMED))
     by_text = [CompressRequest(context=long_text(), query=request.query, budget=BUDGET, strategy_options=CANDIDATES)
                for request in asked]
     for i, result in enumerate(later, 1):
@@ -191,7 +236,7 @@ def test_a_question_before_deepening_ends_starts_its_candidates_from_the_kept_st
 def kept_from_stream(engine, request: CompressRequest, before: list[CompressRequest] | tuple = ()) -> list[int]:
     """What the pipeline keeps for `request` on its context encoded whole with its stream, the candidates started
     there: the path a question asked before deepening ends stands for. `before`: the questions asked earlier of the
-    same encoding (the first from layer 1, the others from the stream), whose candidates' rows it reads."""
+    same encoding (each from the stream), whose candidates' rows it reads."""
     job = engine.prepare(request)
     with torch.inference_mode():
         state = encode_context(job.model, job.context_ids, job.prefill, job.strategy.encoded_layers(job.layer),
@@ -199,7 +244,7 @@ def kept_from_stream(engine, request: CompressRequest, before: list[CompressRequ
         for i, earlier in enumerate(before):
             asked = engine.prepare(earlier)
             select_query(job.model, state, asked.queries[0], asked.budget, asked.strategy, context_ids=job.context_ids,
-                         units=job.units, stream=state.hidden if i else None)
+                         units=job.units, stream=state.hidden)
     return select_query(job.model, state, job.queries[0], job.budget, job.strategy, context_ids=job.context_ids,
                         units=job.units, stream=state.hidden).kept.tolist()
 

@@ -180,14 +180,14 @@ def test_holding_streams_without_deepening_takes_the_prefix_on_with_its_stream(e
 
 def kept_taken_on(engine, first: CompressRequest, later: CompressRequest) -> list[int]:
     """What the pipeline keeps for `later` on the encoding of `first`'s context (with its stream), asked `first`'s
-    question from layer 1, then taken on to `later`'s context (prefill.extend_context), its candidates from the
-    stream."""
+    question (its candidates from the stream, as a first question's), then taken on to `later`'s context
+    (prefill.extend_context), its candidates from the stream."""
     asked, job = engine.prepare(first), engine.prepare(later)
     with torch.inference_mode():
         state = encode_context(asked.model, asked.context_ids, asked.prefill,
                                asked.strategy.encoded_layers(asked.layer), keep_hidden=True)
         select_query(asked.model, state, asked.queries[0], asked.budget, asked.strategy,
-                     context_ids=asked.context_ids, units=asked.units)
+                     context_ids=asked.context_ids, units=asked.units, stream=state.hidden)
         longer = extend_context(job.model, state, job.context_ids, keep_hidden=True)
     assert longer.rows is not None and longer.rows.rows is state.rows.rows
     return select_query(job.model, longer, job.queries[0], job.budget, job.strategy, context_ids=job.context_ids,

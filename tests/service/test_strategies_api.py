@@ -128,8 +128,9 @@ def test_the_default_is_the_profiles_cascade(engine):
     assert default.strategy == "cascade" and default.layer == engine.layer and default.original_tokens > 4 * 64
     ids = torch.tensor(engine.tokenizer(fields["context"], add_special_tokens=False).input_ids)
     query = torch.tensor(engine.tokenizer(QUERY, add_special_tokens=False).input_ids)
+    # the suite's servers run with `--deepen off` (tests/conftest.py): a first question's candidates from layer 1
     cascade = make_strategy("cascade", {"coarse_layer": 8, "candidates": 4.0, "coarse_weight": 0.5, "deepen_below": 0.0,
-                                        "coarse_below": 0.0})
+                                        "coarse_below": 0.0, "first_from_stream": False})
     with torch.inference_mode():
         direct = select_context(engine.model_at(engine.layer), ids, query, 64, cascade, PrefillConfig(dca=default.dca))
     assert default.kept_indices == direct.kept.tolist()

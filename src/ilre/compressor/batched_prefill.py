@@ -33,12 +33,14 @@ def _padded(seqs: list[torch.Tensor], device: torch.device) -> tuple[torch.Tenso
 
 def batched_prefill(
     model: TruncatedLM, contexts: list[torch.Tensor], queries: list[torch.Tensor], config: PrefillConfig,
-    score_layers: tuple[int, ...] | None = None,
+    score_layers: tuple[int, ...] | None = None, keep_streams: bool = False,
 ) -> list[RetrievalState]:
     """contexts[b]: (L_b,) int64 with L_b <= chunk + S; queries[b]: (Lq_b,) int64 ->
     one RetrievalState per request: keys (KV, L_b, d) and queries (H, Lq_b, d) at each of `score_layers`
     (default: l_R; the union of what the batch's strategies encode, e.g. l_R and a layer blended with it,
-    or a cascade's coarse layer), computed as the streaming prefill computes them."""
+    or a cascade's coarse layer), computed as the streaming prefill computes them. keep_streams: with the top
+    score layer below l_R, also the residual streams entering it, the context's (L_b, D) and the query's (Lq_b, D)
+    (`stream`, `context_stream`: where a cascade's candidates start)."""
     if not all(fits_one_chunk(c.numel(), config) for c in contexts):
         limit = config.chunk + config.sink
         raise ValueError(f"context: batched prefill takes contexts of at most chunk + sink = {limit} tokens")
@@ -55,6 +57,7 @@ def batched_prefill(
     h_c, h_q = model.embed(ctx_ids), model.embed(qry_ids)  # (B, T, D), (B, Tq, D)
     kept_keys: dict[int, torch.Tensor] = {}
     kept_queries: dict[int, torch.Tensor] = {}
+    streams: tuple[torch.Tensor, torch.Tensor] | None = None  # (B, T, D), (B, Tq, D) entering layers[-1]
     for l in range(1, min(layers[-1] + 1, l_r)):
         layer = model.layer(l)
         q, k, v = layer.qkv(h_c, cos_c, sin_c)  # (B, H, T, d), (B, KV, T, d) x2: one matmul for all
@@ -62,6 +65,7 @@ def batched_prefill(
         if l in layers:  # one chunk: no DCA move, the keys as the streaming prefill keeps them
             kept_keys[l], kept_queries[l] = k, qq
         if l == layers[-1]:  # the deepest layer asked for, below l_R: nothing above it is needed
+            streams = (h_c, h_q) if keep_streams else None
             break
         out_c, out_q = torch.zeros_like(q), torch.zeros_like(qq)
         for b, (n, m) in enumerate(spans):  # attention per request, exactly as streaming_prefill runs it
@@ -74,5 +78,7 @@ def batched_prefill(
         top = model.layer(l_r)
         kept_keys[l_r], kept_queries[l_r] = top.keys(h_c, cos_c, sin_c), top.queries(h_q, cos_q, sin_q)
     return [RetrievalState(keys={l: keys[b, :, :n] for l, keys in kept_keys.items()},
-                           queries={l: queries[b, :, :m] for l, queries in kept_queries.items()})
+                           queries={l: queries[b, :, :m] for l, queries in kept_queries.items()},
+                           stream=streams[1][b, :m] if streams else None,
+                           context_stream=streams[0][b, :n] if streams else None)
             for b, (n, m) in enumerate(spans)]

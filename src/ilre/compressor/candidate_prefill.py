@@ -14,11 +14,12 @@ layers over L. With C = the whole context the second pass is the streaming prefi
 so the result is plain ILRe at l_R. Memory: the key cache of l_c (as plain ILRe at l_c) plus one
 layer's K/V of the candidates; nothing per context token beyond the keys.
 
-Where the encoding kept its residual stream entering l_c (ContextState.hidden: the document cache keeps it
-while a document waits for deepening), the pass starts there instead (`Streams`, FastKV's token-selective
-propagation): the candidates and the query enter layer l_c with the states the streaming prefill gave them,
-which saw the whole window, and only layers l_c..l_R run over C. With C = the whole context this too is the
-streaming prefill at l_R (the layers below l_c are the same computation), so the limit is unchanged.
+Where the encoding kept its residual stream entering l_c (ContextState.hidden: a first question's coarse pass keeps it
+for the request, the document cache while a document waits for deepening), the pass starts there instead (`Streams`,
+FastKV's token-selective propagation; the cascade's default, `first_from_stream`): the candidates and the query enter
+layer l_c with the states the streaming prefill gave them, which saw the whole window, and only layers l_c..l_R run
+over C. With C = the whole context this too is the streaming prefill at l_R (the layers below l_c are the same
+computation), so the limit is unchanged.
 
 Where the encoding also keeps the rows an earlier pass left (`RowMemo`, compressor/candidate_rows.py: each of its
 candidates' K/V at layers l_c..l_R-1 and its l_R key), a pass from the stream runs only the candidates it does not

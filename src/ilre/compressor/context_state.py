@@ -49,12 +49,14 @@ class RetrievalState:
     """keys[l]: (kv_heads, L, d) context keys at score layer l (MovedKeys if DCA moves them: `keys_as_read`);
     queries[l]: (heads, Lq, d) query states at score layer l; parts: the extras asked for at l_R:
     values, raw_keys (kv_heads, L, d: before RoPE, so never moved by DCA), raw_queries (heads, Lq, d);
-    stream: (Lq, D) the query's residual stream entering the top encoded layer (None where not made)."""
+    stream: (Lq, D) the query's residual stream entering the top encoded layer (None where not made);
+    context_stream: (L, D) the context's, where the batched prefill kept it (a one-chunk context's first question)."""
 
     keys: dict[int, torch.Tensor | MovedKeys]
     queries: dict[int, torch.Tensor]
     parts: dict[str, torch.Tensor] = field(default_factory=dict)
     stream: torch.Tensor | None = None
+    context_stream: torch.Tensor | None = None
 
 
 def chunk_bounds(length: int, config: PrefillConfig) -> list[tuple[int, int]]:

@@ -87,7 +87,8 @@ class Encodings(Protocol):
 
     def stream(self) -> torch.Tensor | None:
         """The residual stream (L, D) entering the encoding's top layer where the questions' candidates start there
-        (a document cache's later questions: compressor/candidate_prefill.Streams); None: they start at layer 1."""
+        (compressor/candidate_prefill.Streams: a first question's where `Strategy.streams_first`, a document cache's
+        later questions'); None: they start at layer 1."""
 
 
 class OnceEncodings:
@@ -129,15 +130,21 @@ class FreshEncodings(OnceEncodings):
         self.model, self.context_ids, self.config, self.strategy = model, context_ids, config, strategy
         self.n_queries, self.budget = n_queries, budget
         self._resume: Callable[[], ContextState] | None = None
+        self._stream: torch.Tensor | None = None
 
     def _make_encoded(self) -> ContextState:
-        model, strategy = self.model, self.strategy
-        keep = strategy.reads_deep(self.context_ids.numel(), self.budget, self.n_queries, model.n_layers)
+        model, strategy, length = self.model, self.strategy, self.context_ids.numel()
+        streamed = strategy.streams_first(length)
+        keep = streamed or strategy.reads_deep(length, self.budget, self.n_queries, model.n_layers)
         state = encode_context(model, self.context_ids, self.config, strategy.encoded_layers(model.n_layers),
                                parts=strategy.context_parts, keep_hidden=keep)
-        if state.hidden is not None:
+        if state.hidden is not None:  # taken off the state (no rows memo for one request): the resume point, the stream
+            self._stream = state.hidden if streamed else None
             self._resume = resumed(model, state, strategy.deepened())
         return state
+
+    def stream(self) -> torch.Tensor | None:
+        return self._stream
 
     def _make_deepened(self) -> ContextState:
         if self._resume is not None:
@@ -270,34 +277,46 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
             done(i, selection)
 
     strategies = [job.strategy.for_context(job.context_ids.numel(), job.budget) for job in jobs]
-    short = [i for i, job in enumerate(jobs) if batch_tokens > 0 and model is not None
-             and joins_a_batch(job.context_ids.numel(), job.budget, strategies[i], config)]
-    short.sort(key=lambda i: jobs[i].context_ids.numel())
-    while short:
-        longest = jobs[short[-1]].context_ids.numel()
-        group = short[-max(1, batch_tokens // longest):]  # the longest ones, as many as fit
-        del short[-len(group):]
-        clock = time.perf_counter()
-        with torch.inference_mode():
-            layers = tuple(sorted({l for i in group for l in strategies[i].encoded_layers(model.n_layers)}))
-            states = batched_prefill(model, [jobs[i].context_ids for i in group], [jobs[i].query_ids for i in group],
-                                     config, layers)
-        prefill_ms = _lap(clock)
-        for i, state in zip(group, states):
-            job, clock = jobs[i], time.perf_counter()
-            query = QueryPass(model, state, job.context_ids, job.query_ids, job.budget, config)
-            with torch.inference_mode():
-                attention, coarse = strategies[i].query_attention(query)
-            selection = score_and_allocate(model, state, job.context_ids.numel(), job.budget, strategies[i], config.sink,
-                                {"prefill": round(prefill_ms + _lap(clock), 3)}, attention=attention, coarse=coarse,
-                                units=job.units)
-            selection.prefill_shared, selection.measured = len(group), query.measured
-            finished(i, selection)
+    kinds: dict[tuple[tuple[int, ...], bool], list[int]] = {}  # a batch's members encode the same layers
+    for i, job in enumerate(jobs):
+        length = job.context_ids.numel()
+        if batch_tokens > 0 and model is not None and joins_a_batch(length, job.budget, strategies[i], config):
+            kind = (strategies[i].encoded_layers(model.n_layers), strategies[i].streams_first(length))
+            kinds.setdefault(kind, []).append(i)
+    for (layers, streamed), short in kinds.items():
+        short.sort(key=lambda i: jobs[i].context_ids.numel())
+        while short:
+            longest = jobs[short[-1]].context_ids.numel()
+            group = short[-max(1, batch_tokens // longest):]  # the longest ones, as many as fit
+            del short[-len(group):]
+            _select_batched(model, [jobs[i] for i in group], [strategies[i] for i in group], config, layers, streamed,
+                            lambda k, selection, group=group: finished(group[k], selection))
     for i, job in enumerate(jobs):
         if out[i] is None:
             finished(i, select_context(model, job.context_ids, job.query_ids, job.budget, job.strategy, config,
                                        units=job.units))
     return out  # type: ignore[return-value]
+
+
+def _select_batched(model: TruncatedLM, jobs: list[SelectionJob], strategies: list[Strategy], config: PrefillConfig,
+                    layers: tuple[int, ...], streamed: bool, finished: Callable[[int, Selection], None]) -> None:
+    """One batched prefill of one-chunk jobs that encode `layers` (their first questions' candidates from the
+    streams it keeps where `streamed`), then each job's own attention, scores and allocation."""
+    clock = time.perf_counter()
+    with torch.inference_mode():
+        states = batched_prefill(model, [job.context_ids for job in jobs], [job.query_ids for job in jobs], config,
+                                 layers, keep_streams=streamed)
+    prefill_ms = _lap(clock)
+    for k, (job, strategy, state) in enumerate(zip(jobs, strategies, states)):
+        clock = time.perf_counter()
+        query = QueryPass(model, state, job.context_ids, job.query_ids, job.budget, config, stream=state.context_stream)
+        with torch.inference_mode():
+            attention, coarse = strategy.query_attention(query)
+        selection = score_and_allocate(model, state, job.context_ids.numel(), job.budget, strategy, config.sink,
+                                       {"prefill": round(prefill_ms + _lap(clock), 3)}, attention=attention,
+                                       coarse=coarse, units=job.units)
+        selection.prefill_shared, selection.measured = len(jobs), query.measured
+        finished(k, selection)
 
 
 def joins_a_batch(length: int, budget: int, strategy: Strategy, config: PrefillConfig) -> bool:

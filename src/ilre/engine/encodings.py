@@ -46,13 +46,16 @@ class DocumentEncodings(OnceEncodings):
         self._resume: Callable[[], ContextState] | None = None
         self._encoded = held
         self._first = False  # the encoding was made from the start by this request (its first question)
+        self._first_stream: torch.Tensor | None = None  # the stream its first question's candidates start from
 
     def stream(self) -> torch.Tensor | None:
-        """The encoding's stream at its top layer, unless this request encoded the context from the start: a document's
-        first question runs its candidates from layer 1 whatever the cache keeps, its later questions and a context
-        that takes a kept encoding on start them there."""
+        """The encoding's stream at its top layer, where the questions' candidates start: a document's later questions
+        and a context that takes a kept encoding on start them there, and its first question too where the strategy
+        streams first (Strategy.streams_first; the stream then kept for this request when the cache keeps none)."""
         encoded = self._encoded
-        return None if encoded is None or self._first else encoded.hidden
+        if encoded is None:
+            return None
+        return self._first_stream if self._first else encoded.hidden
 
     def holds_rows(self) -> bool:
         """Whether the encoding read holds the rows of a candidate pass (compressor/candidate_rows.py), which grow
@@ -64,13 +67,15 @@ class DocumentEncodings(OnceEncodings):
         job, strategy = self.job, self.strategy
         length = job.context_ids.numel()
         runs = strategy.for_context(length, job.budget)
-        streamed = self.policy.keeps_stream(runs)
-        keep = streamed or self.keep_resume and runs.reads_deep(length, job.budget, len(job.queries), job.layer)
+        streamed, first = self.policy.keeps_stream(runs), runs.streams_first(length)
+        keep = streamed or first or self.keep_resume and runs.reads_deep(length, job.budget, len(job.queries), job.layer)
 
         def encode() -> ContextState:
             state = self._encode(strategy, keep)
             self._first = self.resumed_tokens == 0  # encoded from the start: the document's first question
             if state.hidden is not None:
+                if self._first and first:
+                    self._first_stream = state.hidden
                 self._resume = resumed(job.model, state, strategy.deepened(), take=not streamed)
             return state
 
@@ -127,13 +132,18 @@ class EncodingPolicy:
         self.documents, self.deepening, self.dtype_name, self.resume = documents, deepening, dtype_name, resume
         self.hold_streams = hold_streams  # without deepening, cached encodings still hold their stream (keeps_stream)
 
+    @property
+    def holds_streams(self) -> bool:
+        """Whether cached encodings hold their stream at all (deepening on, or `--deepen hold`)."""
+        return self.deepening.enabled or self.hold_streams
+
     def keeps_stream(self, strategy: Strategy) -> bool:
         """Whether the cached encoding of `strategy` keeps the residual stream entering its top layer ((L, D), counted by
         the cache's bound): with streams held (deepening on, or `--deepen hold`), for a strategy whose deepened form
         reads deeper (a cascade), so that deepening takes the encoding on from there and the document's later
         questions, and a context that grows it, start their candidates there (compressor/candidate_prefill.Streams).
         The deep encoding that replaces it keeps none."""
-        return (self.deepening.enabled or self.hold_streams) and strategy.deepened() is not None
+        return self.holds_streams and strategy.deepened() is not None
 
     def key(self, job: Prepared, strategy: Strategy) -> str:
         """The document cache's key of the encoded context `strategy` reads on this job's layer and prefill."""

@@ -155,8 +155,13 @@ class Engine:
 
     def with_profile(self, strategy: Strategy) -> Strategy:
         """The strategy with the options it leaves unset taken from the model's profile (the cascade's
-        calibrated coarse layer and candidates)."""
-        return strategy.with_defaults(self.profile.strategy_options(strategy.name))
+        calibrated coarse layer and candidates). Where the document cache holds no streams (`--deepen off`), a
+        first question runs its candidates from layer 1 unless the request says otherwise, so that a context taken
+        on from a cached prefix (whose stream is not kept) selects what it selects alone."""
+        defaults = self.profile.strategy_options(strategy.name)
+        if not self.encodings.holds_streams:
+            defaults = {"first_from_stream": False, **defaults}
+        return strategy.with_defaults(defaults)
 
     def resolve_layer(self, layer: int | str | None, name: str = "layer") -> int:
         """A request's layer: None = the engine's l_R, a number (checked), or a name of the profile's choices."""

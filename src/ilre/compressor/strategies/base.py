@@ -129,6 +129,12 @@ class Strategy(ABC):
         the caller then keeps the coarse encoding's resume point."""
         return self.falls_back
 
+    def streams_first(self, length: int) -> bool:
+        """Whether a context's first question over `length` tokens starts its work from the residual stream entering
+        the encoding's top layer (a cascade's candidates, compressor/candidate_prefill.Streams): the caller then
+        encodes with keep_hidden and hands the stream on (Encodings.stream)."""
+        return False
+
     @property
     def batchable(self) -> bool:
         """Whether the batched prefill of one-chunk contexts serves the strategy: it keeps keys and query

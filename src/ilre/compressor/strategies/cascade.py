@@ -1,7 +1,8 @@
 """ILRe as a cascade: a shallow layer's attention picks candidates, l_R's attention picks the budget.
 
 The whole strategy is here: what it encodes (the coarse layer's keys only), how it picks candidates
-(`pick_candidates`), how it ranks them (the candidates run again to l_R: compressor/candidate_prefill.py)
+(`pick_candidates`), how it ranks them (the candidates run on to l_R from the stream the coarse pass left entering
+l_c, or from layer 1: compressor/candidate_prefill.py)
 and scores and allocates (l_R's attention blended with the coarse layer's, Algorithm 1); where its
 candidates would cover the context it runs as ILRe at l_R with the coarse layer blended in, as it does
 on a document encoded in full (`deepened`). When l_R finds nothing it attends to strongly among the
@@ -28,6 +29,7 @@ from .base import QueryPass, ScoreInputs, Strategy, check_int
 
 DEFAULT_CANDIDATES = 4.0  # candidates per budget token when neither the request nor the profile says
 DEFAULT_COARSE_WEIGHT = 0.5  # the coarse layer's weight beside l_R's when neither the request nor the profile says
+FIRST_STREAM_TOKENS = 131072  # the longest context whose first question keeps the coarse stream (L x D) for its candidates
 PEAK_TOKENS = 5  # how many of l_R's strongest candidates `peak_strength` averages
 
 
@@ -80,6 +82,10 @@ class Cascade(Strategy):
     (outside the sink) is below it, the candidate pass is skipped and the whole context runs to l_R at once,
     scored as `deepened()` scores it: decided before any l_R work, so such a query costs what plain ILRe at
     l_R costs once the caller resumes the coarse encoding (None: the profile's, else 0 = never);
+    first_from_stream: whether a document's first question runs its candidates on from the residual stream
+    the coarse pass leaves entering l_c (layers l_c..l_R over C), as its later questions do, rather than from
+    layer 1 (None: the profile's, else True; contexts longer than FIRST_STREAM_TOKENS start at layer 1, the
+    stream being L x D for the request);
     max_kernels / avg_kernels: Algorithm 1's kernels, at both stages; whole: set by `for_context`
     when the candidates would cover the context, which then runs as ILRe at l_R with the coarse
     layer in also_layers. How the candidates run: compressor/candidate_prefill.py."""
@@ -91,6 +97,7 @@ class Cascade(Strategy):
     deepen_below: float | None = None
     deepen_blend: float | None = None
     coarse_below: float | None = None
+    first_from_stream: bool | None = None
     max_kernels: tuple[int, ...] = (2, 4, 8)
     avg_kernels: tuple[int, ...] = tuple(range(1, 17))
     whole: bool = field(default=False, repr=False, metadata={"internal": True})
@@ -98,6 +105,8 @@ class Cascade(Strategy):
 
     def __post_init__(self) -> None:
         check_int("coarse_layer", self.coarse_layer, 1)
+        if self.first_from_stream is not None and not isinstance(self.first_from_stream, bool):
+            raise ValueError(f"first_from_stream: must be true, false or null (got {self.first_from_stream!r})")
         for name, value, low in (("candidates", self.candidates, 1), ("coarse_weight", self.coarse_weight, 0),
                                  ("deepen_below", self.deepen_below, 0), ("deepen_blend", self.deepen_blend, 0),
                                  ("coarse_below", self.coarse_below, 0)):
@@ -230,6 +239,11 @@ class Cascade(Strategy):
     def extra_layers(self) -> tuple[int, ...]:
         blended = self.whole and self.coarse_layer is not None and self.weight > 0
         return (self.coarse_layer,) if blended else ()
+
+    def streams_first(self, length: int) -> bool:
+        """Whether a first question over `length` tokens starts its candidates from the coarse pass's stream."""
+        return (self.cascade_layer is not None and self.first_from_stream is not False
+                and length <= FIRST_STREAM_TOKENS)
 
     def deep_pays(self, length: int, candidates: int, l_r: int) -> bool:
         """Whether reading the whole context on from the coarse layer ((l_R - l_c) x L layer-tokens) costs no
