@@ -77,6 +77,7 @@ bench: setup engine litellm ## latency and peak memory; per dtype up to 1M token
 	$(PY) bench/speed_bench.py          # float32, bfloat16 and int8 side by side
 	$(PY) bench/compute_thread_bench.py # kernels on the thread that loaded the model vs on the caller's
 	$(PY) bench/dtype_agreement.py      # int8's share of float32's selections on other texts
+	for n in 4096 16384 32768; do $(PY) bench/dtype_agreement.py --source tasks --dtypes bfloat16 --tokens $$n || exit 1; done  # on the evaluation's tasks
 	$(PY) bench/stage_limits.py         # each stage of a 32K first question against its own limit, measured in the same run
 	$(PY) bench/elementwise_bench.py    # the passes around the matmuls as now and as before; the servers' allocator at 32 MiB and 4 MiB
 	$(PY) bench/attention_kernels.py
@@ -94,6 +95,7 @@ bench: setup engine litellm ## latency and peak memory; per dtype up to 1M token
 	$(PY) bench/fleet_bench.py          # resumable by arm: results/bench/fleet.jsonl
 	$(PY) bench/shared_question_agreement.py
 	$(PY) bench/batch_grown_bench.py    # a context grown by 1K tokens right after its first 16K reading: --deepen hold and off
+	$(PY) bench/short_lines_bench.py    # `ilre batch` over fresh ~700-token lines at ratio 0.3 and budget 96: lines/s, facts kept
 	$(PY) bench/batch_bench.py          # resumable by arm and within one (--budget-s): results/bench/batch.jsonl (10,000 lines an arm)
 	$(PY) bench/engine_connections.py
 	$(PY) bench/litellm_hook_bench.py

@@ -40,19 +40,20 @@ ILRE = [str(Path(sys.executable).parent / "ilre")]
 TOKENS = 700
 
 
-def corpus(path: Path, lines: int) -> None:
-    """`lines` ilre lines of ~TOKENS tokens of pydoc text (overlapping windows: distinct contexts), a fact each."""
+def corpus(path: Path, lines: int, sizing: dict | None = None, offset: int = 0) -> None:
+    """`lines` ilre lines of ~TOKENS tokens of pydoc text (overlapping windows: distinct contexts), a fact each;
+    `sizing`: each line's budget or ratio (default budget 96); `offset`: where in the text the windows start."""
     tokenizer = load_tokenizer(embedded_checkpoint())
     ids = tokenizer(pydoc_text(), add_special_tokens=False).input_ids
     step = max(1, (len(ids) - TOKENS) // max(lines, 1))
     with path.with_suffix(".tmp").open("w") as f:
         for i in range(lines):
-            start = (i * step) % max(len(ids) - TOKENS, 1)
+            start = (offset + i * step) % max(len(ids) - TOKENS, 1)
             text = tokenizer.decode(ids[start:start + TOKENS])
             cut = text.find("\n", len(text) // 2) + 1 or len(text) // 2
             text = f"{text[:cut]}The batch code of record {i} is {100000 + i}.\n{text[cut:]}"
             f.write(json.dumps({"id": f"r{i}", "context": text, "query": f"What is the batch code of record {i}?",
-                                "budget": 96}) + "\n")
+                                **(sizing or {"budget": 96})}) + "\n")
     path.with_suffix(".tmp").replace(path)
 
 

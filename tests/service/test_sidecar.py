@@ -238,11 +238,14 @@ def test_an_engine_connection_idle_past_its_keep_alive_is_not_reused(engine, rel
             reply = client.post("/tokenize", json={"content": marker})
             assert reply.status_code == 200, reply.text
             return relay.connection_of(marker.encode())
-        for attempt in range(3):  # "soon": the pair within the idle limit (a loaded machine can stall past it)
+        # "soon": the pair within the idle limit (a loaded machine can stall past it). Under the full suite's load a pair
+        # 0.19 s apart once took two connections (likely the first not yet back in the pool when the caller had its
+        # answer: it returns when the sidecar closes the engine's reply): a few pairs, one must reuse
+        for attempt in range(3):
             start = time.monotonic()
             first, second = connection(f"keep-alive-one-{attempt}"), connection(f"keep-alive-two-{attempt}")
             took = time.monotonic() - start
-            if took < IDLE_CONNECTION_S:
+            if took < IDLE_CONNECTION_S and second == first:
                 break
         assert second == first, f"two requests {took:.2f} s apart took two connections"
         time.sleep(IDLE_CONNECTION_S + 1.0)  # still inside the engine's 5 s
