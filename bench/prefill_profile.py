@@ -28,6 +28,9 @@ STAGES = {  # operator name -> stage; anything else is "other"
     "aten::sigmoid": "elementwise", "aten::lerp": "elementwise", "aten::clamp_min_": "elementwise",
     "aten::sort": "allocation", "aten::nonzero": "allocation", "aten::cumsum": "allocation",
     "aten::max_pool1d": "allocation", "aten::index_put_": "allocation",
+    # kernels/layer_passes.py: a layer's norms, residual sums, SiLU product and RoPE in C
+    "ilre::native_rms_norm": "elementwise", "ilre::native_residual": "elementwise",
+    "ilre::native_silu_mul": "elementwise", "ilre::native_rope": "elementwise",
 }
 
 

@@ -3,16 +3,18 @@
 One compression of a --tokens passkey document (budget 1024) per strategy: the default (the cascade) and plain ILRe at
 l_R, on the embedded model after a warm-up, under torch.profiler with the operators' shapes. Operators are grouped into
 stages as bench/prefill_profile.py groups them; per stage: self time, the work it did (FLOPs of the matmuls and of
-the chunk attention from their shapes, or counted around the C kernel's calls; bytes read and written for the passes that only move data), the rate, the
-stage's limit (the matmul peak of its operands' dtype on the model's own shapes, or the memory bandwidth), and its
-share of that limit (the time the limit allows over the time taken). Then the whole request's useful FLOPs over its
-time, as a share of the matmul peak of the request's dtype. The limits are measured first, in this process:
+the chunk attention from their shapes, or counted around the C kernel's calls; bytes read and written for the passes
+that only move data, the C layer passes' counted around their calls), the rate, the stage's limit (the matmul peak
+of its operands' dtype on the model's own shapes, or the memory bandwidth), and its share of that limit (the time the
+limit allows over the time taken). Then the whole request's useful FLOPs over its time, as a share of the matmul
+peak of the request's dtype. The limits are measured first, in this process:
     matmul peak: (1024, 576) @ (576, 3072), the MLP's gate/up shape, in float32, bfloat16 and int8 (oneDNN's
                  int8 linear on an already quantized input);
     bandwidth:   a 12 MiB float32 copy, the size of a chunk's largest activation (1024 x 3072): what a pass over
                  one chunk's tensors can move (bytes read + written over its time).
-Shares are of the profiled run's self times; the whole request is timed again without the profiler.
-Usage: bench/stage_limits.py [--tokens 32768] [--dtype auto] [--strategies default,ilre]
+Shares are of the profiled run's self times; the whole request is timed again without the profiler. Each strategy
+runs twice in turn: with the C layer passes (kernels/layer_passes.py) and with PyTorch's operators in their place.
+Usage: bench/stage_limits.py [--tokens 32768] [--dtype auto] [--strategies default,ilre] [--passes c,torch]
 With ATEN_CPU_CAPABILITY=avx2 ONEDNN_MAX_CPU_ISA=AVX2 MKL_ENABLE_INSTRUCTIONS=AVX2 in the environment it measures
 what a CPU without AVX-512 runs (`--dtype auto` is int8 there).
 """
@@ -20,6 +22,7 @@ what a CPU without AVX-512 runs (`--dtype auto` is int8 there).
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from collections import defaultdict
@@ -31,6 +34,7 @@ from prefill_profile import STAGES  # noqa: E402
 
 SIZES = {"float": 4, "c10::BFloat16": 2, "c10::Half": 2, "double": 8, "long int": 8, "int": 4, "bool": 1,
          "unsigned char": 1, "signed char": 1, "short int": 2}
+PASSES = {"c": "the C layer passes", "torch": "PyTorch's operators for the elementwise passes"}
 MOVES = {"copies and casts", "elementwise"}  # stages whose limit is the memory bandwidth
 COMPOSITE = {"aten::to", "aten::_to_copy", "aten::clone"}  # their bytes are their copy_'s, counted there
 
@@ -155,6 +159,43 @@ class NativeAttentionWork:
         return self.flops
 
 
+class NativePassBytes:
+    """Bytes read and written by the C layer passes (kernels/layer_passes.py), counted around their calls while in the
+    `with`: like the C attention they run outside PyTorch's operators (their record_function rows carry no shapes)."""
+
+    NAMES = ("rms_norm", "residual", "silu_mul", "rope_heads")
+
+    def __enter__(self) -> "NativePassBytes":
+        import ilre.kernels.layer_passes as module
+
+        self.bytes, self.module = 0.0, module
+        self.inner = {name: getattr(module, name) for name in self.NAMES if hasattr(module, name)}
+
+        def counted(inner):
+            def call(*args, **kwargs):
+                out = inner(*args, **kwargs)
+                if out is not None:
+                    tensors = [t for t in (*args, *(out if isinstance(out, tuple) else (out,))) if hasattr(t, "nbytes")]
+                    self.bytes += sum(t.nbytes for t in tensors if t.dim() > 1)  # its operands, not weights or tables
+                return out
+            return call
+
+        for name, inner in self.inner.items():
+            setattr(module, name, counted(inner))
+        return self
+
+    def __exit__(self, *exc) -> None:
+        for name, inner in self.inner.items():
+            setattr(self.module, name, inner)
+
+    def add_to(self, stages: dict[str, dict[str, float]], peaks: dict[str, float]) -> None:
+        """Its bytes and their limit added to the elementwise stage."""
+        if self.bytes:
+            row = stages["elementwise"]
+            row["bytes"] += self.bytes
+            row["limit_s"] += self.bytes / (peaks["bandwidth"] * 1e9)
+
+
 def profile_request(engine, request):
     """(the profiler, the CompressResult) of one compression, profiled on the engine's compute thread."""
     from torch.profiler import ProfilerActivity, profile
@@ -190,12 +231,14 @@ def main() -> None:
     parser.add_argument("--tokens", type=int, default=32768)
     parser.add_argument("--dtype", default="auto")
     parser.add_argument("--strategies", default="default,ilre")
+    parser.add_argument("--passes", default="c,torch",
+                        help="the layer's elementwise passes: c (kernels/layer_passes.py), torch (PyTorch's operators, "
+                        "ILRE_NATIVE_PASSES=0), or both in turn")
     args = parser.parse_args()
 
     import torch
 
     from ilre.engine.engine import Engine, EngineConfig
-    from ilre.engine.messages import CompressRequest
     from ilre.evaluation.tasks.passkey import make_passkey_sample
 
     engine = Engine(EngineConfig(dtype=args.dtype, doc_cache_mb=0))
@@ -207,39 +250,49 @@ def main() -> None:
           + f" on (1024, 576) @ (576, 3072); bandwidth {peaks['bandwidth']:.1f} GB/s (a 12 MiB copy)")
     sample = make_passkey_sample(engine.tokenizer, args.tokens, 0.5, seed=7)
     for name in args.strategies.split(","):
-        # the default as `ilre serve` and `ilre batch` run a first question: its candidates from its own stream
-        strategy = {"strategy_options": {"first_from_stream": True}} if name == "default" else {"strategy": name}
-        ask = lambda ids: CompressRequest(context_ids=ids, query_ids=sample.query_ids, budget=1024,  # noqa: E731
-                                          **strategy)
-        engine.compress(ask(sample.context_ids[:4096]))  # warm-up: packing, first-call allocations
-        with NativeAttentionWork() as native:
-            prof, result = profile_request(engine, ask(sample.context_ids))
-        stages, useful = stage_table(prof, peaks)
-        useful += native.add_to(stages, peaks)
-        start = time.perf_counter()
-        engine.compress(ask(sample.context_ids))
-        wall = time.perf_counter() - start
-        label = "default (cascade)" if name == "default" else f"plain {name}"
-        total = sum(row["seconds"] for row in stages.values())
-        print(f"\n{label} at l_R={result.layer}: {wall:.2f} s ({total:.2f} s of operators under the profiler)")
-        print("| stage | seconds | share | work | rate | limit | share of the limit |")
-        print("|---|---|---|---|---|---|---|")
-        for stage, row in sorted(stages.items(), key=lambda kv: -kv[1]["seconds"]):
-            if row["flops"]:
-                amount, rate = f"{row['flops'] / 1e9:,.0f} GFLOP", f"{row['flops'] / row['seconds'] / 1e9:,.0f} GFLOP/s"
-                limit = "matmul peak"
-            elif row["bytes"]:
-                amount, rate = f"{row['bytes'] / 1e9:,.1f} GB", f"{row['bytes'] / row['seconds'] / 1e9:,.1f} GB/s"
-                limit = "bandwidth"
-            else:
-                amount = rate = limit = "-"
-            share = f"{100 * row['limit_s'] / row['seconds']:.0f}%" if row["limit_s"] else "-"
-            print(f"| {stage} | {row['seconds']:.2f} | {100 * row['seconds'] / total:.0f}% | {amount} | {rate} | "
-                  f"{limit} | {share} |")
-        print(f"whole request: {useful / 1e9:,.0f} GFLOP in {wall:.2f} s = {useful / wall / 1e9:,.0f} GFLOP/s, "
-              f"{100 * useful / wall / 1e9 / peaks.get(own, peaks['float']):.0f}% of the {own.removeprefix('c10::')} "
-              f"matmul peak")
+        for passes in args.passes.split(","):
+            os.environ["ILRE_NATIVE_PASSES"] = "1" if passes == "c" else "0"  # read at each call (layer_passes.enabled)
+            report(engine, sample, name, peaks, own, PASSES[passes])
+    os.environ.pop("ILRE_NATIVE_PASSES")
 
+
+def report(engine, sample, name: str, peaks: dict[str, float], own: str, passes: str) -> None:
+    """One strategy's stage table and whole-request line."""
+    from ilre.engine.messages import CompressRequest
+
+    # the default as `ilre serve` and `ilre batch` run a first question: its candidates from its own stream
+    strategy = {"strategy_options": {"first_from_stream": True}} if name == "default" else {"strategy": name}
+    ask = lambda ids: CompressRequest(context_ids=ids, query_ids=sample.query_ids, budget=1024,  # noqa: E731
+                                      **strategy)
+    engine.compress(ask(sample.context_ids[:4096]))  # warm-up: packing, first-call allocations
+    with NativeAttentionWork() as native, NativePassBytes() as moved:
+        prof, result = profile_request(engine, ask(sample.context_ids))
+    stages, useful = stage_table(prof, peaks)
+    useful += native.add_to(stages, peaks)
+    moved.add_to(stages, peaks)
+    start = time.perf_counter()
+    engine.compress(ask(sample.context_ids))
+    wall = time.perf_counter() - start
+    label = "default (cascade)" if name == "default" else f"plain {name}"
+    total = sum(row["seconds"] for row in stages.values())
+    print(f"\n{label} at l_R={result.layer}, {passes}: {wall:.2f} s ({total:.2f} s of operators under the profiler)")
+    print("| stage | seconds | share | work | rate | limit | share of the limit |")
+    print("|---|---|---|---|---|---|---|")
+    for stage, row in sorted(stages.items(), key=lambda kv: -kv[1]["seconds"]):
+        if row["flops"]:
+            amount, rate = f"{row['flops'] / 1e9:,.0f} GFLOP", f"{row['flops'] / row['seconds'] / 1e9:,.0f} GFLOP/s"
+            limit = "matmul peak"
+        elif row["bytes"]:
+            amount, rate = f"{row['bytes'] / 1e9:,.1f} GB", f"{row['bytes'] / row['seconds'] / 1e9:,.1f} GB/s"
+            limit = "bandwidth"
+        else:
+            amount = rate = limit = "-"
+        share = f"{100 * row['limit_s'] / row['seconds']:.0f}%" if row["limit_s"] else "-"
+        print(f"| {stage} | {row['seconds']:.2f} | {100 * row['seconds'] / total:.0f}% | {amount} | {rate} | "
+              f"{limit} | {share} |")
+    print(f"whole request: {useful / 1e9:,.0f} GFLOP in {wall:.2f} s = {useful / wall / 1e9:,.0f} GFLOP/s, "
+          f"{100 * useful / wall / 1e9 / peaks.get(own, peaks['float']):.0f}% of the {own.removeprefix('c10::')} "
+          f"matmul peak", flush=True)
 
 if __name__ == "__main__":
     main()

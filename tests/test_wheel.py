@@ -60,7 +60,7 @@ def test_wheel_installs_into_a_fresh_environment_and_serves(tmp_path, built_pack
     assert {"ilre/v1/__init__.py", "ilre/v1/compressor_pb2.py", "ilre/v1/compressor_pb2_grpc.py",
             "ilre/models/profiles/smollm2-135m-instruct.json",
             "ilre/models/profiles/smollm2-135m-instruct.locret-layer8.safetensors", "ilre/cli/main.py",
-            "ilre/kernels/native/chunk_attention.c"} <= names
+            "ilre/kernels/native/chunk_attention.c", "ilre/kernels/native/layer_passes.c"} <= names
 
     bin_dir = fresh_venv(tmp_path / "venv")
     for what, args in (("the server extra's packages", [f"{wheel}[server]"]),

@@ -132,9 +132,9 @@ def test_returns_none_where_it_does_not_apply():
 
 def test_the_build_reports_whether_it_is_the_faster():
     # AVX-512, or AVX2 and FMA (ATEN_CPU_CAPABILITY=avx2 builds for x86-64-v3); not an x86-64-v2 build
-    from ilre.kernels import native_attention
+    from ilre.kernels import native_attention, native_build
 
-    flags, cpu = native_attention._compile_flags(), set(native_attention._cpu_flags().split())
+    flags, cpu = native_build.compile_flags(), set(native_build.cpu_flags().split())
     native = "-march=native" in flags and ("avx512f" in cpu or {"avx2", "fma"} <= cpu)
     assert native_attention._fast == (native or "-march=x86-64-v3" in flags)
 

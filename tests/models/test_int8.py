@@ -91,15 +91,23 @@ class _DequantizedLinear(Int8Linear):
 
 
 def test_the_quantized_model_is_its_dequantized_arithmetic_and_near_float32():
+    # every product of a whole prefill against the float64 product of the same quantized operands, call by call: a
+    # second prefill through the reference would quantize inputs that differ in float32's last bits, and a level
+    # rounded the other way at one layer moves the next layers' activations by more than any tolerance of the product
     context, query = random_ids(40, seed=5), random_ids(4, seed=6)
     int8 = quantize(load_truncated(tiny_checkpoint("llama"), N_LAYERS))
+    calls = []
+
+    def record(module, inputs, out) -> None:
+        calls.append((module, inputs[0].clone(), inputs[1] if len(inputs) > 1 else slice(None), out.clone()))
+
+    hooks = [m.register_forward_hook(record) for m in int8.modules() if isinstance(m, Int8Linear)]
     got = streaming_prefill(int8, context, query, CONFIG)
-    for module in int8.modules():
-        if isinstance(module, Int8Linear):
-            module.__class__ = _DequantizedLinear
-    want = streaming_prefill(int8, context, query, CONFIG)
-    torch.testing.assert_close(keys_as_read(got.keys[N_LAYERS]), keys_as_read(want.keys[N_LAYERS]), rtol=1e-4, atol=1e-4)
-    torch.testing.assert_close(got.queries[N_LAYERS], want.queries[N_LAYERS], rtol=1e-4, atol=1e-4)
+    for hook in hooks:
+        hook.remove()
+    assert {type(m) for m, *_ in calls} == {Int8Linear} and len({id(m) for m, *_ in calls}) == len(hooks)
+    for module, x, rows, out in calls:
+        torch.testing.assert_close(out, _DequantizedLinear.forward(module, x, rows), rtol=1e-5, atol=1e-5)
     plain = streaming_prefill(load_truncated(tiny_checkpoint("llama"), N_LAYERS), context, query, CONFIG)
     # the tiny models' weights are made large, so that errors grow through 4 layers; the embedded model's
     # selections are what docs/benchmarks.md measures

@@ -19,6 +19,7 @@ OTHER_ENVIRONMENT = (
     ("ILRE_LOCRET_DIR", "another folder searched for Locret's retaining heads"),
     ("ILRE_API_KEY", "the API key `ilre compress --server` sends (its --api-key wins)"),
     ("ILRE_DEBUG", "1: print the traceback of an internal error"),
+    ("ILRE_NATIVE_PASSES", "0: a layer's norms, SiLU and RoPE run PyTorch's operators, not the C passes (benches)"),
 )
 BEGIN = "<!-- settings: {kind} (made by `make settings` from the declared settings; do not edit) -->"
 END = "<!-- end of settings: {kind} -->"

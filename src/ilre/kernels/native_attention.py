@@ -1,41 +1,24 @@
 """A C kernel for `chunk_attention` on the CPU (float32 / bfloat16), built with gcc on first use.
 
-The source (native/chunk_attention.c) is compiled once per machine, compiler and source into
-`$ILRE_CACHE_DIR` (default ~/.cache/ilre) / kernels/<sha256>/ and loaded with ctypes. Float32
-throughout, except that bfloat16 inputs use the avx512_bf16 dot products where the CPU has them.
-
-OpenMP: torch's CPU wheel ships torch/lib/libgomp.so.1 (soname libgomp.so.1, symbol versions up to
-GOMP_5.0); the system one (GCC 12) goes to GOMP_5.1. A kernel linked against the system copy and
-loaded after torch still maps a single libgomp (the loader matches the soname to torch's copy),
-but a GOMP_5.1-only symbol would then fail at load time. So the kernel is linked against torch's
-copy by path (-l:libgomp.so.1 and an rpath to torch/lib): one runtime, one thread pool, and a
-missing symbol shows at build time.
+The source (native/chunk_attention.c) is compiled once per machine, compiler and source into the cache and loaded
+with ctypes (kernels/native_build.py, which also says how it shares torch's OpenMP runtime). Float32 throughout,
+except that bfloat16 inputs use the avx512_bf16 dot products where the CPU has them.
 """
 
 from __future__ import annotations
 
 import ctypes
 import functools
-import hashlib
 import logging
-import os
-import shutil
-import subprocess
-import tempfile
 import threading
-from pathlib import Path
 
 import torch
 
-from .cache_dir import cache_root
+from .native_build import cpu_flags as _cpu_flags
+from .native_build import load
 
 logger = logging.getLogger(__name__)
 
-SOURCE = Path(__file__).with_name("native") / "chunk_attention.c"
-CFLAGS = ["-O3", "-fopenmp", "-fno-math-errno", "-shared", "-fPIC"]
-# PyTorch's own cap on its kernels' instruction sets (ATEN_CPU_CAPABILITY, as the benches emulate a CPU without
-# AVX-512) caps this kernel's too; otherwise it is built for this CPU.
-MARCH = {"avx2": "-march=x86-64-v3", "default": "-march=x86-64-v2"}
 _DTYPES = {torch.float32: 0, torch.bfloat16: 1}
 PROFILER_NAME = "ilre::native_chunk_attention"
 
@@ -43,58 +26,6 @@ _lock = threading.Lock()
 _fn: ctypes._CFuncPtr | None = None  # type: ignore[name-defined]
 _fast = False  # built with AVX-512 or AVX2 and FMA (ilre_chunk_attention_fast)
 _tried = False
-
-
-def _torch_gomp_dir() -> Path | None:
-    """torch/lib when it ships libgomp.so.1 (the CPU wheels), else None (use the compiler's own)."""
-    lib = Path(torch.__file__).parent / "lib"
-    return lib if (lib / "libgomp.so.1").exists() else None
-
-
-def _compile_flags() -> list[str]:
-    """CFLAGS and the target: this CPU, or the instruction set ATEN_CPU_CAPABILITY caps PyTorch at."""
-    return [*CFLAGS, MARCH.get(os.environ.get("ATEN_CPU_CAPABILITY", "").lower(), "-march=native")]
-
-
-def _link_flags() -> list[str]:
-    lib = _torch_gomp_dir()
-    if lib is None:
-        return []
-    return [f"-L{lib}", "-l:libgomp.so.1", f"-Wl,-rpath,{lib}"]
-
-
-@functools.cache
-def _cpu_flags() -> str:
-    """The flags line of /proc/cpuinfo ("" where there is none)."""
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line for line in f if line.startswith("flags")), "")
-    except OSError:
-        return ""
-
-
-def _build(gcc: str) -> Path:
-    """Compiles the source into the cache (atomic rename; concurrent builders are harmless)."""
-    source = SOURCE.read_text()
-    compile_flags, link_flags = _compile_flags(), _link_flags()
-    version = subprocess.run([gcc, "--version"], capture_output=True, text=True, check=True).stdout
-    key = hashlib.sha256("\0".join([source, " ".join(compile_flags + link_flags), version, _cpu_flags()]).encode())
-    target = cache_root() / "kernels" / key.hexdigest() / "chunk_attention.so"
-    if target.exists():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
-    os.close(fd)
-    try:
-        cmd = [gcc, *compile_flags, "-o", tmp, str(SOURCE), *link_flags]  # libraries after the source
-        done = subprocess.run(cmd, capture_output=True, text=True)
-        if done.returncode != 0:
-            raise RuntimeError(f"{' '.join(cmd)}: {done.stderr.strip()}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-    return target
 
 
 def _load() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
@@ -106,10 +37,7 @@ def _load() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
         if _tried:
             return _fn
         try:
-            gcc = os.environ.get("CC") or shutil.which("gcc")
-            if gcc is None:
-                raise RuntimeError("no gcc on PATH")
-            lib = ctypes.CDLL(str(_build(gcc)))
+            lib = load("chunk_attention")
             fn = lib.ilre_chunk_attention
             i64, ptr = ctypes.c_int64, ctypes.c_void_p
             fn.argtypes = [ptr, ptr, ptr, ptr, i64, i64, i64, i64, i64, i64, ptr, ptr, ctypes.c_int, ctypes.c_int]

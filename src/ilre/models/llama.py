@@ -11,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ..kernels import layer_passes
 from ..kernels.rope import apply_rope, rope_cos_sin
 from .spec import ModelSpec
 
@@ -27,8 +28,12 @@ class RMSNorm(nn.Module):
         self.unit = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        weight = None if self.unit else self.weight
+        out = layer_passes.rms_norm(x, weight, self.eps, self.weight.dtype)  # the same steps in one pass, or None
+        if out is not None:
+            return out
         normed = F.rms_norm(x.float(), x.shape[-1:], eps=self.eps).to(self.weight.dtype)
-        return normed if self.unit else self.weight * normed
+        return normed if weight is None else weight * normed
 
 
 RETRIEVAL_PARTS = ("queries", "keys", "values", "raw_queries", "raw_keys")  # what the retrieval layer can give
@@ -123,7 +128,12 @@ class Attention(nn.Module):
     def qkv(self, x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """x: (T, D) normed hidden states -> q (heads, T, d), k and v (kv_heads, T, d); q and k rotated."""
         n_q, n_kv = self.spec.num_heads, self.spec.num_kv_heads
-        heads = self._heads(self._project(x, "qkv"), n_q + 2 * n_kv)  # (H + 2 KV, T, d)
+        projected = self._project(x, "qkv")  # (..., T, (H + 2 KV) * d)
+        if not self.spec.qk_norm:  # q and k rotated, v copied head-major, in one pass (kernels/layer_passes.py)
+            done = layer_passes.rope_heads(projected, cos, sin, n_q + 2 * n_kv, n_q + n_kv)
+            if done is not None:
+                return done.split((n_q, n_kv, n_kv), dim=-3)
+        heads = self._heads(projected, n_q + 2 * n_kv)  # (H + 2 KV, T, d)
         if self.spec.qk_norm:
             q, k, v = heads.split((n_q, n_kv, n_kv), dim=-3)
             return self._rotate_q(q, cos, sin), self._rotate_k(k, cos, sin), v
@@ -158,8 +168,12 @@ class MLP(nn.Module):
         del self.gate_proj, self.up_proj
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        gate, up = self.gate_up_proj(x).chunk(2, dim=-1)  # views of one fresh product: SiLU in place
-        return self.down_proj(torch.mul(F.silu(gate, inplace=True), up))
+        gate_up = self.gate_up_proj(x)
+        act = layer_passes.silu_mul(gate_up)  # one pass (kernels/layer_passes.py), else PyTorch's two
+        if act is None:
+            gate, up = gate_up.chunk(2, dim=-1)  # views of one fresh product: SiLU in place
+            act = torch.mul(F.silu(gate, inplace=True), up)
+        return self.down_proj(act)
 
 
 class DecoderLayer(nn.Module):
@@ -202,15 +216,21 @@ class DecoderLayer(nn.Module):
     def finish(self, h: torch.Tensor, attn_out: torch.Tensor) -> torch.Tensor:
         """h: (..., T, D), attn_out: (..., heads, T, d) -> next layer's input (..., T, D)."""
         merged = attn_out.transpose(-3, -2).reshape(*h.shape[:-1], -1)  # (..., T, heads*d)
-        h = _residual(h, self.self_attn.o_proj(merged))
-        return _residual(h, self.mlp(self.post_attention_layernorm(h)))
+        out, norm = self.self_attn.o_proj(merged), self.post_attention_layernorm
+        fused = None
+        if out.dtype == norm.weight.dtype:  # the sum and its norm in one pass (kernels/layer_passes.py)
+            fused = layer_passes.residual(h, out, (None if norm.unit else norm.weight, norm.eps))
+        h, normed = fused if fused is not None else (_residual(h, out), None)
+        return _residual(h, self.mlp(norm(h) if normed is None else normed))
 
 
 def _residual(h: torch.Tensor, out: torch.Tensor) -> torch.Tensor:
-    """h + out, added into `out` (a layer's fresh output) when it has the residual stream's dtype and shape."""
+    """h + out, added into `out` (a layer's fresh output) when it has the residual stream's dtype and shape; a
+    bfloat16 `out` in one pass where the C pass applies (kernels/layer_passes.py)."""
     if out.dtype == h.dtype and out.shape == h.shape:
         return out.add_(h)
-    return h + out
+    fused = layer_passes.residual(h, out)
+    return h + out if fused is None else fused[0]
 
 
 class TruncatedLM(nn.Module):
