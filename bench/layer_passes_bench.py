@@ -75,7 +75,7 @@ def micro(dtype_name: str) -> None:
         print(f"| {name} | {a:.3f} | {b:.3f} | {a / b:.2f}x |", flush=True)
 
 
-def short_requests(engine, lines: int) -> list:
+def short_requests(lines: int) -> list:
     """`lines` short lines as bench/short_lines_bench.py writes them, as requests."""
     from batch_bench import corpus
 
@@ -121,7 +121,7 @@ def end_to_end(args) -> None:
         "plain ILRe at l_R": CompressRequest(context_ids=sample.context_ids, query_ids=sample.query_ids, budget=1024,
                                              strategy="ilre"),
     }
-    lines = short_requests(engine, args.lines)
+    lines = short_requests(args.lines)
     engine.compress(CompressRequest(context_ids=sample.context_ids[:4096], query_ids=sample.query_ids, budget=1024))
     print(f"\n{args.tokens} tokens, {engine.placement.describe()}, the two paths alternating, {args.repeats} runs each")
     print("| request | PyTorch's operators s (median) | C passes s (median) | speed-up | kept tokens shared |")
