@@ -20,6 +20,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Callable
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
@@ -89,38 +90,49 @@ def short_requests(lines: int) -> list:
                             strategy_options={"first_from_stream": True}) for r in rows]
 
 
-def timed(engine, requests: list, repeats: int) -> tuple[dict[str, list[float]], dict[str, list[list[int]]]]:
-    """Seconds per request of each path over `repeats` alternating runs; the kept indices of each path's last run."""
-    times: dict[str, list[float]] = {mode: [] for mode in MODES}
+def timed(engine, requests: list, repeats: int, ways: dict[str, Callable[[], None]] | None = None
+          ) -> tuple[dict[str, list[float]], dict[str, list[list[int]]]]:
+    """Seconds per request of each way over `repeats` alternating runs (`ways`: name -> what switches to it; the C
+    passes and PyTorch's by default); the kept indices of each way's last run."""
+    ways = ways or {mode: (lambda flag=flag: os.environ.__setitem__("ILRE_NATIVE_PASSES", flag))
+                    for mode, flag in MODES.items()}
+    times: dict[str, list[float]] = {way: [] for way in ways}
     kept: dict[str, list[list[int]]] = {}
     for _ in range(repeats):
-        for mode, flag in MODES.items():
-            os.environ["ILRE_NATIVE_PASSES"] = flag
+        for way, switch in ways.items():
+            switch()
             start = time.perf_counter()
-            kept[mode] = [engine.compress(request).kept_indices for request in requests]
-            times[mode].append((time.perf_counter() - start) / len(requests))
+            kept[way] = [engine.compress(request).kept_indices for request in requests]
+            times[way].append((time.perf_counter() - start) / len(requests))
     return times, kept
 
 
-def shared(kept: dict[str, list[list[int]]]) -> float:
-    """The share of the kept tokens both paths keep."""
-    both = sum(len(set(a) & set(b)) for a, b in zip(kept["c"], kept["torch"]))
-    return both / max(sum(len(a) for a in kept["torch"]), 1)
+def shared(kept: dict[str, list[list[int]]], new: str = "c", old: str = "torch") -> float:
+    """The share of the kept tokens both ways (`new`, `old`) keep, of `old`'s."""
+    both = sum(len(set(a) & set(b)) for a, b in zip(kept[new], kept[old]))
+    return both / max(sum(len(a) for a in kept[old]), 1)
 
 
-def end_to_end(args) -> None:
-    from ilre.engine.engine import Engine, EngineConfig
+def first_questions(engine, tokens: int) -> tuple[object, dict]:
+    """A `tokens` passkey sample, and its first question by the default and by plain ILRe at l_R (budget 1024)."""
     from ilre.engine.messages import CompressRequest
     from ilre.evaluation.tasks.passkey import make_passkey_sample
 
-    engine = Engine(EngineConfig(dtype=args.dtype, doc_cache_mb=0))
-    sample = make_passkey_sample(engine.tokenizer, args.tokens, 0.5, seed=7)
-    jobs = {
+    sample = make_passkey_sample(engine.tokenizer, tokens, 0.5, seed=7)
+    return sample, {
         "default": CompressRequest(context_ids=sample.context_ids, query_ids=sample.query_ids, budget=1024,
                                    strategy_options={"first_from_stream": True}),
         "plain ILRe at l_R": CompressRequest(context_ids=sample.context_ids, query_ids=sample.query_ids, budget=1024,
                                              strategy="ilre"),
     }
+
+
+def end_to_end(args) -> None:
+    from ilre.engine.engine import Engine, EngineConfig
+    from ilre.engine.messages import CompressRequest
+
+    engine = Engine(EngineConfig(dtype=args.dtype, doc_cache_mb=0))
+    sample, jobs = first_questions(engine, args.tokens)
     lines = short_requests(args.lines)
     engine.compress(CompressRequest(context_ids=sample.context_ids[:4096], query_ids=sample.query_ids, budget=1024))
     print(f"\n{args.tokens} tokens, {engine.placement.describe()}, the two paths alternating, {args.repeats} runs each")

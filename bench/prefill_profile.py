@@ -23,7 +23,7 @@ STAGES = {  # operator name -> stage; anything else is "other"
     "aten::copy_": "copies and casts", "aten::cat": "copies and casts", "aten::to": "copies and casts",
     "aten::_to_copy": "copies and casts", "aten::clone": "copies and casts", "aten::index": "copies and casts",
     "aten::embedding": "copies and casts", "aten::index_select": "copies and casts", "aten::fill_": "copies and casts",
-    "onednn::qlinear_pointwise": "matmuls", "aten::_fused_rms_norm": "elementwise", "aten::abs": "elementwise",
+    "onednn::qlinear_pointwise": "matmuls", "mkldnn::_linear_pointwise": "matmuls", "aten::_fused_rms_norm": "elementwise", "aten::abs": "elementwise",
     "aten::round_": "elementwise", "aten::mul_": "elementwise", "aten::add_": "elementwise", "aten::div_": "elementwise",
     "aten::sigmoid": "elementwise", "aten::lerp": "elementwise", "aten::clamp_min_": "elementwise",
     "aten::sort": "allocation", "aten::nonzero": "allocation", "aten::cumsum": "allocation",

@@ -8,8 +8,9 @@ that only move data, the C layer passes' counted around their calls), the rate, 
 of its operands' dtype on the model's own shapes, or the memory bandwidth), and its share of that limit (the time the
 limit allows over the time taken). Then the whole request's useful FLOPs over its time, as a share of the matmul
 peak of the request's dtype. The limits are measured first, in this process:
-    matmul peak: (1024, 576) @ (576, 3072), the MLP's gate/up shape, in float32, bfloat16 and int8 (oneDNN's
-                 int8 linear on an already quantized input);
+    matmul peak: (1024, 576) @ (576, 3072), the MLP's gate/up shape, in float32, bfloat16 (the faster of a plain
+                 product and the packed weight's, models/packed_linear.py) and int8 (oneDNN's int8 linear on an
+                 already quantized input);
     bandwidth:   a 12 MiB float32 copy, the size of a chunk's largest activation (1024 x 3072): what a pass over
                  one chunk's tensors can move (bytes read + written over its time).
 Shares are of the profiled run's self times; the whole request is timed again without the profiler. Each strategy
@@ -56,6 +57,7 @@ def limits(own: str) -> dict[str, float]:
     import torch
 
     from ilre.models.int8 import Int8Linear, int8_available, quantize_tokens
+    from ilre.models.packed_linear import PackedLinear, packing_applies
 
     m, k, n = 1024, 576, 3072
     out = {}
@@ -63,7 +65,11 @@ def limits(own: str) -> dict[str, float]:
         if name not in ("float", own):
             continue
         a, b = torch.randn(m, k).to(dtype), torch.randn(k, n).to(dtype)
-        out[name] = 2 * m * k * n / best_s(lambda: a @ b) / 1e9
+        fastest = best_s(lambda: a @ b)
+        if packing_applies(dtype, torch.device("cpu")):  # the packed weight the model runs, when that is faster
+            packed = PackedLinear(torch.nn.Linear(k, n, bias=False, dtype=dtype))
+            fastest = min(fastest, best_s(lambda: packed(a)))
+        out[name] = 2 * m * k * n / fastest / 1e9
     if own == "int8" and int8_available():
         linear, x = Int8Linear(torch.randn(n, k)), torch.randn(m, k)
         _, quantized = quantize_tokens(x)
@@ -103,6 +109,11 @@ def work(event) -> tuple[float, float, str]:
     if name == "onednn::qlinear_pointwise":
         (m, k), (n,) = shapes[0][-2:], shapes[4]
         return 2.0 * m * k * n, 0.0, "int8"
+    if name == "mkldnn::_linear_pointwise":  # models/packed_linear.py: x (..., K) by a packed (N, K) weight
+        rows = 1
+        for dim in shapes[0][:-1]:
+            rows *= dim
+        return 2.0 * rows * shapes[0][-1] * shapes[1][0], 0.0, event.input_dtypes[0]
     if name == "aten::_scaled_dot_product_flash_attention_for_cpu":
         _, heads, lq, d = shapes[0]
         lk = shapes[1][2]

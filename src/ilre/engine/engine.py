@@ -110,6 +110,7 @@ class Engine:
             if self.placement.int8:
                 model = quantize_int8(model, self._int8_calibration(), self._scored_layers())
             self._models[layer] = attach_head(model, self.checkpoint.name)
+            self.heap.after_work(force=True)  # what the load freed (unfused or unpacked weights) back to the system
         return self._models[layer]
 
     def _int8_calibration(self) -> Calibration:

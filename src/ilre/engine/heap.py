@@ -90,13 +90,14 @@ class HeapTrimmer:
     def available(self) -> bool:
         return self._trim is not None
 
-    def after_work(self) -> bool:
-        """Trim now if the interval has passed since the last trim; True when it did."""
+    def after_work(self, force: bool = False) -> bool:
+        """Trim now if the interval has passed since the last trim (or `force`: whatever the interval, e.g. after
+        a model load freed its plain weights); True when it did."""
         if self._trim is None:
             return False
         with self._lock:
             now = time.monotonic()
-            if now - self._last < self.interval_s:
+            if now - self._last < self.interval_s and not force:
                 return False
             self._last = now
             clock = time.perf_counter()

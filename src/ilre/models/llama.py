@@ -78,7 +78,7 @@ class Attention(nn.Module):
         """x: (T, D) -> (T, rows) for part "q", "k" or "qkv" (q|k|v side by side)."""
         rows, projection = self._rows(part[0], part[-1]), self.qkv_proj
         if not isinstance(projection, nn.Linear):
-            return projection(x, rows)  # models/int8.Int8Linear: the same rows of its product
+            return projection(x, rows)  # Int8Linear, PackedLinear (models/): the same rows of its product
         bias = projection.bias
         return F.linear(x, projection.weight[rows], None if bias is None else bias[rows])
 

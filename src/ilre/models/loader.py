@@ -16,6 +16,7 @@ import torch
 from ..kernels.cache_dir import cache_root
 from .embedded import EMBEDDED_NAME, convert_gguf, embedded_checkpoint
 from .llama import TruncatedLM
+from .packed_linear import pack_linears
 from .spec import ModelSpec, load_hf_config, rope_inv_freq, spec_from_config
 
 EMBEDDED_ALIASES = ("", "embedded", "default", EMBEDDED_NAME.lower(), f"huggingfacetb/{EMBEDDED_NAME.lower()}")
@@ -113,7 +114,8 @@ def load_truncated(
 
     The module is created on the meta device and its parameters are assigned from the file, read
     straight onto `device` in `dtype`, so no other tensors are ever read or allocated; every
-    tensor's shape is checked on assignment. The projections are then fused (TruncatedLM.fuse).
+    tensor's shape is checked on assignment. The projections are then fused (TruncatedLM.fuse) and, in bfloat16
+    on a CPU with native bfloat16, packed once for oneDNN (models/packed_linear.py).
     """
     config = load_hf_config(checkpoint)
     spec = spec_from_config(config)
@@ -128,7 +130,7 @@ def load_truncated(
             raise ValueError(f"model: {name} has shape {tuple(tensor.shape)}, expected {tuple(expected)}")
     model.load_state_dict(tensors, strict=True, assign=True)
     model.inv_freq = inv_freq.to(device)
-    return model.eval().requires_grad_(False).fuse()
+    return pack_linears(model.eval().requires_grad_(False).fuse(), dtype, torch.device(device))
 
 
 # tokenizer_config.json classes that are transformers' generic fast tokenizer: loaded by that class directly
