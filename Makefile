@@ -82,6 +82,7 @@ bench: setup engine litellm ## latency and peak memory; per dtype up to 1M token
 	$(PY) bench/elementwise_bench.py    # the passes around the matmuls as now and as before; the servers' allocator at 32 MiB and 4 MiB
 	$(PY) bench/layer_passes_bench.py   # a layer's elementwise passes in C against PyTorch's operators: per pass, then requests alternating
 	$(PY) bench/packed_weights_bench.py   # bfloat16 weights packed once for oneDNN against packed by every product: per product, then requests alternating
+	$(PY) bench/allocation_bench.py   # Algorithm 1 with a short context's pooled rows ranked together against each alone
 	$(PY) bench/attention_kernels.py
 	$(PY) bench/native_attention_bench.py   # the C chunk-attention kernel against PyTorch's, per shape and dtype
 	$(PY) bench/query_scores_bench.py   # a deepened document's scores with DCA: the query moved, not the keys

@@ -118,3 +118,18 @@ def test_the_top_k_ranking_equals_the_head_of_the_full_stable_sort(n, k):
     generator = torch.Generator().manual_seed(n + k)
     for values in (torch.randint(0, 5, (n,), generator=generator).float(), torch.rand(n, generator=generator)):
         assert torch.equal(_top_ranked(values, k), _ranked(values)[:k])
+
+
+@pytest.mark.parametrize("n, k", [(50, 7), (1024, 300), (1025, 300), (3000, 3000), (200, 0)])
+def test_rows_ranked_together_equal_each_row_ranked_alone(n, k):
+    """_top_ranked_rows sorts short rows in one call and ranks long ones one by one: either way each row's
+    ranking is `_top_ranked`'s (ties by lower index)."""
+    from ilre.compressor.allocation import ROWS_SORTED, _top_ranked, _top_ranked_rows
+
+    assert (n <= ROWS_SORTED) == (n <= 1024)  # both paths are exercised by these sizes
+    generator = torch.Generator().manual_seed(n + k)
+    for values in (torch.randint(0, 4, (16, n), generator=generator).float(), torch.rand(16, n, generator=generator)):
+        ranked = _top_ranked_rows(values, k)
+        assert ranked.shape == (16, min(k, n))
+        for row, got in zip(values, ranked):
+            assert torch.equal(got, _top_ranked(row, k))

@@ -18,6 +18,8 @@ import torch
 
 from ..kernels.pooling import block_max_pool, same_length_avg_pools
 
+ROWS_SORTED = 1024  # pooled rows up to this long are ranked by one sort of all of them (_top_ranked_rows)
+
 
 def combination_budgets(budget: int, n_combinations: int) -> list[int]:
     """Split `budget` over combinations as evenly as integers allow; sums to `budget` exactly."""
@@ -41,6 +43,14 @@ def _top_ranked(values: torch.Tensor, k: int) -> torch.Tensor:
     ties = (values == threshold).nonzero().squeeze(1)[: k - above.numel()]
     chosen = torch.cat((above, ties))  # ascending indices within each part
     return chosen[_ranked(values[chosen])]
+
+
+def _top_ranked_rows(values: torch.Tensor, k: int) -> torch.Tensor:
+    """`_top_ranked(row, k)` for each row of values (R, n) -> (R, min(k, n)): rows up to ROWS_SORTED long are
+    sorted together in one call (a short context's pooled rows), longer ones each by `_top_ranked`."""
+    if values.shape[1] <= ROWS_SORTED:
+        return _ranked(values)[:, :k]
+    return torch.stack([_top_ranked(row, k) for row in values])
 
 
 def top_k_indices(scores: torch.Tensor, budget: int) -> torch.Tensor:
@@ -85,9 +95,9 @@ class PoolingAllocator:
             maxed = block_max_pool(scores, m)  # (ceil(L/m),)
             offsets = torch.arange(m, device=scores.device)
             pooled = same_length_avg_pools(maxed, self.avg_kernels)  # (len(avg_kernels), ceil(L/m)): one cumsum
-            for row_scores in pooled:
-                blocks = _top_ranked(row_scores, k_m)  # (K_m,)
-                row = (blocks.unsqueeze(-1) * m + offsets).flatten()  # (K_m * m,) token indices
+            blocks = _top_ranked_rows(pooled, k_m)  # (len(avg_kernels), K_m): each row's best blocks, ranked
+            tokens = (blocks.unsqueeze(-1) * m + offsets).flatten(1)  # (len(avg_kernels), K_m * m) token indices
+            for row in tokens:
                 row = row[row < length]
                 fresh = row[~taken[row]]
                 taken[fresh[: next(shares)]] = True
