@@ -67,6 +67,7 @@ def test_the_packed_weight_unpacks_to_the_loaded_one():
     linear = _linear(1536, 576, False, seed=7)
     packed = PackedLinear(linear)
     assert torch.equal(packed.weight, linear.weight)
+    assert all(held.is_mkldnn for held in packed._packed.values())  # only oneDNN's layout is kept
     assert not any(isinstance(t, torch.Tensor) and t.layout == torch.strided and t.shape == linear.weight.shape
                    for t in vars(packed).values())  # the plain weight is not held beside the packed one
 

@@ -2,7 +2,7 @@
 
 oneDNN's bfloat16 matmul (what `F.linear` runs on a CPU with native bfloat16: avx512_bf16, AMX) copies a plain
 (N, K) weight into its blocked, pair-interleaved layout on every call. For a 1024-token chunk that copy is a few
-percent of the product; for a query's few dozen rows, where the product itself is short, it is a sixth or more
+percent of the product; for a query's few dozen rows, where the product itself is short, an eighth to a sixth
 (bench/packed_weights_bench.py). Packed once, the layer's products skip it: the same oneDNN kernels on the same
 operands (bit for bit F.linear's where measured). The plain weight is dropped, so the model holds each matrix once.
 """
@@ -40,7 +40,7 @@ class PackedLinear(nn.Module):
         start, stop, _ = rows.indices(self.out_features)
         if (start, stop) not in self._packed:
             self._packed[start, stop] = _pack(self.weight[start:stop])
-        return self._packed[start, stop], None if self.bias is None else self.bias[start:stop].contiguous()
+        return self._packed[start, stop], None if self.bias is None else self.bias[start:stop]
 
     def forward(self, x: torch.Tensor, rows: slice = slice(None)) -> torch.Tensor:
         """x: (..., K) bfloat16 -> (..., rows) bfloat16: output rows `rows` of the full product."""
