@@ -69,7 +69,7 @@ def batched_prefill(
             break
         out_c, out_q = torch.zeros_like(q), torch.zeros_like(qq)
         for b, (n, m) in enumerate(spans):  # attention per request, exactly as streaming_prefill runs it
-            cache = WindowCache(config, m, model)
+            cache = WindowCache(config, m, model, layer=l)
             out_c[b, :, :n] = cache.attend(q[b, :, :n], k[b, :, :n], v[b, :, :n], 0, model.inv_freq)
             cache.append(k[b, :, :n], v[b, :, :n], first=True)
             out_q[b, :, :m] = cache.attend(qq[b, :, :m], kq[b, :, :m], vq[b, :, :m], 0, model.inv_freq)

@@ -35,7 +35,7 @@ def part_shape(name: str, model: TruncatedLM, length: int) -> tuple[tuple[int, i
     if name == "retaining":
         return (spec.num_kv_heads, length, 1), torch.float32
     heads = spec.num_heads if name == "raw_queries" else spec.num_kv_heads
-    return (heads, length, spec.head_dim), model.dtype
+    return (heads, length, spec.value_dim if name == "values" else spec.head_dim), model.dtype
 
 
 def empty_part(name: str, model: TruncatedLM, length: int) -> torch.Tensor:
@@ -234,11 +234,13 @@ def dca_spans(length: int, config: PrefillConfig) -> tuple[tuple[int, int, int],
 
 def _cache_tensors(prefix: str, cache: WindowCache) -> dict[str, torch.Tensor]:
     """A window cache as named tensors (frozen first): {prefix}.k|v|sink_raw|counters."""
+    if not isinstance(cache, WindowCache):
+        raise ValueError("state: a layer without attention keeps a recurrent state that is not stored as tensors")
     cache.freeze()
     shift = -1 if cache.sink_shift is None else cache.sink_shift
     return {f"{prefix}.k": cache.k.contiguous(), f"{prefix}.v": cache.v.contiguous(),
             f"{prefix}.sink_raw": cache.sink_raw.contiguous(),
-            f"{prefix}.counters": torch.tensor([cache.n_sink, cache.n_window, cache.ring_at, shift])}
+            f"{prefix}.counters": torch.tensor([cache.n_sink, cache.n_window, cache.ring_at, shift, cache.seen])}
 
 
 def _restored_caches(prefix: str, config: PrefillConfig, model: TruncatedLM,
@@ -249,5 +251,6 @@ def _restored_caches(prefix: str, config: PrefillConfig, model: TruncatedLM,
         name = f"{prefix}.{len(caches)}"
         caches.append(WindowCache.restored(config, model, tensors[f"{name}.k"], tensors[f"{name}.v"],
                                            tensors[f"{name}.sink_raw"],
-                                           [int(x) for x in tensors[f"{name}.counters"].tolist()]))
+                                           [int(x) for x in tensors[f"{name}.counters"].tolist()],
+                                           layer=len(caches) + 1))
     return caches

@@ -27,8 +27,8 @@ import torch
 from ..models.llama import RETRIEVAL_PARTS, TruncatedLM
 from .context_state import (CONTEXT_PARTS, HEAD_INPUTS, QUERY_PARTS, ContextState, ResumePoint, RetrievalState,
                             chunk_bounds, empty_part, part_shape, score_keys)
+from .layer_caches import layer_cache
 from .prefill_config import PrefillConfig
-from .window_cache import WindowCache
 
 __all__ = ["CONTEXT_PARTS", "HEAD_INPUTS", "QUERY_PARTS", "ContextState", "PrefillConfig", "ResumePoint",
            "RetrievalState", "chunk_bounds", "empty_part", "encode_context", "encode_in_steps", "extend_context",
@@ -76,7 +76,7 @@ def encode_in_steps(
 
     keys = {l: empty_part("keys", model, length) for l in score_layers}
     bounds = chunk_bounds(length, config)
-    caches = [WindowCache(config, config.chunk, model) for _ in range(score_layers[-1] - 1)]
+    caches = [layer_cache(model, l, config, config.chunk) for l in range(1, score_layers[-1])]
     state = ContextState(length, len(bounds), config, keys, caches, {name: empty_part(name, model, length) for name in parts})
     if keep_hidden:
         state.hidden = torch.empty(length, model.spec.hidden_size, dtype=model.dtype, device=model.device)
@@ -105,8 +105,8 @@ def resume_in_steps(model: TruncatedLM, state: ContextState, score_layers: tuple
         raise ValueError("parts: context parts are kept at l_R only: score layers must end at it")
     length, hidden = state.length, state.hidden
     keys = {l: state.keys[l] if l in state.keys else empty_part("keys", model, length) for l in score_layers}
-    caches = list(state.caches) + [WindowCache(state.config, state.config.chunk, model)
-                                   for _ in range(state.top, score_layers[-1])]
+    caches = list(state.caches) + [layer_cache(model, l, state.config, state.config.chunk)
+                                   for l in range(state.top, score_layers[-1])]
     deeper = ContextState(length, state.n_chunks, state.config, keys, caches,
                           {name: empty_part(name, model, length) for name in parts})
     return _encode_chunks(model, deeper, chunk_bounds(length, state.config), lambda start, end: hidden[start:end],

@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Callable
 
 import torch
 
 from ..kernels.chunk_attention import chunk_attention
+from ..kernels.masked_attention import masked_attention
 from ..kernels.rope import rerotate
 from ..models.llama import TruncatedLM
+from ..models.spec import CHUNKED, SLIDING
 from .prefill_config import PrefillConfig
 
 
@@ -32,18 +35,29 @@ class WindowCache:
     context's prefill goes on from a shorter one's). `sink_raw` keeps the sink keys at their own positions
     (DCA moves a copy). Once the context is encoded, `freeze` keeps only the live entries:
     (kv_heads, n_sink + n_window, d).
+    `layer` (1-based) names the layer of a model whose layers differ (models/transformers_lm.py's `attention_rule`):
+    a sliding or chunked layer keeps no sink and the model's own window, and a layer that the sink + window rule
+    alone does not state (those, sink logits, narrower values) attends through an explicit mask of positions
+    (`seen`: the context tokens taken so far).
     """
 
-    def __init__(self, config: PrefillConfig, slot: int, model: TruncatedLM, held: int = 0):
+    def __init__(self, config: PrefillConfig, slot: int, model: TruncatedLM, held: int = 0, layer: int | None = None):
         spec = model.spec
+        rule = model.attention_rule(layer) if layer is not None and hasattr(model, "attention_rule") else None
+        self.layer = layer
+        self.rule = None if rule is None or (rule.plain and rule.v_dim == rule.head_dim) else rule
+        if self.rule is not None and self.rule.kind in (SLIDING, CHUNKED):
+            config = replace(config, sink=0, window=max(1, self.rule.window - 1))
         self.growing = config.window is None
         self.chunk = config.chunk
         self.sink, self.window = config.sink, config.window or ring_size(held, config.chunk)
-        shape = (spec.num_kv_heads, self.sink + self.window + slot, spec.head_dim)
-        self.k = torch.zeros(shape, dtype=model.dtype, device=model.device)  # zeros: masked holes
-        self.v = torch.zeros(shape, dtype=model.dtype, device=model.device)  # must not carry NaNs
+        heads, k_dim, v_dim = ((rule.kv_heads, rule.head_dim, rule.v_dim) if rule is not None else
+                               (spec.num_kv_heads, spec.head_dim, spec.value_dim))
+        rows = self.sink + self.window + slot
+        self.k = torch.zeros((heads, rows, k_dim), dtype=model.dtype, device=model.device)  # zeros: masked holes
+        self.v = torch.zeros((heads, rows, v_dim), dtype=model.dtype, device=model.device)  # must not carry NaNs
         self.sink_raw: torch.Tensor | None = None
-        self.n_sink = self.n_window = self.ring_at = 0
+        self.n_sink = self.n_window = self.ring_at = self.seen = 0
         self.sink_shift: int | None = None
         self.frozen = False
 
@@ -83,6 +97,7 @@ class WindowCache:
         copy.sink, copy.window, copy.n_sink, copy.n_window = self.sink, self.window, self.n_sink, self.n_window
         copy.growing, copy.chunk = self.growing, self.chunk
         copy.ring_at, copy.sink_shift, copy.frozen = self.ring_at, self.sink_shift, True
+        copy.rule, copy.seen, copy.layer = self.rule, self.seen, self.layer
         copy.k, copy.v, copy.sink_raw = live_k.clone(), live_v.clone(), self.sink_raw.clone()
         return copy
 
@@ -90,7 +105,8 @@ class WindowCache:
         """This frozen cache opened again for the chunks of a longer context: a new cache laid out as the encoding
         of that context has it at this point ([sink | ring | chunk slot], holes zero), so that the next chunks
         compute exactly what they compute there."""
-        opened = WindowCache(config, config.chunk, model, held=self.n_window)
+        opened = WindowCache(config, config.chunk, model, held=self.n_window, layer=self.layer)
+        opened.seen = self.seen
         opened.k[:, : self.n_sink] = self.k[:, : self.n_sink]
         opened.v[:, : self.n_sink] = self.v[:, : self.n_sink]
         ring = slice(opened.sink, opened.sink + self.n_window)
@@ -103,13 +119,20 @@ class WindowCache:
 
     @classmethod
     def restored(cls, config: PrefillConfig, model: TruncatedLM, k: torch.Tensor, v: torch.Tensor,
-                 sink_raw: torch.Tensor, counters: list[int]) -> "WindowCache":
+                 sink_raw: torch.Tensor, counters: list[int], layer: int | None = None) -> "WindowCache":
         """A frozen cache from stored tensors: k/v (kv_heads, n_sink + n_window, d) as `freeze` left them
-        (or, as stored before, (kv_heads, S + W, d) with holes), counters (n_sink, n_window, ring_at, sink_shift)."""
+        (or, as stored before, (kv_heads, S + W, d) with holes), counters (n_sink, n_window, ring_at, sink_shift
+        [, seen]); `layer` as in the constructor."""
         cache = cls.__new__(cls)
+        ruled = layer is not None and hasattr(model, "attention_rule")
+        shell = cls(config, 0, model, layer=layer) if ruled else None  # the layer's rule and window
+        cache.rule, cache.layer = (shell.rule if shell is not None else None), layer
+        if cache.rule is not None:
+            config = replace(config, sink=shell.sink, window=shell.window)
         cache.sink, cache.growing, cache.chunk = config.sink, config.window is None, config.chunk
         cache.window = config.window or ring_size(counters[1], config.chunk)
-        cache.n_sink, cache.n_window, cache.ring_at, shift = counters
+        cache.n_sink, cache.n_window, cache.ring_at, shift = counters[:4]
+        cache.seen = counters[4] if len(counters) > 4 else 0
         cache.sink_shift = None if shift < 0 else shift
         if k.shape[1] != cache.n_sink + cache.n_window:  # the older layout: [sink | ring] with holes
             ring = slice(cache.sink, cache.sink + cache.n_window)
@@ -124,11 +147,13 @@ class WindowCache:
                inv_freq: torch.Tensor) -> torch.Tensor:
         """q: (H, C, d), k/v: (KV, C, d) of a chunk -> (H, C, d): attention over sink, window and
         the chunk itself (causally)."""
-        if self.sink_raw is None:  # the first chunk sees only itself
-            return chunk_attention(q, k, v, 0)
-        if sink_shift != self.sink_shift:
+        if self.sink_raw is not None and sink_shift != self.sink_shift:
             self.k[:, : self.n_sink] = rerotate(self.sink_raw, inv_freq, sink_shift)
             self.sink_shift = sink_shift
+        if self.rule is not None:
+            return self._masked(q, k, v)
+        if self.sink_raw is None:  # the first chunk sees only itself
+            return chunk_attention(q, k, v, 0)
         if self.frozen:  # live entries only, no slot: the chunk goes behind a copy of them
             prefix = self.k.shape[1]
             return chunk_attention(q, torch.cat((self.k, k), dim=1), torch.cat((self.v, v), dim=1), prefix)
@@ -145,11 +170,31 @@ class WindowCache:
             visible[self.sink : self.sink + self.n_window] = True
         return chunk_attention(q, self.k[:, : prefix + n], self.v[:, : prefix + n], prefix, visible)
 
+    def _masked(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """`attend` under this layer's rule: every entry at its position, the chunk's rows at seen, seen + 1, ...;
+        a sliding layer sees its window, a chunked one its own chunk, sink logits where the layer has them."""
+        device, n = q.device, q.shape[-2]
+        rows = torch.arange(self.seen, self.seen + n, device=device)
+        keys, values, at = k, v, rows
+        if self.sink_raw is not None:
+            live_k, live_v = self._live()
+            slots = torch.arange(self.n_window, device=device)
+            ring = self.seen - 1 - torch.remainder(self.ring_at - 1 - slots, self.window)
+            keys, values = torch.cat((live_k, k), dim=1), torch.cat((live_v, v), dim=1)
+            at = torch.cat((torch.arange(self.n_sink, device=device), ring, rows))
+        visible = at.unsqueeze(0) <= rows.unsqueeze(1)
+        if self.rule.kind == SLIDING:
+            visible &= at.unsqueeze(0) > rows.unsqueeze(1) - self.rule.window
+        elif self.rule.kind == CHUNKED:
+            visible &= (at // self.rule.window).unsqueeze(0) == (rows // self.rule.window).unsqueeze(1)
+        return masked_attention(q, keys, values, visible, self.rule.sinks)
+
     def append(self, k: torch.Tensor, v: torch.Tensor, first: bool) -> None:
         """Keep a context chunk's K/V (KV, C, d): the first S context tokens become the sink, later
         tokens enter the ring, which keeps the last W."""
         if self.frozen:
             raise RuntimeError("a frozen window cache takes no more context chunks")
+        self.seen += k.shape[1]
         if first:
             self.sink_raw = k[:, : self.sink].clone()
             self.n_sink = self.sink_raw.shape[1]

@@ -18,6 +18,8 @@ from .embedded import EMBEDDED_NAME, convert_gguf, embedded_checkpoint
 from .llama import TruncatedLM
 from .packed_linear import pack_linears
 from .spec import ModelSpec, load_hf_config, rope_inv_freq, spec_from_config
+from .transformers_lm import TransformersLM
+from .transformers_loader import load_transformers_lm
 
 EMBEDDED_ALIASES = ("", "embedded", "default", EMBEDDED_NAME.lower(), f"huggingfacetb/{EMBEDDED_NAME.lower()}")
 
@@ -102,23 +104,28 @@ def read_tensors(
     return out
 
 
-def load_spec(checkpoint: Path) -> ModelSpec:
-    """The ModelSpec of a checkpoint folder."""
-    return spec_from_config(load_hf_config(checkpoint))
+def load_spec(checkpoint: Path, path: str = "auto") -> ModelSpec:
+    """The ModelSpec of a checkpoint folder (path: as `spec_from_config`'s)."""
+    return spec_from_config(load_hf_config(checkpoint), path)
 
 
 def load_truncated(
-    checkpoint: Path, n_layers: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu"
-) -> TruncatedLM:
+    checkpoint: Path, n_layers: int, dtype: torch.dtype = torch.float32, device: torch.device | str = "cpu",
+    path: str = "auto",
+) -> TruncatedLM | TransformersLM:
     """Build the model up to layer `n_layers` (the retrieval layer, q/k only) from safetensors.
 
     The module is created on the meta device and its parameters are assigned from the file, read
     straight onto `device` in `dtype`, so no other tensors are ever read or allocated; every
     tensor's shape is checked on assignment. The projections are then fused (TruncatedLM.fuse) and, in bfloat16
     on a CPU with native bfloat16, packed once for oneDNN (models/packed_linear.py).
+    path: "auto" takes that hand-tuned decoder where it computes the checkpoint (models/spec.fast_path_applies), else
+    the family's own transformers layers (models/transformers_lm.py); "fast" or "transformers" ask for one.
     """
     config = load_hf_config(checkpoint)
-    spec = spec_from_config(config)
+    spec = spec_from_config(config, path)
+    if spec.path == "transformers":
+        return load_transformers_lm(checkpoint, n_layers, dtype, device, read_tensors)
     inv_freq, scaling = rope_inv_freq(config)
     with torch.device("meta"):
         model = TruncatedLM(spec, n_layers, torch.empty(0), scaling)

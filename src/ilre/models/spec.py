@@ -9,7 +9,8 @@ from types import SimpleNamespace
 
 import torch
 
-SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")
+SUPPORTED_TYPES = ("llama", "mistral", "qwen2", "qwen3")  # the hand-tuned decoder (models/llama.py): the fast path
+FULL, SLIDING, LINEAR, CHUNKED = "full_attention", "sliding_attention", "linear_attention", "chunked_attention"
 
 
 @dataclass(frozen=True)
@@ -30,11 +31,29 @@ class ModelSpec:
     o_bias: bool
     mlp_bias: bool
     qk_norm: bool  # Qwen3 normalises q and k per head before RoPE
+    path: str = "fast"  # "fast": models/llama.py; "transformers": the family's own layers (models/transformers_lm.py)
+    layer_kinds: tuple[str, ...] = ()  # per layer: FULL, SLIDING, LINEAR, CHUNKED (empty: every layer FULL)
+    v_head_dim: int = 0  # a value head's width where it differs from a key head's (MLA), else 0
 
     @property
     def group(self) -> int:
         """Query heads per KV head (GQA)."""
         return self.num_heads // self.num_kv_heads
+
+    @property
+    def value_dim(self) -> int:
+        """The width of a value head (head_dim but for MLA's)."""
+        return self.v_head_dim or self.head_dim
+
+    def kind(self, layer: int) -> str:
+        """The attention of 1-based `layer`: FULL, SLIDING, LINEAR or CHUNKED."""
+        return self.layer_kinds[layer - 1] if self.layer_kinds else FULL
+
+    @property
+    def global_layers(self) -> tuple[int, ...]:
+        """The 1-based layers with global attention: where l_R may be (a sliding, chunked or linear layer
+        cannot see the whole context)."""
+        return tuple(l for l in range(1, self.num_layers + 1) if self.kind(l) == FULL)
 
 
 # the config.json keys spec_from_config and a default RoPE read; a file holding them all is read as it is
@@ -71,12 +90,20 @@ def _plain_config(path: Path) -> SimpleNamespace | None:
     return SimpleNamespace(**values)
 
 
-def spec_from_config(config) -> ModelSpec:
-    """ModelSpec from a transformers config; raises ValueError for an unsupported architecture."""
+def spec_from_config(config, path: str = "auto") -> ModelSpec:
+    """ModelSpec from a transformers config. path: "fast" (the hand-tuned Llama decoder; ValueError for another
+    architecture), "transformers" (the family's own layers: models/transformers_lm.py), "auto" (fast where it
+    applies, else transformers)."""
     model_type = config.model_type
+    if path not in ("auto", "fast", "transformers"):
+        raise ValueError(f"model path: one of auto, fast, transformers (got {path!r})")
+    if path == "transformers" or (path == "auto" and not fast_path_applies(config)):
+        from .transformers_spec import transformers_spec
+
+        return transformers_spec(config)
     if model_type not in SUPPORTED_TYPES:
         raise ValueError(
-            f"model: architecture {model_type!r} is not supported (supported: {', '.join(SUPPORTED_TYPES)})"
+            f"model: architecture {model_type!r} has no fast path (it has: {', '.join(SUPPORTED_TYPES)})"
         )
     head_dim = getattr(config, "head_dim", None) or config.hidden_size // config.num_attention_heads
     attention_bias = bool(getattr(config, "attention_bias", False))
@@ -96,6 +123,17 @@ def spec_from_config(config) -> ModelSpec:
         mlp_bias=bool(getattr(config, "mlp_bias", False)),
         qk_norm=model_type == "qwen3",
     )
+
+
+def fast_path_applies(config) -> bool:
+    """Whether the hand-tuned Llama decoder computes this checkpoint: one of SUPPORTED_TYPES, every layer full
+    attention, a RoPE type transformers' initialisers give (default, llama3, yarn, ...)."""
+    if config.model_type not in SUPPORTED_TYPES:
+        return False
+    kinds = getattr(config, "layer_types", None) or ()
+    if any(kind != FULL for kind in kinds):
+        return False
+    return not (config.model_type == "qwen2" and getattr(config, "use_sliding_window", False))
 
 
 def rope_inv_freq(config) -> tuple[torch.Tensor, float]:

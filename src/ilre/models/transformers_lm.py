@@ -1,0 +1,274 @@
+"""Any decoder family transformers has, through its own layers, as the streaming prefill drives them.
+
+`TransformersLM` offers what `models/llama.py`'s TruncatedLM offers the prefill (embed, rope, layer(l).qkv /
+finish / parts), built from the checkpoint's own transformers modules truncated at l_R, so a family transformers
+adds runs with no code here. Its norms, projections, RoPE variant, QK-norm, MoE routing, multipliers and parallel
+blocks are the family's code; only the attention itself is the prefill's:
+
+- A layer's call runs in a greenlet. transformers hands each attention layer's q, k, v to the function registered
+  under ATTENTION (its attention-function registry, `AttentionInterface`); that function switches back to the
+  prefill with them (`qkv`), which attends by its streaming rule and switches in again with the output (`finish`):
+  the layer goes on with its own o_proj, residual, norms and MLP. q comes back scaled so that softmax(q k / sqrt(d))
+  is the family's own scaling.
+- A layer without attention (linear attention, state-space mixers) runs whole in `finish`, carrying its own
+  recurrent state from chunk to chunk in a transformers cache (exact): compressor/layer_caches.py.
+- Each layer's keyword inputs (position embeddings per layer type, position ids) are what the family's own model
+  forward hands it: `layer_inputs` runs that forward with every layer replaced by a recorder.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+from greenlet import GreenletExit, getcurrent, greenlet
+from torch import nn
+
+from .spec import FULL, LINEAR, ModelSpec
+
+ATTENTION = "ilre_split"  # the attention implementation name registered with transformers
+
+
+@dataclass
+class AttentionCall:
+    """What a layer handed its attention: query (B, H, T, dk), key and value (B, KV, T, dk|dv), the family's
+    scaling (None: dk ** -0.5), its sliding window (None: global) and sink logits (H,) where it has them."""
+
+    query: torch.Tensor
+    key: torch.Tensor
+    value: torch.Tensor
+    scaling: float | None
+    sliding_window: int | None
+    sinks: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class LayerRule:
+    """How one layer attends: kind (spec FULL, SLIDING, CHUNKED or LINEAR); window: a sliding layer's window (a
+    token sees the `window` latest positions, itself included) or a chunked layer's chunk; sinks: (H,) float32 sink
+    logits; heads: its query heads; kv_heads, head_dim, v_dim: its cache's shapes."""
+
+    kind: str
+    window: int | None = None
+    sinks: torch.Tensor | None = None
+    heads: int = 0
+    kv_heads: int = 0
+    head_dim: int = 0
+    v_dim: int = 0
+
+    @property
+    def plain(self) -> bool:
+        """Whether the layer is what the prefill's sink + window rule alone computes (full attention, no sinks)."""
+        return self.kind == FULL and self.sinks is None
+
+
+def _split_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None,
+                     s_aux=None, **kwargs):
+    """The registered attention function: hands q, k, v to the prefill driving this layer and returns its output,
+    (B, T, H, dv) as transformers' attention functions do."""
+    parent = getcurrent().parent
+    if parent is None:
+        raise RuntimeError(f"{ATTENTION}: an attention layer called outside the streaming prefill")
+    sinks = None if s_aux is None else s_aux.detach().float()
+    return parent.switch(AttentionCall(query, key, value, scaling, sliding_window, sinks)), None
+
+
+def _no_mask(*args, **kwargs):
+    """The prefill makes its own masks: transformers builds none."""
+    return None
+
+
+def register_attention() -> None:
+    """Register ATTENTION with transformers' attention and mask registries (idempotent)."""
+    from transformers import AttentionInterface
+    from transformers.masking_utils import AttentionMaskInterface
+
+    AttentionInterface.register(ATTENTION, _split_attention)
+    AttentionMaskInterface.register(ATTENTION, _no_mask)
+
+
+class TransformersLayer:
+    """Layer `index` (1-based) of a TransformersLM, split at its attention (see the module docstring)."""
+
+    def __init__(self, owner: "TransformersLM", index: int, module: nn.Module):
+        self.owner, self.index, self.module = owner, index, module
+        self.kind = owner.spec.kind(index)
+        self._pending: dict[tuple, greenlet] = {}
+
+    def _start(self, h: torch.Tensor, positions: torch.Tensor, cache=None) -> tuple[greenlet, object]:
+        """Run the layer over h ((T, D) or (B, T, D)) at `positions` until it hands over its attention: the
+        suspended call and the AttentionCall (or, for a layer without attention, its output)."""
+        batched = h if h.dim() == 3 else h.unsqueeze(0)
+        args, kwargs = self.owner.layer_inputs(positions, batched.shape[0])[self.index - 1]
+        if cache is not None:
+            kwargs = {**kwargs, _cache_keyword(kwargs): cache}
+        run = greenlet(lambda: self.module(batched, *args, **kwargs))
+        return run, run.switch()
+
+    def qkv(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
+            ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """h: (..., T, D); cos = sin = positions (the model's `rope`) -> q (..., H, T, dk) scaled to the family's
+        softmax scale, k (..., KV, T, dk) and v (..., KV, T, dv), as the layer's attention receives them. A layer
+        without attention gives back (h, h, h): its cache runs it whole (compressor/layer_caches.py)."""
+        if self.kind == LINEAR:
+            return h, h, h
+        run, call = self._start(h, cos)
+        if not isinstance(call, AttentionCall):
+            raise RuntimeError(f"layer {self.index}: no attention call in a {self.kind} layer")
+        self._pending[_key(h)] = run
+        q, k, v = _scaled(call), call.key, call.value
+        return (q, k, v) if h.dim() == 3 else (q[0], k[0], v[0])
+
+    def finish(self, h: torch.Tensor, attn_out) -> torch.Tensor:
+        """h: (..., T, D) as given to `qkv`; attn_out: (..., H, T, dv) the attention's output (for a layer without
+        attention, the cache to run it with) -> the layer's output (..., T, D)."""
+        if self.kind == LINEAR:
+            run, done = self._start(h, _positions_of(attn_out), attn_out.cache)
+        else:
+            run = self._pending.pop(_key(h))
+            out = attn_out if attn_out.dim() == 4 else attn_out.unsqueeze(0)
+            done = run.switch(out.transpose(1, 2).to(self.owner.dtype))
+        done = done[0] if isinstance(done, tuple) else done
+        return done if h.dim() == 3 else done[0]
+
+    def parts(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, wanted: tuple[str, ...]
+              ) -> dict[str, torch.Tensor]:
+        """h: (T, D) -> the wanted of queries (H, T, dk, scaled as `qkv`'s), keys and values (KV, T, d); the layer's
+        call stops at its attention."""
+        unknown = set(wanted) - {"queries", "keys", "values"}
+        if unknown:
+            raise ValueError(f"parts: {sorted(unknown)} are states before RoPE, which a transformers layer does not "
+                             "hand out (a strategy that reads them needs a fast-path model)")
+        run, call = self._start(h, cos)
+        if not run.dead:
+            run.throw(GreenletExit)  # the rest of the layer is not needed
+        got = {"queries": _scaled(call), "keys": call.key, "values": call.value}
+        return {name: got[name][0] if h.dim() == 2 else got[name] for name in wanted}
+
+    def queries(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return self.parts(h, cos, sin, ("queries",))["queries"]
+
+    def keys(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+        return self.parts(h, cos, sin, ("keys",))["keys"]
+
+
+def _scaled(call: AttentionCall) -> torch.Tensor:
+    """The query scaled so that the default softmax scale dk ** -0.5 gives the family's own."""
+    dk = call.query.shape[-1]
+    if call.scaling is None or math.isclose(call.scaling * math.sqrt(dk), 1.0, rel_tol=1e-9):
+        return call.query
+    return call.query * (call.scaling * math.sqrt(dk))
+
+
+def _key(h: torch.Tensor) -> tuple:
+    return h.data_ptr(), tuple(h.shape), tuple(h.stride())
+
+
+def _cache_keyword(kwargs: dict) -> str:
+    """The name under which the family's layers take their cache (transformers 5 renamed past_key_values)."""
+    return "past_key_values" if "past_key_values" in kwargs else "cache"
+
+
+def _positions_of(mixing) -> torch.Tensor:
+    return mixing.positions
+
+
+class TransformersLM(nn.Module):
+    """Embeddings and layers 1..n_layers of a checkpoint's own transformers model (layer n_layers up to its
+    attention), with the interface the streaming prefill drives (see models/llama.py's TruncatedLM).
+    `base`: the family's decoder model (e.g. LlamaModel) truncated at n_layers; `rules`: each layer's LayerRule.
+    `rope(positions)` returns the positions themselves: each layer takes its own position embeddings from them."""
+
+    fast = False
+
+    def __init__(self, base: nn.Module, spec: ModelSpec, n_layers: int, rules: list[LayerRule],
+                 inv_freq: torch.Tensor | None):
+        super().__init__()
+        self.base, self.spec, self.n_layers, self.rules = base, spec, n_layers, rules
+        # a rotate-half RoPE's frequencies shared by every full-attention layer (DCA's moves), else None
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.rope_scaling = 1.0
+        self.retaining_head: nn.Module | None = None
+        self.layers_ = [TransformersLayer(self, i + 1, layer) for i, layer in enumerate(base.layers)]
+        self._memo: tuple[torch.Tensor, int, list] | None = None
+
+    @property
+    def device(self) -> torch.device:
+        return self.base.get_input_embeddings().weight.device
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.base.get_input_embeddings().weight.dtype
+
+    @property
+    def plain(self) -> bool:
+        """Whether every layer below l_R is full attention without sinks, with the spec's shapes: the cascade's
+        candidate pass and the batched prefill then apply."""
+        spec = self.spec
+        return all(r.plain and (r.kv_heads, r.head_dim, r.v_dim) == (spec.num_kv_heads, spec.head_dim, spec.value_dim)
+                   for r in self.rules[: self.n_layers - 1])
+
+    def layer(self, index: int) -> TransformersLayer:
+        """The index-th layer, counting from 1."""
+        return self.layers_[index - 1]
+
+    def attention_rule(self, index: int) -> LayerRule:
+        """How the index-th layer (1-based) attends."""
+        return self.rules[index - 1]
+
+    def embed(self, ids: torch.Tensor) -> torch.Tensor:
+        """ids: (..., T) int64 -> (..., T, D) what the family's forward hands its first layer (scaled embeddings
+        where the family scales them), in the model's dtype."""
+        batched = ids if ids.dim() == 2 else ids.unsqueeze(0)
+        hidden = self._record(input_ids=batched.to(self.device))[0][0]
+        return hidden if ids.dim() == 2 else hidden[0]
+
+    def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """positions: (..., T) int64 -> (positions, positions): they stand in for cos and sin (each layer takes
+        its own position embeddings: `layer_inputs`)."""
+        return positions, positions
+
+    def layer_inputs(self, positions: torch.Tensor, batch: int) -> list[tuple[tuple, dict]]:
+        """The (args, kwargs) the family's forward hands each layer for tokens at `positions` ((T,), (B, T) or
+        (B, 1, T)) besides the hidden states; memoised for the last positions asked."""
+        pos = positions.reshape(-1, positions.shape[-1]).to(self.device)
+        pos = pos.expand(batch, -1) if pos.shape[0] != batch else pos
+        memo = self._memo
+        if memo is not None and memo[1] == batch and memo[0].shape == pos.shape and torch.equal(memo[0], pos):
+            return memo[2]
+        zeros = torch.zeros(batch, pos.shape[1], self.spec.hidden_size, dtype=self.dtype, device=self.device)
+        recorded = [(args, kwargs) for _, args, kwargs in self._record(inputs_embeds=zeros, position_ids=pos)]
+        self._memo = (pos.clone(), batch, recorded)
+        return recorded
+
+    def _record(self, **inputs) -> list[tuple[torch.Tensor, tuple, dict]]:
+        """Run the family's forward with every layer replaced by a recorder: (hidden, args, kwargs) per layer."""
+        records: list = [None] * len(self.base.layers)
+
+        def recorder(i: int):
+            def forward(hidden_states, *args, **kwargs):
+                records[i] = (hidden_states, args, kwargs)
+                return hidden_states
+            return forward
+
+        for i, layer in enumerate(self.base.layers):
+            layer.forward = recorder(i)
+        try:
+            self.base(**inputs, use_cache=False)
+        finally:
+            for layer in self.base.layers:
+                del layer.forward
+        return records
+
+    def new_cache(self):
+        """An empty transformers cache for the layers without attention (their recurrent and conv states)."""
+        from transformers import DynamicCache
+
+        return DynamicCache(config=self.base.config)
+
+
+def copied_cache(cache):
+    """A copy of a transformers cache that a query may advance and drop."""
+    return copy.deepcopy(cache)

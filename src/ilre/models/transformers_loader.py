@@ -1,0 +1,158 @@
+"""Build a TransformersLM (models/transformers_lm.py) from a checkpoint folder: the family's own decoder model
+truncated at l_R, with only the embeddings, layers 1..l_R-1 and layer l_R up to its attention read from the files."""
+
+from __future__ import annotations
+
+import copy
+import re
+from dataclasses import replace
+from pathlib import Path
+from typing import Callable
+
+import torch
+from torch import nn
+
+from .spec import CHUNKED, FULL, LINEAR, SLIDING
+from .transformers_lm import ATTENTION, AttentionCall, LayerRule, TransformersLM, register_attention
+from .transformers_spec import transformers_spec
+
+_LAYER = re.compile(r"^layers\.(\d+)\.([^.]+)")
+
+
+def truncated_config(config, n_layers: int):
+    """A copy of a text config with `n_layers` layers: num_hidden_layers and every per-layer list cut there."""
+    out = copy.deepcopy(config)
+    total = config.num_hidden_layers
+    for name, value in vars(config).items():
+        if isinstance(value, (list, tuple)) and len(value) == total and total != n_layers:
+            setattr(out, name, type(value)(value[:n_layers]))
+    out.num_hidden_layers = n_layers
+    out._attn_implementation = ATTENTION
+    return out
+
+
+def _before_attention(component: str) -> bool:
+    """Whether a decoder layer's submodule `component` runs before its attention's scores (the retrieval layer
+    reads no more): the attention itself and the norm in front of it."""
+    if component.startswith("post_"):
+        return False
+    return "attn" in component or "attention" in component or component in ("input_layernorm", "input_norm", "ln_1")
+
+
+def wanted_names(state_names: list[str], n_layers: int) -> list[str]:
+    """The tensors a model truncated at n_layers reads: everything outside the layers (the embeddings; the final
+    norm is dropped), every tensor of layers 1..n_layers-1, and of layer n_layers what runs before its attention."""
+    out = []
+    for name in state_names:
+        match = _LAYER.match(name)
+        if match is None:
+            out.append(name)
+        elif int(match.group(1)) < n_layers - 1 or _before_attention(match.group(2)):
+            out.append(name)
+    return out
+
+
+def load_transformers_lm(checkpoint: Path, n_layers: int, dtype: torch.dtype, device: torch.device | str,
+                         read: Callable[..., dict[str, torch.Tensor]]) -> TransformersLM:
+    """The checkpoint's family model truncated at `n_layers` (l_R), its tensors read by `read(checkpoint, names,
+    device, dtype)` (only those `wanted_names` lists; every other parameter left on the meta device, so that any
+    use of one fails loudly). Raises ValueError naming the architecture and why where it cannot be loaded."""
+    from transformers import AutoConfig, AutoModel
+    from transformers.initialization import no_init_weights
+
+    register_attention()
+    config = AutoConfig.from_pretrained(str(checkpoint))
+    text = config.get_text_config() if hasattr(config, "get_text_config") else config
+    spec = transformers_spec(text)
+    if not 1 <= n_layers <= spec.num_layers:
+        raise ValueError(f"layer: must be in 1..{spec.num_layers} (got {n_layers})")
+    if spec.kind(n_layers) != FULL:
+        raise ValueError(f"layer: l_R = {n_layers} is a {spec.kind(n_layers)} layer of {spec.model_type}, which "
+                         f"cannot see the whole context; its global layers: {list(spec.global_layers)}")
+    try:
+        with no_init_weights():
+            base = AutoModel.from_config(truncated_config(text, n_layers), attn_implementation=ATTENTION)
+    except Exception as exc:  # a family transformers cannot build from this config
+        raise ValueError(f"model: architecture {spec.model_type!r} could not be built by transformers "
+                         f"({type(exc).__name__}: {exc})") from exc
+    if not hasattr(base, "layers"):
+        raise ValueError(f"model: architecture {spec.model_type!r} has no decoder layers list (`layers`) to stream")
+    if isinstance(getattr(base, "norm", None), nn.Module):
+        base.norm = nn.Identity()  # the final norm is never reached
+    names = [n for n in base.state_dict() if not n.startswith("norm.")]
+    wanted = wanted_names(names, n_layers)
+    keep_fp32 = tuple(getattr(base, "_keep_in_fp32_modules", None) or ())
+    tensors = read(checkpoint, wanted, device, None)
+    params = dict(base.named_parameters())
+    for name, tensor in tensors.items():
+        expected = params[name].shape if name in params else base.get_buffer(name).shape
+        if tuple(tensor.shape) != tuple(expected):
+            raise ValueError(f"model: {name} has shape {tuple(tensor.shape)}, expected {tuple(expected)}")
+        fp32 = any(part in name.split(".") for part in keep_fp32)
+        tensors[name] = tensor.to(torch.float32 if fp32 and tensor.is_floating_point() else
+                                  dtype if tensor.is_floating_point() else tensor.dtype)
+    base.load_state_dict(tensors, strict=False, assign=True)
+    base = base.to(device).eval().requires_grad_(False)
+    for name, param in params.items():
+        if name not in tensors:  # the retrieval layer's MLP: never run, never read
+            module, _, attr = name.rpartition(".")
+            base.get_submodule(module)._parameters[attr] = nn.Parameter(torch.empty_like(param, device="meta"),
+                                                                        requires_grad=False)
+    model = TransformersLM(base, spec, n_layers, [], None)
+    model.rules = _rules(model, text)
+    top = model.rules[-1]  # the retrieval layer's shapes are what its keys and queries have
+    model.spec = replace(spec, num_heads=top.heads, num_kv_heads=top.kv_heads, head_dim=top.head_dim,
+                         v_head_dim=top.v_dim if top.v_dim != top.head_dim else 0)
+    model.inv_freq = _shared_rotation(model)
+    return model
+
+
+def _rules(model: TransformersLM, config) -> list[LayerRule]:
+    """Each layer's LayerRule, from what its attention receives on a two-token input (its kind from the config;
+    a window the attention names makes a full layer sliding)."""
+    ids = torch.zeros(2, dtype=torch.int64, device=model.device)
+    positions = torch.arange(2, device=model.device)
+    h = model.embed(ids)
+    rules = []
+    for index in range(1, model.n_layers + 1):
+        kind = model.spec.kind(index)
+        if kind == LINEAR:
+            rules.append(LayerRule(LINEAR))
+            continue
+        run, call = model.layer(index)._start(h, positions)
+        if not isinstance(call, AttentionCall):
+            raise ValueError(f"model: layer {index} of {model.spec.model_type!r} ({kind}) made no attention call")
+        run.throw()
+        window = call.sliding_window
+        if kind == CHUNKED:
+            window = int(getattr(config, "attention_chunk_size", 0) or 0) or None
+        elif window:
+            kind = SLIDING
+        rules.append(LayerRule(kind, window, call.sinks, call.query.shape[1], call.key.shape[1], call.key.shape[-1],
+                               call.value.shape[-1]))
+    return rules
+
+
+def _shared_rotation(model: TransformersLM) -> torch.Tensor | None:
+    """The rotate-half RoPE frequencies (d/2,) that every full-attention layer's keys turn by, checked on its keys
+    at two positions (a key at p + s is the key at p turned by s); None where any differs (partial or interleaved
+    RoPE, per-layer frequencies, no RoPE): DCA's moves need it."""
+    from ..kernels.rope import rerotate
+
+    rotary = getattr(model.base, "rotary_emb", None)
+    inv_freq = getattr(rotary, "inv_freq", None)
+    if not isinstance(inv_freq, torch.Tensor) or 2 * inv_freq.numel() != model.spec.head_dim:
+        return None
+    inv_freq = inv_freq.float()
+    generator = torch.Generator().manual_seed(0)
+    h = torch.randn(4, model.spec.hidden_size, generator=generator).to(model.device, model.dtype)
+    at, shift = torch.arange(3, 7, device=model.device), 1000
+    tolerance = 1e-4 if model.dtype == torch.float32 else 2e-2
+    for index, rule in enumerate(model.rules, start=1):
+        if rule.kind != FULL or rule.head_dim != model.spec.head_dim:
+            continue
+        layer = model.layer(index)
+        near, far = layer.keys(h, at, at).float(), layer.keys(h, at + shift, at + shift).float()
+        if (rerotate(near, inv_freq, shift) - far).norm() > tolerance * far.norm():
+            return None
+    return inv_freq
