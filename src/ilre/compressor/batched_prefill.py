@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from ..models.llama import TruncatedLM
-from .prefill import PrefillConfig, RetrievalState, WindowCache
+from .prefill import PrefillConfig, RetrievalState
+from .window_cache import WindowCache
 
 
 def fits_one_chunk(length: int, config: PrefillConfig) -> bool:

@@ -218,9 +218,9 @@ class WindowCache:
     def _grow(self, size: int) -> None:
         """An unbounded window's ring widened to `size` entries, the live ones where they were (no wrap yet)."""
         slot = self.k.shape[1] - self.sink - self.window
-        grown = (self.k.shape[0], self.sink + size + slot, self.k.shape[2])
         for name in ("k", "v"):
-            old, new = getattr(self, name), torch.zeros(grown, dtype=self.k.dtype, device=self.k.device)
+            old = getattr(self, name)
+            new = old.new_zeros((old.shape[0], self.sink + size + slot, old.shape[2]))
             new[:, : self.sink + self.n_window] = old[:, : self.sink + self.n_window]
             setattr(self, name, new)
         self.window, self.ring_at = size, self.n_window  # a full ring's next entry had wrapped to 0

@@ -71,7 +71,7 @@ class Engine:
         checkpoint = resolve_checkpoint(config.model)
         self.checkpoint = checkpoint
         self.spec = load_spec(checkpoint.path)
-        self.profile = profile or load_profile(checkpoint.name, self.spec.num_layers)
+        self.profile = profile or load_profile(checkpoint.name, self.spec.num_layers, self.spec.global_layers)
         if not self.profile.calibrated and config.layer is None:
             log.warning("no calibrated profile for %s: using layer %d (run `ilre calibrate`)",
                         checkpoint.name, self.profile.retrieval_layer)
@@ -107,7 +107,7 @@ class Engine:
         """The model truncated at `layer` (loaded on first use; loads are fast, reads are partial)."""
         if layer not in self._models:
             model = load_truncated(self.checkpoint.path, layer, self.placement.dtype, self.placement.device)
-            if self.placement.int8:
+            if self.placement.int8 and getattr(model, "fast", True):  # the family path runs float32 there
                 model = quantize_int8(model, self._int8_calibration(), self._scored_layers())
             self._models[layer] = attach_head(model, self.checkpoint.name)
             self.heap.after_work(force=True)  # what the load freed (unfused or unpacked weights) back to the system
@@ -367,6 +367,11 @@ class Engine:
         strategy = strategy.for_context(len(context_ids), budget)
         total = len(context_ids) + max(len(q) for q in queries)
         dca = request.dca == "on" or (request.dca == "auto" and total > self.spec.native_context)
+        if dca and self.model_at(layer).inv_freq is None:  # no RoPE shared by its global layers to move keys by
+            if request.dca == "on":
+                raise InputError("dca", f"not available for {self.spec.model_type}: its global layers' position "
+                                 "encoding is not one rotate-half RoPE (see README, Models)")
+            dca = False
         prefill = PrefillConfig(self.config.prefill.sink, self.config.prefill.window, self.config.prefill.chunk, dca)
         granularity = request.granularity or self.profile.granularity
         owner = names.owner(scope)

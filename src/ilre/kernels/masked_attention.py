@@ -19,7 +19,7 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible:
     n_heads, n_rows, dim = q.shape
     n_kv = k.shape[0]
     group = n_heads // n_kv
-    logits = (q.float() / math.sqrt(dim)).view(n_kv, group * n_rows, dim) @ k.float().transpose(1, 2)
+    logits = (q.float() / math.sqrt(dim)).reshape(n_kv, group * n_rows, dim) @ k.float().transpose(1, 2)
     logits = logits.view(n_kv, group, n_rows, -1).masked_fill(~visible, -math.inf)
     top = logits.amax(dim=-1, keepdim=True)  # (KV, g, C, 1)
     if sinks is not None:

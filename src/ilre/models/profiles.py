@@ -51,13 +51,18 @@ def profile_path(model_name: str, directory: Path = PROFILE_DIR) -> Path:
     return directory / f"{model_name.lower()}.json"
 
 
-def load_profile(model_name: str, num_layers: int, directory: Path = PROFILE_DIR) -> Profile:
-    """The stored profile of a model, or the uncalibrated fallback l_R = ceil(num_layers / 6)."""
+def load_profile(model_name: str, num_layers: int, global_layers: tuple[int, ...] = (),
+                 directory: Path = PROFILE_DIR) -> Profile:
+    """The stored profile of a model, or the uncalibrated fallback l_R = ceil(num_layers / 6) (the first of
+    `global_layers` at or past it where those are named: a layer with global attention)."""
     path = profile_path(model_name, directory)
     if path.is_file():
         data = json.loads(path.read_text())
         return Profile(data["model"], int(data["retrieval_layer"]), True, data.get("details", {}))
-    return Profile(model_name, max(1, math.ceil(num_layers / 6)), calibrated=False)
+    layer = max(1, math.ceil(num_layers / 6))
+    if global_layers and layer not in global_layers:
+        layer = next((l for l in global_layers if l >= layer), global_layers[-1])
+    return Profile(model_name, layer, calibrated=False)
 
 
 def save_profile(profile: Profile, directory: Path = PROFILE_DIR) -> Path:

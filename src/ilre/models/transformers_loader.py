@@ -69,23 +69,41 @@ def load_transformers_lm(checkpoint: Path, n_layers: int, dtype: torch.dtype, de
     if spec.kind(n_layers) != FULL:
         raise ValueError(f"layer: l_R = {n_layers} is a {spec.kind(n_layers)} layer of {spec.model_type}, which "
                          f"cannot see the whole context; its global layers: {list(spec.global_layers)}")
+    truncated = truncated_config(text, n_layers)
     try:
         with no_init_weights():
-            base = AutoModel.from_config(truncated_config(text, n_layers), attn_implementation=ATTENTION)
+            base = AutoModel.from_config(truncated, attn_implementation=ATTENTION)
     except Exception as exc:  # a family transformers cannot build from this config
         raise ValueError(f"model: architecture {spec.model_type!r} could not be built by transformers "
                          f"({type(exc).__name__}: {exc})") from exc
     if not hasattr(base, "layers"):
         raise ValueError(f"model: architecture {spec.model_type!r} has no decoder layers list (`layers`) to stream")
+    try:
+        base = _read_by_name(base, checkpoint, n_layers, dtype, device, read)
+    except KeyError:  # stored under other names (e.g. one tensor per expert): transformers' own conversion
+        base = _converted(checkpoint, truncated, dtype, device)
+    model = TransformersLM(base, spec, n_layers, [], None)
+    model.rules = _rules(model, text)
+    top = model.rules[-1]  # the retrieval layer's shapes are what its keys and queries have
+    model.spec = replace(spec, num_heads=top.heads, num_kv_heads=top.kv_heads, head_dim=top.head_dim,
+                         v_head_dim=top.v_dim if top.v_dim != top.head_dim else 0)
+    model.inv_freq = _shared_rotation(model)
+    return model
+
+
+def _read_by_name(base: nn.Module, checkpoint: Path, n_layers: int, dtype: torch.dtype, device,
+                  read: Callable[..., dict[str, torch.Tensor]]) -> nn.Module:
+    """`base` with the tensors `wanted_names` lists read by their names (KeyError where the files name them
+    otherwise); every other parameter left on the meta device, so that any use of one fails loudly."""
     if isinstance(getattr(base, "norm", None), nn.Module):
         base.norm = nn.Identity()  # the final norm is never reached
     names = [n for n in base.state_dict() if not n.startswith("norm.")]
-    wanted = wanted_names(names, n_layers)
     keep_fp32 = tuple(getattr(base, "_keep_in_fp32_modules", None) or ())
-    tensors = read(checkpoint, wanted, device, None)
+    tensors = read(checkpoint, wanted_names(names, n_layers), device, None)
     params = dict(base.named_parameters())
-    for name, tensor in tensors.items():
+    for name, tensor in list(tensors.items()):
         expected = params[name].shape if name in params else base.get_buffer(name).shape
+        tensor = tensors[name] = _per_layer_part(tensor, tuple(expected), n_layers, _stored_layers(checkpoint))
         if tuple(tensor.shape) != tuple(expected):
             raise ValueError(f"model: {name} has shape {tuple(tensor.shape)}, expected {tuple(expected)}")
         fp32 = any(part in name.split(".") for part in keep_fp32)
@@ -98,13 +116,37 @@ def load_transformers_lm(checkpoint: Path, n_layers: int, dtype: torch.dtype, de
             module, _, attr = name.rpartition(".")
             base.get_submodule(module)._parameters[attr] = nn.Parameter(torch.empty_like(param, device="meta"),
                                                                         requires_grad=False)
-    model = TransformersLM(base, spec, n_layers, [], None)
-    model.rules = _rules(model, text)
-    top = model.rules[-1]  # the retrieval layer's shapes are what its keys and queries have
-    model.spec = replace(spec, num_heads=top.heads, num_kv_heads=top.kv_heads, head_dim=top.head_dim,
-                         v_head_dim=top.v_dim if top.v_dim != top.head_dim else 0)
-    model.inv_freq = _shared_rotation(model)
-    return model
+    return base
+
+
+def _stored_layers(checkpoint: Path) -> int:
+    from transformers import AutoConfig
+
+    config = AutoConfig.from_pretrained(str(checkpoint))
+    return (config.get_text_config() if hasattr(config, "get_text_config") else config).num_hidden_layers
+
+
+def _per_layer_part(tensor: torch.Tensor, expected: tuple[int, ...], n_layers: int, total: int) -> torch.Tensor:
+    """A tensor that packs something per layer along one dimension (e.g. per-layer input embeddings) cut to the
+    first n_layers' part; any other tensor as it is."""
+    if tensor.dim() != len(expected) or tuple(tensor.shape) == expected:
+        return tensor
+    differ = [d for d in range(tensor.dim()) if tensor.shape[d] != expected[d]]
+    if len(differ) == 1 and tensor.shape[differ[0]] * n_layers == expected[differ[0]] * total:
+        return tensor.narrow(differ[0], 0, expected[differ[0]])
+    return tensor
+
+
+def _converted(checkpoint: Path, truncated, dtype: torch.dtype, device) -> nn.Module:
+    """The truncated model loaded by transformers' `from_pretrained`, whose weight conversions (experts stored one
+    by one, fused or split projections) map the stored names to the model's; it loads the truncated model's
+    tensors only (the layers above are not in it)."""
+    from transformers import AutoModel
+
+    base = AutoModel.from_pretrained(str(checkpoint), config=truncated, dtype=dtype, attn_implementation=ATTENTION)
+    if isinstance(getattr(base, "norm", None), nn.Module):
+        base.norm = nn.Identity()
+    return base.to(device).eval().requires_grad_(False)
 
 
 def _rules(model: TransformersLM, config) -> list[LayerRule]:

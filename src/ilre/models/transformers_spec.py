@@ -14,6 +14,15 @@ _KINDS = {"full_attention": FULL, "attention": FULL, "global_attention": FULL, "
 SPARSE_SELECTION = ("deepseek_v32", "deepseek_v4", "glm_moe_dsa", "glm5_next", "minimax_m3_vl", "hy_v4", "dots3_note")
 
 
+def _get(config, name: str, default=None):
+    """A config attribute, or `default` where it is missing or varies per layer (transformers refuses a global read
+    of a per-layer attribute)."""
+    try:
+        return getattr(config, name, default)
+    except Exception:  # AmbiguousGlobalPerLayerAttributeError
+        return default
+
+
 def layer_kinds(config) -> tuple[str, ...]:
     """Each layer's attention, from the config's `layer_types` (FULL where it names none): FULL, SLIDING,
     CHUNKED, or LINEAR for any layer that is not attention (linear attention, state-space mixers)."""
@@ -31,6 +40,9 @@ def refusal(config) -> str | None:
                                                                                        None):
         return (f"architecture {model_type!r}: its attention is a learned sparse selection (an indexer picks the "
                 "keys each query reads), so attention scores at l_R are not what the model reads")
+    if getattr(config, "hidden_size_per_layer_input", None):
+        return (f"architecture {model_type!r}: per-layer input embeddings (read from the token ids by every layer) "
+                "are not streamed yet")
     if getattr(config, "attn_logit_softcapping", None):
         return f"architecture {model_type!r}: attention logit soft-capping is not streamed"
     if getattr(config, "is_encoder_decoder", False):
@@ -49,18 +61,18 @@ def transformers_spec(config) -> ModelSpec:
     if why is not None:
         raise ValueError(f"model: {why}")
     heads = text.num_attention_heads
-    kv_heads = getattr(text, "num_key_value_heads", None) or heads
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // heads
+    kv_heads = _get(text, "num_key_value_heads", None) or heads
+    head_dim = _get(text, "global_head_dim", None) or _get(text, "head_dim", None) or text.hidden_size // heads
     v_head_dim = 0
-    if getattr(text, "kv_lora_rank", None):  # MLA: keys and values per head from a latent
+    if _get(text, "kv_lora_rank", None):  # MLA: keys and values per head from a latent
         head_dim = text.qk_nope_head_dim + text.qk_rope_head_dim
         v_head_dim, kv_heads = text.v_head_dim, heads
     return ModelSpec(
         model_type=text.model_type, vocab_size=text.vocab_size, hidden_size=text.hidden_size,
-        intermediate_size=getattr(text, "intermediate_size", 0) or 0, num_layers=text.num_hidden_layers,
+        intermediate_size=_get(text, "intermediate_size", 0) or 0, num_layers=text.num_hidden_layers,
         num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
-        rms_norm_eps=float(getattr(text, "rms_norm_eps", 1e-6) or 1e-6),
-        native_context=int(getattr(text, "max_position_embeddings", 0) or 0) or 4096,
+        rms_norm_eps=float(_get(text, "rms_norm_eps", 1e-6) or 1e-6),
+        native_context=int(_get(text, "max_position_embeddings", 0) or 0) or 4096,
         qkv_bias=False, o_bias=False, mlp_bias=False, qk_norm=False, path="transformers",
         layer_kinds=layer_kinds(text), v_head_dim=v_head_dim if v_head_dim != head_dim else 0,
     )

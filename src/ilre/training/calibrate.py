@@ -166,7 +166,7 @@ def run_calibration(model: str | None, plan: CalibrationPlan, profile_dir: Path 
         if coarse < layer:
             details.update(cascade_details(coarse, layer, plan, candidates, long_hits["multi"][..., layer - 1]))
             details["cost"]["cascade"] = details["cascade"]["costs"][str(details["strategies"]["cascade"]["candidates"])]
-    kept = load_profile(checkpoint.name, spec.num_layers, profile_dir).details  # what the evaluation chose stays
+    kept = load_profile(checkpoint.name, spec.num_layers, directory=profile_dir).details  # what the evaluation chose stays
     details.update({k: kept[k] for k in EVALUATION_KEYS if k in kept})
     profile = Profile(checkpoint.name, layer, True, details)
     path = save_profile(profile, profile_dir)
