@@ -159,3 +159,37 @@ def test_per_layer_input_embeddings_are_refused_with_their_reason():
 
 def test_vocab_is_the_checkpoints():
     assert load_truncated(family_checkpoint("phi3"), L_R).spec.vocab_size == VOCAB
+
+
+# families this project names nowhere: a dense one and a MoE one, through the real command
+UNNAMED = {"olmo2": {}, "granitemoe": dict(num_local_experts=4, num_experts_per_tok=2)}
+
+
+@pytest.mark.parametrize("family", [*UNNAMED, "gpt_oss", "qwen3_5_text"])
+def test_compress_command_on_a_family_keeps_its_tokenizers_ids(family, tmp_path):
+    import json
+    import subprocess
+
+    from tests.family_models import _COMMON, byte_tokenizer, family_checkpoint
+
+    if family in UNNAMED:
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        config = AutoConfig.for_model(family, **{**_COMMON, **UNNAMED[family]})
+        folder = tmp_path / family
+        AutoModelForCausalLM.from_config(config).save_pretrained(str(folder))
+        byte_tokenizer().save_pretrained(str(folder))
+    else:
+        folder = family_checkpoint(family)
+    context = " ".join(f"Line {i}: the value of key{i} is {i * 7}." for i in range(40))
+    (tmp_path / "context.txt").write_text(context)
+    done = subprocess.run([sys.executable, "-m", "ilre.cli", "compress", "--model", str(folder), "--layer", str(L_R),
+                           "--budget", "64", "--granularity", "token", "--query", "What is key5?", "--json", "--context-file",
+                           str(tmp_path / "context.txt")], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    ids = byte_tokenizer()(context, add_special_tokens=False).input_ids
+    query = byte_tokenizer()("What is key5?", add_special_tokens=False).input_ids
+    assert len(result["kept_indices"]) == 64
+    assert result["token_ids"] == [ids[i] for i in result["kept_indices"]] + query  # the kept context, the query
+    assert result["layer"] == L_R

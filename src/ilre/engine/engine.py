@@ -295,7 +295,8 @@ class Engine:
     def _batchable(self, job: Prepared) -> bool:
         """A one-query request whose context is a single prefill chunk, when batching is on."""
         return (self.batch_tokens > 0 and len(job.queries) == 1 and job.model is not None
-                and joins_a_batch(job.context_ids.numel(), job.budget, job.strategy, job.prefill))
+                and joins_a_batch(job.context_ids.numel(), job.budget, job.strategy, job.prefill)
+                and getattr(job.model, "plain", True))  # a family with other layer kinds runs alone
 
     def close(self) -> None:
         """Stop the background deepening (after its step in progress); the engine still answers (its thread
@@ -380,6 +381,10 @@ class Engine:
         if "retaining" in strategy.context_parts and model.retaining_head is None:
             raise InputError("strategy", f"{strategy.name} needs a retaining head for {self.model_name} at layer {layer}: "
                              f"train one with `ilre train-locret --layer {layer}` (heads found: {self._heads_found()})")
+        if model is not None and not getattr(model, "plain", True) and getattr(strategy, "cascade_layer", None):
+            raise InputError("strategy_options", f"coarse_layer: the cascade's candidate pass needs every layer below "
+                             f"l_R to be full attention without sinks; {self.spec.model_type} has other kinds there "
+                             "(see README, Models): leave coarse_layer unset")
         return Prepared(request, doc, slot, context_ids, queries, budget, strategy, layer, prefill, model, dca,
                         start, round((time.perf_counter() - start) * 1000.0, 3), granularity, units,
                         lambda ends: names.prefix_slots(scope, self.model_name, context_ids, ends), owner)
