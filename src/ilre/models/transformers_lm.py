@@ -125,7 +125,7 @@ class TransformersLayer:
         """h: (..., T, D) as given to `qkv`; attn_out: (..., H, T, dv) the attention's output (for a layer without
         attention, the cache to run it with) -> the layer's output (..., T, D)."""
         if self.kind == LINEAR:
-            run, done = self._start(h, _positions_of(attn_out), attn_out.cache)
+            run, done = self._start(h, attn_out.positions, attn_out.cache)
         else:
             run = self._pending.pop(_key(h))
             out = attn_out if attn_out.dim() == 4 else attn_out.unsqueeze(0)
@@ -169,10 +169,6 @@ def _key(h: torch.Tensor) -> tuple:
 def _cache_keyword(kwargs: dict) -> str:
     """The name under which the family's layers take their cache (transformers 5 renamed past_key_values)."""
     return "past_key_values" if "past_key_values" in kwargs else "cache"
-
-
-def _positions_of(mixing) -> torch.Tensor:
-    return mixing.positions
 
 
 class TransformersLM(nn.Module):

@@ -101,9 +101,10 @@ def _read_by_name(base: nn.Module, checkpoint: Path, n_layers: int, dtype: torch
     keep_fp32 = tuple(getattr(base, "_keep_in_fp32_modules", None) or ())
     tensors = read(checkpoint, wanted_names(names, n_layers), device, None)
     params = dict(base.named_parameters())
+    stored = _stored_layers(checkpoint)
     for name, tensor in list(tensors.items()):
         expected = params[name].shape if name in params else base.get_buffer(name).shape
-        tensor = tensors[name] = _per_layer_part(tensor, tuple(expected), n_layers, _stored_layers(checkpoint))
+        tensor = tensors[name] = _per_layer_part(tensor, tuple(expected), n_layers, stored)
         if tuple(tensor.shape) != tuple(expected):
             raise ValueError(f"model: {name} has shape {tuple(tensor.shape)}, expected {tuple(expected)}")
         fp32 = any(part in name.split(".") for part in keep_fp32)
