@@ -141,7 +141,7 @@ def test_a_retrieval_layer_without_global_attention_is_refused():
 def test_a_learned_sparse_selection_is_refused_with_its_reason():
     from transformers import AutoConfig
 
-    from ilre.models.spec import spec_from_config
+    from ilre.models.loader import spec_from_config
 
     config = AutoConfig.for_model("deepseek_v32")
     with pytest.raises(ValueError, match="learned sparse selection"):
@@ -151,7 +151,7 @@ def test_a_learned_sparse_selection_is_refused_with_its_reason():
 def test_per_layer_input_embeddings_are_refused_with_their_reason():
     from transformers import AutoConfig
 
-    from ilre.models.spec import spec_from_config
+    from ilre.models.loader import spec_from_config
 
     with pytest.raises(ValueError, match="'gemma4_text': per-layer input embeddings"):
         spec_from_config(AutoConfig.for_model("gemma4_text"))

@@ -205,7 +205,8 @@ def test_config_read_as_json_equals_transformers_config(kind):
     are read by transformers."""
     from transformers import AutoConfig
 
-    from ilre.models.spec import load_hf_config, rope_inv_freq, spec_from_config
+    from ilre.models.loader import spec_from_config
+    from ilre.models.spec import load_hf_config, rope_inv_freq
 
     checkpoint = tiny_checkpoint(kind)
     ours, theirs = load_hf_config(checkpoint), AutoConfig.from_pretrained(str(checkpoint))

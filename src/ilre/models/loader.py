@@ -17,9 +17,10 @@ from ..kernels.cache_dir import cache_root
 from .embedded import EMBEDDED_NAME, convert_gguf, embedded_checkpoint
 from .llama import TruncatedLM
 from .packed_linear import pack_linears
-from .spec import ModelSpec, load_hf_config, rope_inv_freq, spec_from_config
+from .spec import ModelSpec, fast_path_applies, fast_spec, load_hf_config, rope_inv_freq
 from .transformers_lm import TransformersLM
 from .transformers_loader import load_transformers_lm
+from .transformers_spec import transformers_spec
 
 EMBEDDED_ALIASES = ("", "embedded", "default", EMBEDDED_NAME.lower(), f"huggingfacetb/{EMBEDDED_NAME.lower()}")
 
@@ -102,6 +103,17 @@ def read_tensors(
                 tensor = f.get_tensor(prefix + name)
                 out[name] = tensor if dtype is None else tensor.to(dtype)
     return out
+
+
+def spec_from_config(config, path: str = "auto") -> ModelSpec:
+    """ModelSpec from a transformers config. path: "fast" (the hand-tuned Llama decoder; ValueError for another
+    architecture), "transformers" (the family's own layers: models/transformers_lm.py), "auto" (fast where it
+    applies, else transformers)."""
+    if path not in ("auto", "fast", "transformers"):
+        raise ValueError(f"model path: one of auto, fast, transformers (got {path!r})")
+    if path == "transformers" or (path == "auto" and not fast_path_applies(config)):
+        return transformers_spec(config)
+    return fast_spec(config)
 
 
 def load_spec(checkpoint: Path, path: str = "auto") -> ModelSpec:

@@ -56,7 +56,7 @@ class ModelSpec:
         return tuple(l for l in range(1, self.num_layers + 1) if self.kind(l) == FULL)
 
 
-# the config.json keys spec_from_config and a default RoPE read; a file holding them all is read as it is
+# the config.json keys fast_spec and a default RoPE read; a file holding them all is read as it is
 _PLAIN_KEYS = ("model_type", "vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
                "num_attention_heads", "rms_norm_eps", "max_position_embeddings")
 
@@ -90,17 +90,10 @@ def _plain_config(path: Path) -> SimpleNamespace | None:
     return SimpleNamespace(**values)
 
 
-def spec_from_config(config, path: str = "auto") -> ModelSpec:
-    """ModelSpec from a transformers config. path: "fast" (the hand-tuned Llama decoder; ValueError for another
-    architecture), "transformers" (the family's own layers: models/transformers_lm.py), "auto" (fast where it
-    applies, else transformers)."""
+def fast_spec(config) -> ModelSpec:
+    """ModelSpec of a checkpoint the hand-tuned Llama decoder computes (ValueError for another architecture; the
+    choice of path is models/loader.spec_from_config's)."""
     model_type = config.model_type
-    if path not in ("auto", "fast", "transformers"):
-        raise ValueError(f"model path: one of auto, fast, transformers (got {path!r})")
-    if path == "transformers" or (path == "auto" and not fast_path_applies(config)):
-        from .transformers_spec import transformers_spec
-
-        return transformers_spec(config)
     if model_type not in SUPPORTED_TYPES:
         raise ValueError(
             f"model: architecture {model_type!r} has no fast path (it has: {', '.join(SUPPORTED_TYPES)})"
