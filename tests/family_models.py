@@ -12,7 +12,7 @@ from pathlib import Path
 
 import torch
 
-FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "gpt_oss", "qwen3_moe",
+FAMILIES = ("llama", "mistral", "qwen2", "qwen3", "phi3", "gemma3_text", "gemma4_text", "gpt_oss", "qwen3_moe",
             "qwen3_next", "qwen3_5_text", "deepseek_v3", "glm4_moe", "minimax_m2", "llama4_text", "mixtral")
 L_R = 4
 N_LAYERS = 6

@@ -148,13 +148,16 @@ def test_a_learned_sparse_selection_is_refused_with_its_reason():
         spec_from_config(config)
 
 
-def test_per_layer_input_embeddings_are_refused_with_their_reason():
-    from transformers import AutoConfig
+def test_a_layer_reusing_another_layers_keys_is_refused_as_l_r(tmp_path):
+    """Gemma 4's last layers attend with an earlier layer's keys and values: l_R there is refused naming the
+    highest l_R allowed."""
+    from tests.family_models import family_config
 
-    from ilre.models.loader import spec_from_config
-
-    with pytest.raises(ValueError, match="'gemma4_text': per-layer input embeddings"):
-        spec_from_config(AutoConfig.for_model("gemma4_text"))
+    config = family_config("gemma4_text")
+    config.num_kv_shared_layers = 2
+    config.save_pretrained(str(tmp_path))
+    with pytest.raises(ValueError, match="one of the last 2 layers .* l_R must be at most 4"):
+        load_transformers_lm(tmp_path, 6, torch.float32, "cpu", read_tensors)
 
 
 def test_vocab_is_the_checkpoints():

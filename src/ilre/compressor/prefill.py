@@ -79,7 +79,7 @@ def encode_in_steps(
     caches = [layer_cache(model, l, config, config.chunk) for l in range(1, score_layers[-1])]
     state = ContextState(length, len(bounds), config, keys, caches, {name: empty_part(name, model, length) for name in parts})
     if keep_hidden:
-        state.hidden = torch.empty(length, model.spec.hidden_size, dtype=model.dtype, device=model.device)
+        state.hidden = torch.empty(length, model.residual_width, dtype=model.dtype, device=model.device)
     return _encode_chunks(model, state, bounds, lambda start, end: context_ids[start:end])
 
 
@@ -144,7 +144,7 @@ def extend_in_steps(model: TruncatedLM, state: ContextState, context_ids: torch.
     longer = ContextState(length, len(bounds), state.config, keys, caches,
                           {name: grown(name, part) for name, part in state.parts.items()})
     if keep_hidden:
-        longer.hidden = torch.empty(length, model.spec.hidden_size, dtype=model.dtype, device=model.device)
+        longer.hidden = torch.empty(length, model.residual_width, dtype=model.dtype, device=model.device)
         longer.hidden[: point.at] = state.hidden[: point.at]
         longer.rows = state.rows.carried() if state.rows is not None else None
     return _encode_chunks(model, longer, bounds, lambda start, end: context_ids[start:end], skip=point.n_chunks)

@@ -269,6 +269,11 @@ class TruncatedLM(nn.Module):
         return self.embed_tokens.weight.device
 
     @property
+    def residual_width(self) -> int:
+        """The width of the stream between layers (the hidden size)."""
+        return self.spec.hidden_size
+
+    @property
     def dtype(self) -> torch.dtype:
         return self.embed_tokens.weight.dtype
 

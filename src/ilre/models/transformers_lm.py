@@ -14,6 +14,9 @@ blocks are the family's code; only the attention itself is the prefill's:
   recurrent state from chunk to chunk in a transformers cache (exact): compressor/layer_caches.py.
 - Each layer's keyword inputs (position embeddings per layer type, position ids) are what the family's own model
   forward hands it: `layer_inputs` runs that forward with every layer replaced by a recorder.
+- Inputs a layer takes from each token alone (Gemma 4's per-layer input embeddings, read from the ids) travel with
+  the residual stream: `embed` appends them to the hidden state ((..., T, D + their widths): `residual_width`), each
+  layer takes its own part and hands the rest on unchanged.
 """
 
 from __future__ import annotations
@@ -42,6 +45,17 @@ class AttentionCall:
     scaling: float | None
     sliding_window: int | None
     sinks: torch.Tensor | None
+
+
+@dataclass(frozen=True)
+class TokenInput:
+    """A layer input made from each token alone (e.g. a per-layer input embedding): the 1-based layer taking it,
+    where (a positional index after the hidden state, or a keyword), its width and its columns in the stream."""
+
+    layer: int
+    slot: int | str
+    width: int
+    start: int
 
 
 @dataclass(frozen=True)
@@ -104,7 +118,9 @@ class TransformersLayer:
         args, kwargs = self.owner.layer_inputs(positions, batched.shape[0])[self.index - 1]
         if cache is not None:
             kwargs = {**kwargs, _cache_keyword(kwargs): cache}
-        run = greenlet(lambda: self.module(batched, *args, **kwargs))
+        args, kwargs = self.owner.with_token_inputs(self.index, batched, args, kwargs)
+        hidden = batched[..., : self.owner.spec.hidden_size]
+        run = greenlet(lambda: self.module(hidden, *args, **kwargs))
         return run, run.switch()
 
     def qkv(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor
@@ -131,7 +147,9 @@ class TransformersLayer:
             out = attn_out if attn_out.dim() == 4 else attn_out.unsqueeze(0)
             done = run.switch(out.transpose(1, 2).to(self.owner.dtype))
         done = done[0] if isinstance(done, tuple) else done
-        return done if h.dim() == 3 else done[0]
+        done = done if h.dim() == 3 else done[0]
+        width = self.owner.spec.hidden_size
+        return done if h.shape[-1] == width else torch.cat([done, h[..., width:]], dim=-1)
 
     def parts(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, wanted: tuple[str, ...]
               ) -> dict[str, torch.Tensor]:
@@ -166,6 +184,11 @@ def _key(h: torch.Tensor) -> tuple:
     return h.data_ptr(), tuple(h.shape), tuple(h.stride())
 
 
+def _handed(record: tuple, slot: int | str):
+    """What a recorded layer call (hidden, args, kwargs) was handed at `slot` (a positional index or a keyword)."""
+    return record[1][slot] if isinstance(slot, int) else record[2][slot]
+
+
 def _cache_keyword(kwargs: dict) -> str:
     """The name under which the family's layers take their cache (transformers 5 renamed past_key_values)."""
     return "past_key_values" if "past_key_values" in kwargs else "cache"
@@ -189,6 +212,38 @@ class TransformersLM(nn.Module):
         self.retaining_head: nn.Module | None = None
         self.layers_ = [TransformersLayer(self, i + 1, layer) for i, layer in enumerate(base.layers)]
         self._memo: tuple[torch.Tensor, int, list] | None = None
+        self.token_inputs: list[TokenInput] = []
+
+    @property
+    def residual_width(self) -> int:
+        """The width of the stream between layers: the hidden size and the token inputs it carries."""
+        return self.spec.hidden_size + sum(t.width for t in self.token_inputs)
+
+    def find_token_inputs(self) -> None:
+        """Find the layer inputs made from each token alone (`TokenInput`): floating (B, T, X) tensors a layer is
+        handed that differ between two inputs of other ids at the same positions."""
+        first, second = (self._record(input_ids=torch.tensor([ids], device=self.device)) for ids in ([1, 2], [3, 4]))
+        found, start = [], self.spec.hidden_size
+        for layer, ((_, args_a, kw_a), (_, args_b, kw_b)) in enumerate(zip(first, second), start=1):
+            for slot in [*range(len(args_a)), *kw_a]:
+                a, b = _handed((None, args_a, kw_a), slot), _handed((None, args_b, kw_b), slot)
+                if (isinstance(a, torch.Tensor) and a.is_floating_point() and a.dim() == 3
+                        and tuple(a.shape[:2]) == (1, 2) and not torch.equal(a, b)):
+                    found.append(TokenInput(layer, slot, a.shape[-1], start))
+                    start += a.shape[-1]
+        self.token_inputs = found
+
+    def with_token_inputs(self, layer: int, stream: torch.Tensor, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        """args, kwargs of 1-based `layer` with its token inputs taken from `stream` (B, T, residual_width)."""
+        args = list(args)
+        for t in self.token_inputs:
+            if t.layer == layer:
+                part = stream[..., t.start: t.start + t.width]
+                if isinstance(t.slot, int):
+                    args[t.slot] = part
+                else:
+                    kwargs = {**kwargs, t.slot: part}
+        return tuple(args), kwargs
 
     @property
     def device(self) -> torch.device:
@@ -215,10 +270,13 @@ class TransformersLM(nn.Module):
         return self.rules[index - 1]
 
     def embed(self, ids: torch.Tensor) -> torch.Tensor:
-        """ids: (..., T) int64 -> (..., T, D) what the family's forward hands its first layer (scaled embeddings
-        where the family scales them), in the model's dtype."""
+        """ids: (..., T) int64 -> (..., T, residual_width) what the family's forward hands its first layer (scaled
+        embeddings where the family scales them) and the token inputs, in the model's dtype."""
         batched = ids if ids.dim() == 2 else ids.unsqueeze(0)
-        hidden = self._record(input_ids=batched.to(self.device))[0][0]
+        records = self._record(input_ids=batched.to(self.device))
+        hidden = records[0][0]
+        if self.token_inputs:
+            hidden = torch.cat([hidden] + [_handed(records[t.layer - 1], t.slot) for t in self.token_inputs], dim=-1)
         return hidden if ids.dim() == 2 else hidden[0]
 
     def rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -234,8 +292,8 @@ class TransformersLM(nn.Module):
         memo = self._memo
         if memo is not None and memo[1] == batch and memo[0].shape == pos.shape and torch.equal(memo[0], pos):
             return memo[2]
-        zeros = torch.zeros(batch, pos.shape[1], self.spec.hidden_size, dtype=self.dtype, device=self.device)
-        recorded = [(args, kwargs) for _, args, kwargs in self._record(inputs_embeds=zeros, position_ids=pos)]
+        ids = torch.zeros(batch, pos.shape[1], dtype=torch.int64, device=self.device)  # the token inputs: `embed`'s
+        recorded = [(args, kwargs) for _, args, kwargs in self._record(input_ids=ids, position_ids=pos)]
         self._memo = (pos.clone(), batch, recorded)
         return recorded
 

@@ -69,6 +69,10 @@ def load_transformers_lm(checkpoint: Path, n_layers: int, dtype: torch.dtype, de
     if spec.kind(n_layers) != FULL:
         raise ValueError(f"layer: l_R = {n_layers} is a {spec.kind(n_layers)} layer of {spec.model_type}, which "
                          f"cannot see the whole context; its global layers: {list(spec.global_layers)}")
+    shared = int(getattr(text, "num_kv_shared_layers", 0) or 0)
+    if n_layers > spec.num_layers - shared:  # their attention reads an earlier layer's keys: no stream of their own
+        raise ValueError(f"layer: l_R = {n_layers} is one of the last {shared} layers of {spec.model_type}, which "
+                         f"reuse earlier layers' keys and values; l_R must be at most {spec.num_layers - shared}")
     truncated = truncated_config(text, n_layers)
     try:
         with no_init_weights():
@@ -83,6 +87,7 @@ def load_transformers_lm(checkpoint: Path, n_layers: int, dtype: torch.dtype, de
     except KeyError:  # stored under other names (e.g. one tensor per expert): transformers' own conversion
         base = _converted(checkpoint, truncated, dtype, device)
     model = TransformersLM(base, spec, n_layers, [], None)
+    model.find_token_inputs()
     model.rules = _rules(model, text)
     top = model.rules[-1]  # the retrieval layer's shapes are what its keys and queries have
     model.spec = replace(spec, num_heads=top.heads, num_kv_heads=top.kv_heads, head_dim=top.head_dim,
@@ -188,7 +193,7 @@ def _shared_rotation(model: TransformersLM) -> torch.Tensor | None:
         return None
     inv_freq = inv_freq.float()
     generator = torch.Generator().manual_seed(0)
-    h = torch.randn(4, model.spec.hidden_size, generator=generator).to(model.device, model.dtype)
+    h = torch.randn(4, model.residual_width, generator=generator).to(model.device, model.dtype)
     at, shift = torch.arange(3, 7, device=model.device), 1000
     tolerance = 1e-4 if model.dtype == torch.float32 else 2e-2
     for index, rule in enumerate(model.rules, start=1):

@@ -40,9 +40,6 @@ def refusal(config) -> str | None:
                                                                                        None):
         return (f"architecture {model_type!r}: its attention is a learned sparse selection (an indexer picks the "
                 "keys each query reads), so attention scores at l_R are not what the model reads")
-    if getattr(config, "hidden_size_per_layer_input", None):
-        return (f"architecture {model_type!r}: per-layer input embeddings (read from the token ids by every layer) "
-                "are not streamed yet")
     if getattr(config, "attn_logit_softcapping", None):
         return f"architecture {model_type!r}: attention logit soft-capping is not streamed"
     if getattr(config, "is_encoder_decoder", False):
