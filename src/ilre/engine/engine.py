@@ -70,7 +70,7 @@ class Engine:
         self.placement = resolve_placement(config.device, config.dtype)
         checkpoint = resolve_checkpoint(config.model)
         self.checkpoint = checkpoint
-        self.spec = load_spec(checkpoint.path)
+        self.spec = load_spec(checkpoint.path, config.decoder)
         self.profile = profile or load_profile(checkpoint.name, self.spec.num_layers, self.spec.global_layers)
         if not self.profile.calibrated and config.layer is None:
             log.warning("no calibrated profile for %s: using layer %d (run `ilre calibrate`)",
@@ -106,7 +106,8 @@ class Engine:
     def model_at(self, layer: int) -> TruncatedLM:
         """The model truncated at `layer` (loaded on first use; loads are fast, reads are partial)."""
         if layer not in self._models:
-            model = load_truncated(self.checkpoint.path, layer, self.placement.dtype, self.placement.device)
+            model = load_truncated(self.checkpoint.path, layer, self.placement.dtype, self.placement.device,
+                                   self.config.decoder)
             if self.placement.int8 and getattr(model, "fast", True):  # the family path runs float32 there
                 model = quantize_int8(model, self._int8_calibration(), self._scored_layers())
             self._models[layer] = attach_head(model, self.checkpoint.name)

@@ -23,6 +23,7 @@ class EngineConfig:
 
     model: str | None = None
     layer: int | str | None = None
+    decoder: str = "auto"  # the layers that run the model: auto, fast or transformers (models/loader.spec_from_config)
     device: str = "auto"
     dtype: str = "auto"
     prefill: PrefillConfig = field(default_factory=PrefillConfig)
@@ -44,7 +45,8 @@ class EngineConfig:
     @classmethod
     def from_settings(cls, settings: EngineSettings) -> "EngineConfig":
         """The config the settings describe (a bad sink/window/chunk raises PrefillConfig's ValueError)."""
-        return cls(model=settings.model, layer=settings.layer, device=settings.device, dtype=settings.dtype,
+        return cls(model=settings.model, layer=settings.layer, decoder=settings.decoder, device=settings.device,
+                   dtype=settings.dtype,
                    prefill=PrefillConfig(settings.sink, settings.window or None, settings.chunk),
                    max_context_tokens=settings.max_context_tokens, batch_tokens=settings.batch_tokens,
                    doc_cache_mb=settings.doc_cache_mb, doc_cache_share=settings.doc_cache_share, deepen=settings.deepen == "idle",

@@ -14,6 +14,7 @@ from .messages import DCA_MODES, GRANULARITIES
 from .settings import SERVERS, check_settings, setting
 
 DEEPEN_MODES = ("idle", "hold", "off")
+DECODERS = ("auto", "fast", "transformers")
 
 
 def layer_value(text: str) -> int | str:
@@ -42,6 +43,10 @@ class EngineSettings:
     granularity: str | None = setting(None, "keep single tokens, or whole units: sentences, lines, JSON records, "
                                       "messages", choices=GRANULARITIES,
                                       shown_default="the profile's, token where it names none")
+    decoder: str = setting("auto", "the layers that run the model: fast = the hand-tuned Llama decoder (llama, mistral, "
+                           "qwen2, qwen3 with full attention in every layer: C kernels, int8, packed bfloat16), "
+                           "transformers = the family's own transformers layers (any decoder family), auto = fast "
+                           "where it applies", choices=DECODERS, advanced=True)
     device: str = setting("auto", f"{DEVICE_HELP}: where the model runs (auto: a GPU or NPU when present)")
     dtype: str = setting("auto", f"{', '.join(DTYPE_CHOICES)} (auto: bfloat16 on GPUs, NPUs and CPUs with native "
                          "bfloat16, int8 on other x86 CPUs, else float32; int8: CPUs only, the linear layers in int8)")

@@ -110,6 +110,8 @@ class TransformersLayer:
         self.owner, self.index, self.module = owner, index, module
         self.kind = owner.spec.kind(index)
         self._pending: dict[tuple, greenlet] = {}
+        self.mla = next((m for m in module.modules() if hasattr(m, "kv_b_proj") and hasattr(m, "kv_a_layernorm")),
+                        None)  # multi-head latent attention: keys and values from one latent per token
 
     def _start(self, h: torch.Tensor, positions: torch.Tensor, cache=None) -> tuple[greenlet, object]:
         """Run the layer over h ((T, D) or (B, T, D)) at `positions` until it hands over its attention: the
@@ -159,10 +161,21 @@ class TransformersLayer:
         if unknown:
             raise ValueError(f"parts: {sorted(unknown)} are states before RoPE, which a transformers layer does not "
                              "hand out (a strategy that reads them needs a fast-path model)")
-        run, call = self._start(h, cos)
+        latent = self.index == self.owner.n_layers and self.owner.latent_keys and self.mla is not None
+        if latent and "values" in wanted:
+            raise ValueError("parts: an MLA retrieval layer is scored from its latent: it has no per-head values "
+                             "(a strategy that reads them needs per-head keys: latent_keys off)")
+        captured: list[torch.Tensor] = []
+        hook = self.mla.kv_a_layernorm.register_forward_hook(lambda m, a, out: captured.append(out)) if latent else None
+        try:
+            run, call = self._start(h, cos)
+        finally:
+            if hook is not None:
+                hook.remove()
         if not run.dead:
             run.throw(GreenletExit)  # the rest of the layer is not needed
-        got = {"queries": _scaled(call), "keys": call.key, "values": call.value}
+        got = _latent_parts(self.mla, call, captured[-1]) if latent else {"queries": _scaled(call), "keys": call.key,
+                                                                          "values": call.value}
         return {name: got[name][0] if h.dim() == 2 else got[name] for name in wanted}
 
     def queries(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -170,6 +183,22 @@ class TransformersLayer:
 
     def keys(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         return self.parts(h, cos, sin, ("keys",))["keys"]
+
+
+def _latent_parts(mla: nn.Module, call: AttentionCall, latent: torch.Tensor) -> dict[str, torch.Tensor]:
+    """Multi-head latent attention's queries and keys with the key up-projection absorbed into the query, so
+    that the key cache is one latent per token: keys (B, 1, T, r + dr) = [c, k_rope] from the latent c (B, T, r)
+    and the shared rotated key; queries (B, H, T, r + dr) = [W_UK^T q_nope, q_rope], scaled so that the default
+    softmax scale of their width gives the family's q.k scaling (q.k = q_nope.(W_UK c) + q_rope.k_rope, exact)."""
+    nope = mla.qk_nope_head_dim
+    heads, dk = call.query.shape[1], call.query.shape[-1]
+    up = mla.kv_b_proj.weight.view(heads, -1, latent.shape[-1])[:, :nope]  # (H, nope, r): W_UK per head
+    absorbed = torch.einsum("bhtn,hnr->bhtr", call.query[..., :nope], up.to(call.query.dtype))
+    width = latent.shape[-1] + dk - nope
+    scale = (call.scaling if call.scaling is not None else dk ** -0.5) * math.sqrt(width)
+    queries = torch.cat([absorbed, call.query[..., nope:]], dim=-1) * scale
+    keys = torch.cat([latent.unsqueeze(1).to(call.key.dtype), call.key[:, :1, :, nope:]], dim=-1)
+    return {"queries": queries, "keys": keys}
 
 
 def _scaled(call: AttentionCall) -> torch.Tensor:
@@ -213,6 +242,7 @@ class TransformersLM(nn.Module):
         self.layers_ = [TransformersLayer(self, i + 1, layer) for i, layer in enumerate(base.layers)]
         self._memo: tuple[torch.Tensor, int, list] | None = None
         self.token_inputs: list[TokenInput] = []
+        self.latent_keys = True  # an MLA retrieval layer scored from its latent (models/transformers_loader.py)
 
     @property
     def residual_width(self) -> int:

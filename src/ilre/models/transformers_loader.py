@@ -32,31 +32,58 @@ def truncated_config(config, n_layers: int):
 
 
 def _before_attention(component: str) -> bool:
-    """Whether a decoder layer's submodule `component` runs before its attention's scores (the retrieval layer
-    reads no more): the attention itself and the norm in front of it."""
+    """Whether a decoder layer's submodule `component` runs before its attention's scores, by its name (where the
+    layer cannot be traced: `used_before_attention`): the attention itself and the norm in front of it."""
     if component.startswith("post_"):
         return False
     return "attn" in component or "attention" in component or component in ("input_layernorm", "input_norm", "ln_1")
 
 
-def wanted_names(state_names: list[str], n_layers: int) -> list[str]:
+def used_before_attention(base: nn.Module, spec, n_layers: int) -> set[str] | None:
+    """The state names of layer n_layers' tensors that its forward uses up to its attention call, traced on a
+    two-token input through `base` before its weights are read (their values do not matter), or None where the
+    layer cannot be run so (judged by name then)."""
+    model = TransformersLM(base, spec, n_layers, [], None)
+    layer = model.layer(n_layers)
+    prefix = f"layers.{n_layers - 1}"
+    names = {module: f"{prefix}.{name}".rstrip(".") for name, module in layer.module.named_modules()}
+    entered: list[nn.Module] = []
+    hooks = [m.register_forward_pre_hook(lambda module, args: entered.append(module)) for m in names]
+    try:
+        with torch.no_grad():
+            run, _ = layer._start(torch.zeros(1, 2, spec.hidden_size), torch.arange(2))
+        if not run.dead:
+            run.throw()
+    except Exception:  # data-dependent code (an .item(), a routing decision) before the attention
+        return None
+    finally:
+        for hook in hooks:
+            hook.remove()
+    return {f"{names[m]}.{p}" for m in entered for p, _ in m.named_parameters(recurse=False)} | {
+        f"{names[m]}.{b}" for m in entered for b, _ in m.named_buffers(recurse=False)}
+
+
+def wanted_names(state_names: list[str], n_layers: int, top: set[str] | None = None) -> list[str]:
     """The tensors a model truncated at n_layers reads: everything outside the layers (the embeddings; the final
-    norm is dropped), every tensor of layers 1..n_layers-1, and of layer n_layers what runs before its attention."""
+    norm is dropped), every tensor of layers 1..n_layers-1, and of layer n_layers what runs before its attention
+    (`top`, as traced by `used_before_attention`; None: judged by name)."""
     out = []
     for name in state_names:
         match = _LAYER.match(name)
-        if match is None:
+        if match is None or int(match.group(1)) < n_layers - 1:
             out.append(name)
-        elif int(match.group(1)) < n_layers - 1 or _before_attention(match.group(2)):
+        elif name in top if top is not None else _before_attention(match.group(2)):
             out.append(name)
     return out
 
 
 def load_transformers_lm(checkpoint: Path, n_layers: int, dtype: torch.dtype, device: torch.device | str,
-                         read: Callable[..., dict[str, torch.Tensor]]) -> TransformersLM:
+                         read: Callable[..., dict[str, torch.Tensor]], latent_keys: bool = True) -> TransformersLM:
     """The checkpoint's family model truncated at `n_layers` (l_R), its tensors read by `read(checkpoint, names,
     device, dtype)` (only those `wanted_names` lists; every other parameter left on the meta device, so that any
-    use of one fails loudly). Raises ValueError naming the architecture and why where it cannot be loaded."""
+    use of one fails loudly). latent_keys: an MLA retrieval layer keeps one latent key per token (the query
+    absorbs the key up-projection) rather than per-head keys. Raises ValueError naming the architecture and why
+    where it cannot be loaded."""
     from transformers import AutoConfig, AutoModel
     from transformers.initialization import no_init_weights
 
@@ -77,34 +104,40 @@ def load_transformers_lm(checkpoint: Path, n_layers: int, dtype: torch.dtype, de
     try:
         with no_init_weights():
             base = AutoModel.from_config(truncated, attn_implementation=ATTENTION)
+        traced = used_before_attention(base, spec, n_layers)
     except Exception as exc:  # a family transformers cannot build from this config
         raise ValueError(f"model: architecture {spec.model_type!r} could not be built by transformers "
                          f"({type(exc).__name__}: {exc})") from exc
     if not hasattr(base, "layers"):
         raise ValueError(f"model: architecture {spec.model_type!r} has no decoder layers list (`layers`) to stream")
     try:
-        base = _read_by_name(base, checkpoint, n_layers, dtype, device, read)
+        base = _read_by_name(base, checkpoint, n_layers, dtype, device, read, traced)
     except KeyError:  # stored under other names (e.g. one tensor per expert): transformers' own conversion
-        base = _converted(checkpoint, truncated, dtype, device)
+        base = _converted(checkpoint, truncated, dtype, device, n_layers, traced)
     model = TransformersLM(base, spec, n_layers, [], None)
     model.find_token_inputs()
     model.rules = _rules(model, text)
     top = model.rules[-1]  # the retrieval layer's shapes are what its keys and queries have
     model.spec = replace(spec, num_heads=top.heads, num_kv_heads=top.kv_heads, head_dim=top.head_dim,
                          v_head_dim=top.v_dim if top.v_dim != top.head_dim else 0)
+    mla = model.layer(n_layers).mla
+    model.latent_keys = latent_keys and mla is not None
+    if model.latent_keys:  # one key head: the latent and the shared rotated key
+        width = mla.kv_a_layernorm.weight.shape[0] + top.head_dim - mla.qk_nope_head_dim
+        model.spec = replace(model.spec, num_kv_heads=1, head_dim=width, v_head_dim=0)
     model.inv_freq = _shared_rotation(model)
     return model
 
 
 def _read_by_name(base: nn.Module, checkpoint: Path, n_layers: int, dtype: torch.dtype, device,
-                  read: Callable[..., dict[str, torch.Tensor]]) -> nn.Module:
+                  read: Callable[..., dict[str, torch.Tensor]], top: set[str] | None) -> nn.Module:
     """`base` with the tensors `wanted_names` lists read by their names (KeyError where the files name them
     otherwise); every other parameter left on the meta device, so that any use of one fails loudly."""
     if isinstance(getattr(base, "norm", None), nn.Module):
         base.norm = nn.Identity()  # the final norm is never reached
     names = [n for n in base.state_dict() if not n.startswith("norm.")]
     keep_fp32 = tuple(getattr(base, "_keep_in_fp32_modules", None) or ())
-    tensors = read(checkpoint, wanted_names(names, n_layers), device, None)
+    tensors = read(checkpoint, wanted_names(names, n_layers, top), device, None)
     params = dict(base.named_parameters())
     stored = _stored_layers(checkpoint)
     for name, tensor in list(tensors.items()):
@@ -143,16 +176,40 @@ def _per_layer_part(tensor: torch.Tensor, expected: tuple[int, ...], n_layers: i
     return tensor
 
 
-def _converted(checkpoint: Path, truncated, dtype: torch.dtype, device) -> nn.Module:
+def _converted(checkpoint: Path, truncated, dtype: torch.dtype, device, n_layers: int, top: set[str] | None
+               ) -> nn.Module:
     """The truncated model loaded by transformers' `from_pretrained`, whose weight conversions (experts stored one
-    by one, fused or split projections) map the stored names to the model's; it loads the truncated model's
-    tensors only (the layers above are not in it)."""
+    by one, fused or split projections) map the stored names to the model's. Layers above are not in the model,
+    so their tensors are never read; those of layer n_layers that run after its attention (not in `top`) are
+    renamed out of its way (`key_mapping`), unread too, unless a tensor `top` names comes out missing."""
+    from safetensors import safe_open
     from transformers import AutoModel
 
-    base = AutoModel.from_pretrained(str(checkpoint), config=truncated, dtype=dtype, attn_implementation=ATTENTION)
+    layer = f"layers.{n_layers - 1}."
+    stored = [name for f in sorted(checkpoint.glob("*.safetensors"))
+              for name in safe_open(str(f), framework="pt").keys()]
+    after = [name for name in stored if layer in name and top is not None
+             and name[name.index(layer):] not in top and name.index(layer) in (0, name.find(".") + 1)]
+
+    def load(skipped: list[str]) -> tuple[nn.Module, dict]:
+        mapping = {"^(" + "|".join(re.escape(n) for n in skipped) + ")$": r"ilre_unread.\1"} if skipped else None
+        return AutoModel.from_pretrained(str(checkpoint), config=truncated, dtype=dtype, attn_implementation=ATTENTION,
+                                         key_mapping=mapping, output_loading_info=True)
+
+    base, info = load(after)
+    if after and set(info.get("missing_keys", ())) & top:
+        base, info = load([])
     if isinstance(getattr(base, "norm", None), nn.Module):
         base.norm = nn.Identity()
-    return base.to(device).eval().requires_grad_(False)
+    base = base.to(device).eval().requires_grad_(False)
+    for name in set(info.get("missing_keys", ())) - (top or set()):  # never run: left on meta, any use fails loudly
+        if name.startswith(layer):
+            module, _, attr = name.rpartition(".")
+            param = base.get_submodule(module)._parameters.get(attr)
+            if param is not None:
+                base.get_submodule(module)._parameters[attr] = nn.Parameter(torch.empty_like(param, device="meta"),
+                                                                            requires_grad=False)
+    return base
 
 
 def _rules(model: TransformersLM, config) -> list[LayerRule]:
