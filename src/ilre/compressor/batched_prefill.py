@@ -67,6 +67,7 @@ def batched_prefill(
             kept_keys[l], kept_queries[l] = k, qq
         if l == layers[-1]:  # the deepest layer asked for, below l_R: nothing above it is needed
             streams = (h_c, h_q) if keep_streams else None
+            layer.drop(h_c), layer.drop(h_q)
             break
         out_c, out_q = torch.zeros_like(q), torch.zeros_like(qq)
         for b, (n, m) in enumerate(spans):  # attention per request, exactly as streaming_prefill runs it

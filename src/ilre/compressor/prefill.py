@@ -253,6 +253,7 @@ def _context_chunk(model: TruncatedLM, state: ContextState, ids: torch.Tensor, s
         if l in state.keys and not (first > 1 and l == first):  # a resumed pass keeps its first layer's keys
             state.keys[l][:, start:end] = k
         if l == top:
+            layer.drop(h)
             return
         cache = state.caches[l - 1]
         out = cache.attend(q, k, v, sink_shift, model.inv_freq)
@@ -279,6 +280,7 @@ def _query_chunk(model: TruncatedLM, state: ContextState, ids: torch.Tensor, par
         if l in state.keys:
             queries[l] = q
         if l == top:
+            layer.drop(h)
             break
         h = layer.finish(h, state.caches[l - 1].attend(q, k, v, sink_shift, model.inv_freq))
     return queries, {}, h

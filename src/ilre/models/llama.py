@@ -195,6 +195,9 @@ class DecoderLayer(nn.Module):
         with cos, sin: (..., T, d)."""
         return self.self_attn.qkv(self.input_layernorm(h), cos, sin)
 
+    def drop(self, h: torch.Tensor) -> None:
+        """A `qkv` of h whose `finish` will not come (nothing is held between the two here)."""
+
     def keys(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
         """h: (T, D) -> (kv_heads, T, d) rotated keys only."""
         return self.self_attn.keys(self.input_layernorm(h), cos, sin)

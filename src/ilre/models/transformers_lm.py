@@ -139,6 +139,13 @@ class TransformersLayer:
         q, k, v = _scaled(call), call.key, call.value
         return (q, k, v) if h.dim() == 3 else (q[0], k[0], v[0])
 
+    def drop(self, h: torch.Tensor) -> None:
+        """A `qkv` of h whose `finish` will not come: its suspended layer call is ended (else it holds the chunk's
+        tensors until the model goes)."""
+        run = self._pending.pop(_key(h), None)
+        if run is not None and not run.dead:
+            run.throw(GreenletExit)
+
     def finish(self, h: torch.Tensor, attn_out) -> torch.Tensor:
         """h: (..., T, D) as given to `qkv`; attn_out: (..., H, T, dv) the attention's output (for a layer without
         attention, the cache to run it with) -> the layer's output (..., T, D)."""
