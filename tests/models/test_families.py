@@ -75,10 +75,14 @@ def _logits(queries: torch.Tensor, keys: torch.Tensor) -> torch.Tensor:
 
 
 def _assert_same(model, keys, queries, want_k, want_q, tol: float) -> None:
-    """Our keys and queries at l_R are transformers' (an MLA layer scored from its latent: the logits are)."""
+    """Our keys and queries at l_R are transformers' (their dims in the order of the layer's rotation; an MLA layer
+    scored from its latent: the logits are)."""
     want_k, want_q = want_k[:, :CONTEXT], want_q[:, CONTEXT:]
     torch.testing.assert_close(_logits(queries, keys), _logits(want_q, want_k), rtol=tol, atol=tol)
     if not getattr(model, "latent_keys", False):
+        perm = model.rules[L_R - 1].perm if hasattr(model, "rules") else None  # the order DCA's moves take them in
+        if perm is not None:
+            want_k, want_q = want_k[..., perm], want_q[..., perm]
         torch.testing.assert_close(keys, want_k, rtol=tol, atol=tol)
         torch.testing.assert_close(queries, want_q, rtol=tol, atol=tol)
 
@@ -197,6 +201,37 @@ def test_the_fast_path_is_chosen_where_it_applies_and_agrees_with_the_family_pat
     assert isinstance(load_truncated(family_checkpoint("gemma3_text"), L_R), TransformersLM)
     torch.testing.assert_close(keys, keys_t, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(queries, queries_t, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("family", [f for f in FAMILIES if f != "gemma4_text"])
+def test_dca_moves_each_global_layers_keys_as_its_own_rope_turns_them(family):
+    """DCA's move of keys rotated to p (kernels/rope.rerotate with the layer's frequencies, its dims in the order
+    models/rotations.py found) gives the keys the family's own layer computes at p + s: full, partial (glm4_moe,
+    minimax_m2, qwen3_next), interleaved or latent-and-rope (deepseek_v3) and no-RoPE layers (llama4's l_R)."""
+    from ilre.kernels.rope import rerotate
+
+    model = load_truncated(family_checkpoint(family), L_R, path="transformers")
+    assert model.inv_freq is not None  # --dca on is accepted
+    h = torch.randn(5, model.residual_width, generator=torch.Generator().manual_seed(3))
+    at = torch.arange(10, 15)
+    for index, rule in enumerate(model.rules, start=1):
+        if rule.kind != FULL:
+            continue
+        layer = model.layer(index)
+        for shift in (8, 5000):
+            moved = rerotate(layer.keys(h, at, at), rule.inv_freq, shift)
+            torch.testing.assert_close(moved, layer.keys(h, at + shift, at + shift), rtol=2e-4, atol=2e-4)
+
+
+def test_dca_past_the_window_agrees_between_the_fast_and_the_family_path():
+    config = PrefillConfig(sink=2, window=6, chunk=8, dca=True)
+    _, keys, queries, _ = _ours("llama", config)
+    _, keys_t, queries_t, _ = _ours("llama", config, path="transformers")
+    assert keys.spans == keys_t.spans  # the query's moves past each span of chunks (kernels/rope.MovedKeys)
+    torch.testing.assert_close(keys.keys, keys_t.keys, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(queries, queries_t, rtol=1e-5, atol=1e-5)
+    _, plain, _, _ = _ours("llama", PrefillConfig(sink=2, window=6, chunk=8))
+    assert not torch.allclose(plain, keys.keys, atol=1e-3)  # the sink moves below l_R changed what l_R sees
 
 
 def test_a_retrieval_layer_without_global_attention_is_refused():

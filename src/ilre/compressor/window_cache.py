@@ -46,6 +46,7 @@ class WindowCache:
         rule = model.attention_rule(layer) if layer is not None and hasattr(model, "attention_rule") else None
         self.layer = layer
         self.rule = None if rule is None or (rule.plain and rule.v_dim == rule.head_dim) else rule
+        self.inv_freq = getattr(rule, "inv_freq", None)  # the layer's own RoPE frequencies (DCA's move of the sink)
         if self.rule is not None and self.rule.kind in (SLIDING, CHUNKED):
             config = replace(config, sink=0, window=max(1, self.rule.window - 1))
         self.growing = config.window is None
@@ -97,7 +98,7 @@ class WindowCache:
         copy.sink, copy.window, copy.n_sink, copy.n_window = self.sink, self.window, self.n_sink, self.n_window
         copy.growing, copy.chunk = self.growing, self.chunk
         copy.ring_at, copy.sink_shift, copy.frozen = self.ring_at, self.sink_shift, True
-        copy.rule, copy.seen, copy.layer = self.rule, self.seen, self.layer
+        copy.rule, copy.seen, copy.layer, copy.inv_freq = self.rule, self.seen, self.layer, self.inv_freq
         copy.k, copy.v, copy.sink_raw = live_k.clone(), live_v.clone(), self.sink_raw.clone()
         return copy
 
@@ -127,6 +128,7 @@ class WindowCache:
         ruled = layer is not None and hasattr(model, "attention_rule")
         shell = cls(config, 0, model, layer=layer) if ruled else None  # the layer's rule and window
         cache.rule, cache.layer = (shell.rule if shell is not None else None), layer
+        cache.inv_freq = shell.inv_freq if shell is not None else None
         if cache.rule is not None:
             config = replace(config, sink=shell.sink, window=shell.window)
         cache.sink, cache.growing, cache.chunk = config.sink, config.window is None, config.chunk
@@ -148,7 +150,8 @@ class WindowCache:
         """q: (H, C, d), k/v: (KV, C, d) of a chunk -> (H, C, d): attention over sink, window and
         the chunk itself (causally)."""
         if self.sink_raw is not None and sink_shift != self.sink_shift:
-            self.k[:, : self.n_sink] = rerotate(self.sink_raw, inv_freq, sink_shift)
+            self.k[:, : self.n_sink] = rerotate(self.sink_raw, inv_freq if self.inv_freq is None else self.inv_freq,
+                                                sink_shift)
             self.sink_shift = sink_shift
         if self.rule is not None:
             return self._masked(q, k, v)

@@ -62,7 +62,8 @@ class TokenInput:
 class LayerRule:
     """How one layer attends: kind (spec FULL, SLIDING, CHUNKED or LINEAR); window: a sliding layer's window (a
     token sees the `window` latest positions, itself included) or a chunked layer's chunk; sinks: (H,) float32 sink
-    logits; heads: its query heads; kv_heads, head_dim, v_dim: its cache's shapes."""
+    logits; heads: its query heads; kv_heads, head_dim, v_dim: its cache's shapes; perm, inv_freq: its keys' turn
+    with position as models/rotations.py's Rotation."""
 
     kind: str
     window: int | None = None
@@ -71,6 +72,8 @@ class LayerRule:
     kv_heads: int = 0
     head_dim: int = 0
     v_dim: int = 0
+    perm: torch.Tensor | None = None  # the order of a head's dims its queries and keys are handed in (rotations.py)
+    inv_freq: torch.Tensor | None = None  # its RoPE's frequencies in that order (DCA's moves), None: not moved
 
     @property
     def plain(self) -> bool:
@@ -136,8 +139,14 @@ class TransformersLayer:
         if not isinstance(call, AttentionCall):
             raise RuntimeError(f"layer {self.index}: no attention call in a {self.kind} layer")
         self._pending[_key(h)] = run
-        q, k, v = _scaled(call), call.key, call.value
+        q, k, v = self._permuted(_scaled(call)), self._permuted(call.key), call.value
         return (q, k, v) if h.dim() == 3 else (q[0], k[0], v[0])
+
+    def _permuted(self, x: torch.Tensor) -> torch.Tensor:
+        """Queries or keys (..., d) in the order of the layer's rotation (as they are where it has none)."""
+        rules = self.owner.rules
+        perm = rules[self.index - 1].perm if len(rules) >= self.index else None
+        return x if perm is None else x.index_select(-1, perm.to(x.device))
 
     def drop(self, h: torch.Tensor) -> None:
         """A `qkv` of h whose `finish` will not come: its suspended layer call is ended (else it holds the chunk's
@@ -183,6 +192,7 @@ class TransformersLayer:
             run.throw(GreenletExit)  # the rest of the layer is not needed
         got = _latent_parts(self.mla, call, captured[-1]) if latent else {"queries": _scaled(call), "keys": call.key,
                                                                           "values": call.value}
+        got["queries"], got["keys"] = self._permuted(got["queries"]), self._permuted(got["keys"])
         return {name: got[name][0] if h.dim() == 2 else got[name] for name in wanted}
 
     def queries(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -294,8 +304,10 @@ class TransformersLM(nn.Module):
     def plain(self) -> bool:
         """Whether every layer below l_R is full attention without sinks, with the spec's shapes: the cascade's
         candidate pass and the batched prefill then apply."""
-        spec = self.spec
-        return all(r.plain and (r.kv_heads, r.head_dim, r.v_dim) == (spec.num_kv_heads, spec.head_dim, spec.value_dim)
+        spec, moved = self.spec, self.inv_freq
+        same_turn = lambda r: r.inv_freq is None or moved is None or torch.equal(r.inv_freq, moved)  # noqa: E731
+        return all(r.plain and same_turn(r)
+                   and (r.kv_heads, r.head_dim, r.v_dim) == (spec.num_kv_heads, spec.head_dim, spec.value_dim)
                    for r in self.rules[: self.n_layers - 1])
 
     def layer(self, index: int) -> TransformersLayer:

@@ -14,6 +14,7 @@ from torch import nn
 
 from .spec import CHUNKED, FULL, LINEAR, SLIDING
 from .transformers_lm import ATTENTION, AttentionCall, LayerRule, TransformersLM, register_attention
+from .rotations import find_rotation, rotary_frequencies
 from .transformers_spec import transformers_spec
 
 _LAYER = re.compile(r"^layers\.(\d+)\.([^.]+)")
@@ -125,7 +126,7 @@ def load_transformers_lm(checkpoint: Path, n_layers: int, dtype: torch.dtype, de
     if model.latent_keys:  # one key head: the latent and the shared rotated key
         width = mla.kv_a_layernorm.weight.shape[0] + top.head_dim - mla.qk_nope_head_dim
         model.spec = replace(model.spec, num_kv_heads=1, head_dim=width, v_head_dim=0)
-    model.inv_freq = _shared_rotation(model)
+    model.inv_freq = _rotations(model)
     return model
 
 
@@ -196,9 +197,16 @@ def _converted(checkpoint: Path, truncated, dtype: torch.dtype, device, n_layers
         return AutoModel.from_pretrained(str(checkpoint), config=truncated, dtype=dtype, attn_implementation=ATTENTION,
                                          key_mapping=mapping, output_loading_info=True)
 
-    base, info = load(after)
-    if after and set(info.get("missing_keys", ())) & top:
-        base, info = load([])
+    from transformers.utils import logging as hf_logging
+
+    verbosity = hf_logging.get_verbosity()
+    hf_logging.set_verbosity_error()  # its load report lists the tensors left out on purpose
+    try:
+        base, info = load(after)
+        if after and set(info.get("missing_keys", ())) & top:
+            base, info = load([])
+    finally:
+        hf_logging.set_verbosity(verbosity)
     if isinstance(getattr(base, "norm", None), nn.Module):
         base.norm = nn.Identity()
     base = base.to(device).eval().requires_grad_(False)
@@ -238,26 +246,22 @@ def _rules(model: TransformersLM, config) -> list[LayerRule]:
     return rules
 
 
-def _shared_rotation(model: TransformersLM) -> torch.Tensor | None:
-    """The rotate-half RoPE frequencies (d/2,) that every full-attention layer's keys turn by, checked on its keys
-    at two positions (a key at p + s is the key at p turned by s); None where any differs (partial or interleaved
-    RoPE, per-layer frequencies, no RoPE): DCA's moves need it."""
-    from ..kernels.rope import rerotate
-
-    rotary = getattr(model.base, "rotary_emb", None)
-    inv_freq = getattr(rotary, "inv_freq", None)
-    if not isinstance(inv_freq, torch.Tensor) or 2 * inv_freq.numel() != model.spec.head_dim:
-        return None
-    inv_freq = inv_freq.float()
+def _rotations(model: TransformersLM) -> torch.Tensor | None:
+    """Each global layer's Rotation (models/rotations.py) set on its rule, checked on its keys at two positions;
+    returns l_R's frequencies (DCA's moves of keys and queries there) where every global layer up to l_R has
+    one, else None (the rules left as they were: DCA off)."""
+    frequencies = rotary_frequencies(model.base)
     generator = torch.Generator().manual_seed(0)
     h = torch.randn(4, model.residual_width, generator=generator).to(model.device, model.dtype)
-    at, shift = torch.arange(3, 7, device=model.device), 1000
-    tolerance = 1e-4 if model.dtype == torch.float32 else 2e-2
+    found = {}
     for index, rule in enumerate(model.rules, start=1):
-        if rule.kind != FULL or rule.head_dim != model.spec.head_dim:
+        if rule.kind != FULL:
             continue
         layer = model.layer(index)
-        near, far = layer.keys(h, at, at).float(), layer.keys(h, at + shift, at + shift).float()
-        if (rerotate(near, inv_freq, shift) - far).norm() > tolerance * far.norm():
+        found[index] = find_rotation(lambda at: layer.keys(h, at.to(model.device), at.to(model.device)),
+                                     frequencies, model.dtype)
+        if found[index] is None:
             return None
-    return inv_freq
+    for index, rotation in found.items():
+        model.rules[index - 1] = replace(model.rules[index - 1], perm=rotation.perm, inv_freq=rotation.inv_freq)
+    return found[model.n_layers].inv_freq

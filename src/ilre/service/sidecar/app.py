@@ -56,6 +56,8 @@ log = logging.getLogger(__name__)
 failures = logging.getLogger("ilre.sidecar")
 
 OPEN_PATHS = ("/health", "/ilre/healthz", "/ilre/readyz", "/ilre/metrics")  # probes need no API key
+TOKENIZER_MATCHES = "the engine's tokenizer gives the compressor's token IDs for a probe text"
+TOKENIZER_DIFFERS = "the engine's tokenizer differs from the compressor's (a probe text gives other token IDs)"
 PROBE_TIMEOUT_S = 10.0  # the longest the tokenizer probe of the engine may take (less when the deadline is nearer)
 
 
@@ -69,6 +71,7 @@ class Sidecar:
         self.health = UpstreamHealth(self.upstream, config.engine_health_interval_s, config.engine_health_timeout_s)
         self.metrics = frontend.metrics
         self._forward: str | None = None if config.forward == "auto" else config.forward
+        self.forward_reason = None if self._forward is None else f"forward = {self._forward} (the setting)"
         self._budget: int | None = None  # the engine's default budget, once known
         self.frozen = FrozenTexts(config.history_mb << 20)  # history mode frozen: what each message was sent as
         self._health_task: asyncio.Task | None = None
@@ -87,7 +90,7 @@ class Sidecar:
     async def readyz(self, request: Request) -> Response:
         """Ready = the compressor's model is loaded and the engine passed its latest health check."""
         model = await self.frontend.ready()
-        engine = self.health.report()
+        engine = {**self.health.report(), "forward": self._forward, "forward_reason": self.forward_reason}
         ready = model and self.health.healthy
         return JSONResponse({"ready": ready, "model_loaded": model, "queue": self.frontend.queue.kind, "engine": engine},
                             status_code=200 if ready else 503)
@@ -104,6 +107,7 @@ class Sidecar:
             except UpstreamError:
                 return "ids"  # unreachable or slow: the request fails at the engine anyway; decide next time
             self._forward = "ids" if theirs == list(ours) else "text"
+            self.forward_reason = (TOKENIZER_MATCHES if self._forward == "ids" else TOKENIZER_DIFFERS)
             log.info("engine %s: tokenizer %s ours: forwarding %s", self.config.engine_url,
                      "matches" if self._forward == "ids" else "differs from", self._forward)
         return self._forward
@@ -191,7 +195,7 @@ class Sidecar:
         else:
             path, out = fmt.with_text(body, self.splitter.decode(result.token_ids))
         return Forwarded(path, json.dumps(out, ensure_ascii=False).encode(), "compressed", split.total, len(ids),
-                         ms(start))
+                         ms(start), reason=None if mode == "ids" else f"forwarded as text: {self.forward_reason}")
 
     async def _plan_conversation(self, fmt: RouteFormat, body: dict[str, Any], untouched: bytes,
                                  options: CompressionOptions, deadline: float, caller: KeyPolicy, rid: str) -> Forwarded:
