@@ -83,6 +83,8 @@ bench: setup engine litellm ## latency and peak memory; per dtype up to 1M token
 	$(PY) bench/layer_passes_bench.py   # a layer's elementwise passes in C against PyTorch's operators: per pass, then requests alternating
 	$(PY) bench/packed_weights_bench.py   # bfloat16 weights packed once for oneDNN against packed by every product: per product, then requests alternating
 	$(PY) bench/allocation_bench.py   # Algorithm 1 with a short context's pooled rows ranked together against each alone
+	$(PY) bench/decoder_paths_bench.py   # SmolLM2 through its family's transformers layers against the hand-tuned decoder at 32K
+	$(PY) bench/mla_latent_bench.py   # an MLA retrieval layer's latent key cache against per-head keys, DeepSeek V3's shapes
 	$(PY) bench/attention_kernels.py
 	$(PY) bench/native_attention_bench.py   # the C chunk-attention kernel against PyTorch's, per shape and dtype
 	$(PY) bench/query_scores_bench.py   # a deepened document's scores with DCA: the query moved, not the keys

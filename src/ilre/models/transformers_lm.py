@@ -190,9 +190,9 @@ class TransformersLayer:
                 hook.remove()
         if not run.dead:
             run.throw(GreenletExit)  # the rest of the layer is not needed
-        got = _latent_parts(self.mla, call, captured[-1]) if latent else {"queries": _scaled(call), "keys": call.key,
-                                                                          "values": call.value}
-        got["queries"], got["keys"] = self._permuted(got["queries"]), self._permuted(got["keys"])
+        got = (_latent_parts(self.mla, call, captured[-1], wanted) if latent else
+               {"queries": _scaled(call), "keys": call.key, "values": call.value})
+        got.update({name: self._permuted(got[name]) for name in ("queries", "keys") if name in got})
         return {name: got[name][0] if h.dim() == 2 else got[name] for name in wanted}
 
     def queries(self, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
@@ -202,20 +202,23 @@ class TransformersLayer:
         return self.parts(h, cos, sin, ("keys",))["keys"]
 
 
-def _latent_parts(mla: nn.Module, call: AttentionCall, latent: torch.Tensor) -> dict[str, torch.Tensor]:
-    """Multi-head latent attention's queries and keys with the key up-projection absorbed into the query, so
-    that the key cache is one latent per token: keys (B, 1, T, r + dr) = [c, k_rope] from the latent c (B, T, r)
-    and the shared rotated key; queries (B, H, T, r + dr) = [W_UK^T q_nope, q_rope], scaled so that the default
-    softmax scale of their width gives the family's q.k scaling (q.k = q_nope.(W_UK c) + q_rope.k_rope, exact)."""
+def _latent_parts(mla: nn.Module, call: AttentionCall, latent: torch.Tensor, wanted: tuple[str, ...]
+                  ) -> dict[str, torch.Tensor]:
+    """Multi-head latent attention's `wanted` of queries and keys with the key up-projection absorbed into the
+    query, so that the key cache is one latent per token: keys (B, 1, T, r + dr) = [c, k_rope] from the latent c
+    (B, T, r) and the shared rotated key; queries (B, H, T, r + dr) = [W_UK^T q_nope, q_rope], scaled so that the
+    default softmax scale of their width gives the family's q.k scaling (q.k = q_nope.(W_UK c) + q_rope.k_rope)."""
     nope = mla.qk_nope_head_dim
-    heads, dk = call.query.shape[1], call.query.shape[-1]
-    up = mla.kv_b_proj.weight.view(heads, -1, latent.shape[-1])[:, :nope]  # (H, nope, r): W_UK per head
-    absorbed = torch.einsum("bhtn,hnr->bhtr", call.query[..., :nope], up.to(call.query.dtype))
-    width = latent.shape[-1] + dk - nope
-    scale = (call.scaling if call.scaling is not None else dk ** -0.5) * math.sqrt(width)
-    queries = torch.cat([absorbed, call.query[..., nope:]], dim=-1) * scale
-    keys = torch.cat([latent.unsqueeze(1).to(call.key.dtype), call.key[:, :1, :, nope:]], dim=-1)
-    return {"queries": queries, "keys": keys}
+    got = {}
+    if "keys" in wanted:
+        got["keys"] = torch.cat([latent.unsqueeze(1).to(call.key.dtype), call.key[:, :1, :, nope:]], dim=-1)
+    if "queries" in wanted:
+        heads, dk = call.query.shape[1], call.query.shape[-1]
+        up = mla.kv_b_proj.weight.view(heads, -1, latent.shape[-1])[:, :nope]  # (H, nope, r): W_UK per head
+        absorbed = torch.einsum("bhtn,hnr->bhtr", call.query[..., :nope], up.to(call.query.dtype))
+        scale = (call.scaling if call.scaling is not None else dk ** -0.5) * math.sqrt(latent.shape[-1] + dk - nope)
+        got["queries"] = torch.cat([absorbed, call.query[..., nope:]], dim=-1) * scale
+    return got
 
 
 def _scaled(call: AttentionCall) -> torch.Tensor:
