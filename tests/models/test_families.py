@@ -263,3 +263,18 @@ def test_a_layer_reusing_another_layers_keys_is_refused_as_l_r(tmp_path):
 
 def test_vocab_is_the_checkpoints():
     assert load_truncated(family_checkpoint("phi3"), L_R).spec.vocab_size == VOCAB
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_a_compressed_reply_gives_the_checkpoints_own_token_ids(family):
+    """In process, as the service runs it: the kept indices' token IDs are the checkpoint's tokenizer's."""
+    from ilre.engine.engine import Engine, EngineConfig
+    from ilre.engine.messages import CompressRequest
+    from tests.family_models import byte_tokenizer
+
+    engine = Engine(EngineConfig(model=str(family_checkpoint(family)), layer=L_R, doc_cache_mb=0))
+    context = " ".join(f"Line {i}: the value of key{i} is {i * 7}." for i in range(12))
+    ids, query = byte_tokenizer()(context).input_ids, byte_tokenizer()("What is key5?").input_ids
+    result = engine.compress(CompressRequest(context=context, query="What is key5?", budget=48))
+    assert len(result.kept_indices) == 48
+    assert list(result.token_ids) == [ids[i] for i in result.kept_indices] + query

@@ -21,6 +21,7 @@ from ..compressor.strategies import STRATEGIES, Strategy
 from ..compressor.units import UNITS_VERSION, Units, document_units
 from ..models.device import resolve_placement
 from ..kernels.cache_dir import cache_root
+from ..models.gguf_tensors import linked_gguf
 from ..models.int8 import ENCODING_NAME as INT8_ENCODING_NAME
 from ..models.int8 import Calibration, calibration_sequences
 from ..models.int8 import quantize as quantize_int8
@@ -116,7 +117,7 @@ class Engine:
 
     def _int8_calibration(self) -> Calibration:
         """GPTQ's calibration for `--dtype int8` (models/int8.py), its rounding kept under the cache folder."""
-        weights = sorted(self.checkpoint.path.glob("*.safetensors"))
+        weights = sorted(self.checkpoint.path.glob("*.safetensors")) or [linked_gguf(self.checkpoint.path)]
         stamp = hashlib.sha256(repr([(w.name, w.stat().st_size, w.stat().st_mtime_ns) for w in weights]).encode())
         return Calibration(calibration_sequences(lambda text: self.tokenizer(text).input_ids), cache_root() / "int8",
                            f"{self.checkpoint.name}-{stamp.hexdigest()[:8]}")

@@ -1,7 +1,7 @@
 """Resolve a model reference to a checkpoint folder and build a truncated model from it.
 
-A reference is a local folder (config.json + safetensors), a `.gguf` file (converted once into the
-cache), a Hugging Face id (downloaded when the hub is reachable), or empty/"embedded" for the
+A reference is a local folder (config.json + safetensors), a `.gguf` file (its metadata made into a folder in the
+cache once, its tensors read from it by name), a Hugging Face id (downloaded when the hub is reachable), or empty/"embedded" for the
 embedded default. Only the embeddings and layers 1..l_R are read from the safetensors files.
 """
 
@@ -14,7 +14,8 @@ from pathlib import Path
 import torch
 
 from ..kernels.cache_dir import cache_root
-from .embedded import EMBEDDED_NAME, convert_gguf, embedded_checkpoint
+from .embedded import EMBEDDED_NAME, embedded_checkpoint
+from .gguf_tensors import gguf_checkpoint, linked_gguf, read_gguf_tensors
 from .llama import TruncatedLM
 from .packed_linear import pack_linears
 from .spec import ModelSpec, fast_path_applies, fast_spec, load_hf_config, rope_inv_freq
@@ -42,7 +43,7 @@ def resolve_checkpoint(reference: str | None) -> Checkpoint:
     if path.suffix == ".gguf":
         if not path.is_file():
             raise FileNotFoundError(f"model: GGUF file {ref} not found")
-        return Checkpoint(path.stem, convert_gguf(path, cache_root() / "models" / path.stem))
+        return Checkpoint(path.stem, gguf_checkpoint(path, cache_root() / "models" / f"{path.stem}-gguf"))
     if path.is_dir():
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"model: {ref} has no config.json")
@@ -85,9 +86,12 @@ def read_tensors(
     checkpoint: Path, wanted: list[str], device: torch.device | str = "cpu", dtype: torch.dtype | None = None
 ) -> dict[str, torch.Tensor]:
     """Read only the named tensors (names without the `model.` prefix) from the checkpoint, each
-    straight onto `device` and converted to `dtype` (None = as stored) as it is read."""
+    straight onto `device` and converted to `dtype` (None = as stored) as it is read (from a GGUF file where the
+    folder links one: models/gguf_tensors.py)."""
     from safetensors import safe_open
 
+    if linked_gguf(checkpoint) is not None:
+        return read_gguf_tensors(checkpoint, wanted, device, dtype)
     files = _tensor_files(checkpoint)
     prefix = "model." if any(n.startswith("model.") for n in files) else ""
     by_file: dict[Path, list[str]] = {}
