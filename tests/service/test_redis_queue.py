@@ -263,3 +263,52 @@ def test_worker_runs_in_the_dtype_it_is_given(redis_server):
         assert comparable(result) == comparable(float32.compress(CompressRequest(context=context(2), query=QUERY, budget=40)))
     finally:
         worker.stop()
+
+
+def test_finish_tells_its_own_earlier_delivery_from_another_workers(redis_server):
+    """FINISH against a real redis-server: a delivery's retry after its reply was lost is told apart (2) from a
+    late delivery of another worker (0); the result is pushed once."""
+    from ilre.service.queue.scripts import FINISH
+
+    r = redis_server.client()
+    stream, group, rid = "fx:requests", "fx:workers", "rid-1"
+    r.xgroup_create(stream, group, id="0", mkstream=True)
+    entry = r.xadd(stream, {"rid": rid})
+    r.xreadgroup(group, "w1", {stream: ">"}, count=1)
+    finish = r.register_script(FINISH)
+    keys = [stream, f"fx:result:{rid}", "fx:unfinished:k", f"fx:done:{rid}"]
+    args = lambda worker, token: [group, entry, worker, '{"ok": 1}', 30, rid, token]  # noqa: E731
+    assert finish(keys=keys, args=args("w1", "w1:a")) == 1
+    assert finish(keys=keys, args=args("w1", "w1:a")) == 2  # the same delivery asking again: its own
+    assert finish(keys=keys, args=args("w2", "w2:b")) == 0  # another worker's late result: dropped
+    assert r.llen(f"fx:result:{rid}") == 1 and r.xlen(stream) == 0
+
+
+def test_a_worker_whose_read_reply_is_lost_takes_its_entry_back_at_once(redis_server, engine):
+    """Redis hands the worker an entry and the reply never arrives (the connection drops after XREADGROUP ran):
+    the worker reads its own pending entries right after, so the caller is answered well within claim_idle, by
+    this worker, with no reclaim."""
+    from redis.exceptions import ConnectionError as RedisConnectionError
+
+    query = dict(context=context(3, 2), query=QUERY, budget=24)
+    config = redis_config(redis_server, "lost", claim_idle_ms=120000.0)
+    with ServiceThread(config) as svc, WorkerThread(engine, config, name="unlucky") as thread:
+        client, lost = thread.worker.client, []
+        read = client.xreadgroup
+
+        async def loses_first_reply(*args, **kwargs):
+            reply = await read(*args, **kwargs)
+            if reply and not lost and ">" in args[2].values():
+                lost.append(reply)
+                raise RedisConnectionError("the reply was lost on the way")
+            return reply
+
+        client.xreadgroup = loses_first_reply
+        start = time.monotonic()
+        with Client(f"127.0.0.1:{svc.grpc_port}", timeout=60) as c:
+            result = c.compress(query["context"], query["query"], budget=query["budget"])
+        took = time.monotonic() - start
+        assert lost and comparable(result) == expected(engine, **query)
+        assert took < 30  # claim_idle is 120 s: not a reclaim
+        assert thread.worker.metrics.own_pending_taken._value.get() == 1
+        assert thread.worker.metrics.reclaimed._value.get() == 0

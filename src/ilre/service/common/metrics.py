@@ -41,6 +41,9 @@ class Metrics:
                                      ["call"], registry=registry)
         self.reclaimed = Counter("ilre_reclaimed", "Queue entries this worker took over from a worker silent past "
                                  "claim_idle_ms", registry=registry)
+        self.own_pending_taken = Counter("ilre_own_pending_taken", "Queue entries this worker took back at once after "
+                                         "a failed Redis call (a read whose reply was lost), not waiting for a reclaim",
+                                         registry=registry)
         self.stale_dropped = Counter("ilre_stale_results_dropped", "Results this worker did not deliver because "
                                      "another worker had taken the entry over meanwhile", registry=registry)
         self.ready = Gauge("ilre_ready", "1 when requests can be served (model loaded / worker alive)",

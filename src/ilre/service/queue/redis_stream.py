@@ -10,7 +10,7 @@ Keys (prefix "ilre" by default):
   {p}:workers        the consumer group the workers read through
   {p}:result:{rid}   list holding the result envelope; the front end BLPOPs it within the deadline
   {p}:cancel:{rid}   set when the caller is gone or its deadline passed: workers drop the entry
-  {p}:done:{rid}     the worker that delivered rid's outcome (so a late one is dropped, not delivered twice)
+  {p}:done:{rid}     the delivery (worker:token) that delivered rid's outcome (a late one is dropped, not delivered twice)
   {p}:worker:{name}  a live worker's ModelInfo (JSON), with a TTL refreshed by its heartbeat
   {p}:dead-letter    entries whose workers died max_attempts times
   {p}:document-secret the secret document ids are keyed with (service/documents/secret.py)

@@ -34,16 +34,21 @@ return {1, n + 1, '0'}
 """
 
 # KEYS: stream, result, the key's unfinished set, done marker; ARGV: group, entry id, consumer, outcome ('' = none),
-# ttl (s), rid -> 1 delivered, 0 dropped: answered already, or pending under another consumer
+# ttl (s), rid, this delivery's token -> 1 delivered, 2 delivered already by this very call (its earlier try's reply
+# was lost: the marker holds its token), 0 dropped: answered by another delivery, or pending under another consumer
 FINISH = """
-if redis.call('EXISTS', KEYS[4]) == 1 then return 0 end
+local marker = redis.call('GET', KEYS[4])
+if marker then
+  if marker == ARGV[7] then return 2 end
+  return 0
+end
 local p = redis.call('XPENDING', KEYS[1], ARGV[1], ARGV[2], ARGV[2], 1)
 if #p > 0 and p[1][2] ~= ARGV[3] then return 0 end
 if ARGV[4] ~= '' then
   redis.call('LPUSH', KEYS[2], ARGV[4])
   redis.call('EXPIRE', KEYS[2], ARGV[5])
 end
-redis.call('SET', KEYS[4], ARGV[3], 'EX', ARGV[5])
+redis.call('SET', KEYS[4], ARGV[7], 'EX', ARGV[5])
 redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
 redis.call('XDEL', KEYS[1], ARGV[2])
 redis.call('ZREM', KEYS[3], ARGV[6])

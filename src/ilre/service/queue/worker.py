@@ -82,6 +82,7 @@ class Worker:
         self._claim_cursor = "0-0"
         self._next_claim = 0.0
         self._group_ready = False
+        self._own_pending = False  # a Redis call failed: entries handed to this worker may be unread
         self.info = engine.info()
 
     @property
@@ -114,7 +115,7 @@ class Worker:
                 except RedisError as exc:
                     if not down:
                         log.warning("worker %s: Redis unreachable (%s); retrying", self.name, type(exc).__name__)
-                    down = True
+                    down = self._own_pending = True  # a read's reply may be lost: its entries are this worker's
                     await _wait(stop, backoff)
                     backoff = min(backoff * 2, 2.0)
         finally:
@@ -132,6 +133,11 @@ class Worker:
                 self._shared.close()
 
     async def _next_batch(self) -> list[Entry]:
+        if self._own_pending:  # after a failed call: take back at once what Redis handed this worker unread
+            entries = await self._own_unread()
+            self._own_pending = False
+            if entries:
+                return entries
         now = time.monotonic()
         if now >= self._next_claim:
             self._next_claim = now + max(0.05, self.claim_idle_s / 2)
@@ -156,6 +162,21 @@ class Worker:
         reply = await self.client.xreadgroup(self.keys.group, self.name, {self.keys.stream: ">"},
                                              count=count, block=block_ms)
         return list(reply[0][1]) if reply else []
+
+    async def _own_unread(self) -> list[Entry]:
+        """The entries pending under this worker (XREADGROUP from id 0): handed to it by a read whose reply was lost;
+        those deleted meanwhile are acknowledged."""
+        reply = await self.client.xreadgroup(self.keys.group, self.name, {self.keys.stream: "0"},
+                                             count=self.config.max_batch)
+        entries = list(reply[0][1]) if reply else []
+        for entry_id, fields in entries:
+            if not fields:
+                await self.client.xack(self.keys.stream, self.keys.group, entry_id)
+        kept = [(entry_id, fields) for entry_id, fields in entries if fields]
+        if kept:
+            self.metrics.own_pending_taken.inc(len(kept))
+            log.warning("worker %s: took back %d entries whose delivery reply was lost", self.name, len(kept))
+        return kept
 
     async def _reclaim(self) -> list[Entry]:
         """Take over entries idle past claim_idle; dead-letter those delivered too often."""
@@ -274,7 +295,9 @@ class Worker:
         rid, deadline = fields.get("rid", ""), _float(fields.get("deadline"))
         ttl = max(1, math.ceil(deadline - time.time())) + RESULT_GRACE_S
         keys = [self.keys.stream, self.keys.result(rid), self.keys.unfinished(fields.get("key", "")), self.keys.done(rid)]
-        args = [self.keys.group, entry_id, self.name, "" if outcome is None else encode_outcome(outcome), ttl, rid]
+        token = f"{self.name}:{uuid.uuid4().hex}"  # this delivery's: its retries tell their own earlier success
+        args = [self.keys.group, entry_id, self.name, "" if outcome is None else encode_outcome(outcome), ttl, rid,
+                token]
         backoff = 0.05
         while True:
             try:
@@ -288,7 +311,9 @@ class Worker:
                     return
                 await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 1.0)
-        if not delivered:
+        if delivered == 2:
+            log.info("worker %s: %s was delivered by an earlier try whose reply was lost", self.name, rid)
+        elif not delivered:
             self.metrics.stale_dropped.inc()
             log.warning("worker %s: dropped its result for %s: another worker took the entry over meanwhile",
                         self.name, rid)
