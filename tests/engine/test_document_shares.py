@@ -64,6 +64,33 @@ def test_a_flooding_key_evicts_its_own_documents_never_a_quiet_keys_within_its_s
     assert cache.stats.bytes <= cache.max_bytes
 
 
+def test_a_quiet_keys_spare_encoding_within_its_share_outlives_another_keys_pressure():
+    """A conversation's end keeps its whole encoding beside its keys (the spare part, the cheapest to recompute): a
+    key within its share keeps it however much another key floods; the flood pays with its own spare parts and
+    documents, and the stats name whose pressure evicted what (none of the quiet key's)."""
+    from ilre.engine.documents import KEYS_ONLY
+
+    cache = DocumentCache(max_bytes=12 * per_document(), share=0.4)
+    slot, ids = doc(QUIET, 0)
+    cache.remember(slot, ids, QUIET)
+    whole = state_of(0)
+    cache.store_state(slot, "k", whole)
+    cache.store_state(slot, "k" + KEYS_ONLY, whole.keys_only())
+    for n in range(60):  # the flood's conversation ends, each with its spare part
+        flood_slot, flood_ids = doc(FLOOD, n)
+        cache.remember(flood_slot, flood_ids, FLOOD)
+        cache.store_state(flood_slot, "k", state_of(n))
+        cache.store_state(flood_slot, "k" + KEYS_ONLY, state_of(n).keys_only())
+    assert cache.holds(slot, "k") and cache.holds(slot, "k" + KEYS_ONLY)
+    assert cache.stats.evicted["own"] > 60 and cache.stats.evicted["pressure"] == 0
+    assert not any(of == QUIET for _, of in cache.stats.pressure)
+    quiet_again = doc(QUIET, 1)  # the quiet key's next document: over the cap, the flood over its share makes room
+    cache.remember(quiet_again[0], quiet_again[1], QUIET)
+    cache.state(quiet_again[0], "k", lambda: state_of(1), None)
+    assert cache.holds(slot, "k") and cache.holds(quiet_again[0], "k")
+    assert cache.stats.pressure[(QUIET, FLOOD)] > 0 and cache.stats.bytes <= cache.max_bytes
+
+
 def test_a_key_over_its_share_gives_room_to_a_key_within_its_own():
     cache = DocumentCache(max_bytes=10 * per_document(), share=0.25)
     flood = [store(cache, FLOOD, n) for n in range(10)]  # the whole cache: a key may use what nobody else holds

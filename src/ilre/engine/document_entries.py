@@ -45,6 +45,7 @@ class CacheStats:
     evictions: int = 0
     evicted: collections.Counter = field(default_factory=collections.Counter)  # by cause: own, pressure
     documents_evicted: collections.Counter = field(default_factory=collections.Counter)  # whole (IDs gone), by cause
+    pressure: collections.Counter = field(default_factory=collections.Counter)  # (by owner, of owner) -> entries
     bytes: int = 0
     documents: int = 0
 

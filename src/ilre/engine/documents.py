@@ -7,9 +7,10 @@ finds it only from the same scope. Two tiers, both optional to a request and inv
               ContextStates, one per prefill setting (layer, S/W/chunk, DCA; the dtype and device
               are the process's own), held where the model runs. Each state holds only what a later
               query reads (ContextState.freeze), and the byte count is what the tensors hold.
-              Eviction drops first what is cheapest to recompute: the whole encoding a conversation's
-              end keeps beside its keys (windows, resume point: encoded again from the IDs when asked),
-              least recently used first. Then it keeps documents that are asked again: the states of
+              Eviction goes by owners' turns (below); within each, it drops first what is cheapest to
+              recompute: the whole encoding a conversation's end keeps beside its keys (windows, resume
+              point: encoded again from the IDs when asked), least recently used first. Then it keeps
+              documents that are asked again: the states of
               documents named once (least recently used first), then those documents, then the states of documents
               named again, then those, so a burst of one-off documents cannot push out a small
               document that is asked every few seconds. Each document has an owner (the caller's
@@ -315,17 +316,18 @@ class DocumentCache:
         used = self._used
         total, share = sum(used.values()), self.share * self.max_bytes
         owner = self._docs[keep].owner if keep in self._docs else None
-        # first what is cheapest to recompute: a message's whole encoding beside its keys
-        for slot in (list(self._stateful) if total > self.max_bytes else ()):
-            if total <= self.max_bytes:
-                break
-            total -= self._drop_spare(slot, "own" if self._docs[slot].owner == owner else "pressure")
         turns = (lambda who: who == owner and used[who] > share, lambda who: used[who] > share, None, lambda who: True)
         for turn in turns:
             if turn is None:  # the writer over its share gives up the states it just brought before anyone else's
                 if total > self.max_bytes and keep in self._docs and used[owner] > share and self._docs[keep].states:
-                    total -= self._evict(keep, False, "own")
+                    total -= self._evict(keep, False, owner)
                 continue
+            # within each turn first what is cheapest to recompute: a message's whole encoding beside its keys
+            for slot in (list(self._stateful) if total > self.max_bytes else ()):
+                if total <= self.max_bytes:
+                    break
+                if turn(self._docs[slot].owner):
+                    total -= self._drop_spare(slot, owner)
             for repeated, whole in ((False, False), (False, True), (True, False), (True, True)):
                 # the states passes read only documents holding states; a list is made only for a pass that runs
                 for slot in (list(self._docs if whole else self._stateful) if total > self.max_bytes else ()):
@@ -335,19 +337,19 @@ class DocumentCache:
                     if (slot == keep or (entry.uses > 1) != repeated or not (whole or entry.states)
                             or not turn(entry.owner)):
                         continue
-                    total -= self._evict(slot, whole, "own" if entry.owner == owner else "pressure")
+                    total -= self._evict(slot, whole, owner)
         entry = self._docs.get(keep)
         if total > self.max_bytes and entry is not None:
-            total -= self._evict(keep, False, "own")
+            total -= self._evict(keep, False, owner)
             if entry.nbytes > self.max_bytes:
-                total -= self._evict(keep, True, "own")
+                total -= self._evict(keep, True, owner)
         self.stats.bytes = max(0, total)
         self.stats.documents = len(self._docs)
 
-    def _drop_spare(self, slot: str, cause: str) -> int:
+    def _drop_spare(self, slot: str, by: str | None) -> int:
         """Drop the states of the document in `slot` that its keys-only twin can stand for (the whole encoding a
         conversation's end keeps: its windows and resume point, encoded again from the IDs where a request needs
-        them); the bytes freed."""
+        them), to make room for owner `by`; the bytes freed."""
         entry = self._docs[slot]
         spare = [key for key in entry.states if key + KEYS_ONLY in entry.states]
         if not spare:
@@ -357,14 +359,12 @@ class DocumentCache:
             del entry.states[key]
         entry.changed()
         self._recount(slot)
-        freed = before - self._counted[slot]
-        self.stats.evictions += len(spare)
-        self.stats.evicted[cause] += len(spare)
-        return freed
+        self._count(entry.owner, by, len(spare))
+        return before - self._counted[slot]
 
-    def _evict(self, slot: str, whole: bool, cause: str) -> int:
-        """Drop the document in `slot` (whole) or its states; the bytes freed (its owner's total and the stats
-        follow)."""
+    def _evict(self, slot: str, whole: bool, by: str | None) -> int:
+        """Drop the document in `slot` (whole) or its states, to make room for owner `by`; the bytes freed (its
+        owner's total and the stats follow)."""
         entry = self._docs[slot]
         before = self._counted.get(slot, 0)
         if whole:
@@ -372,13 +372,18 @@ class DocumentCache:
             self._stateful.pop(slot, None)
             self._account(entry.owner, -self._counted.pop(slot, 0))
             count = 1
-            self.stats.documents_evicted[cause] += 1
+            self.stats.documents_evicted["own" if entry.owner == by else "pressure"] += 1
         else:
             count = len(entry.states)
             entry.states.clear()
             entry.changed()
             self._recount(slot)
-        freed = before - self._counted.get(slot, 0)
+        self._count(entry.owner, by, count)
+        return before - self._counted.get(slot, 0)
+
+    def _count(self, of: str, by: str | None, count: int) -> None:
+        """`count` entries of owner `of` evicted for owner `by`: its own (own), or another's pressure (by whom)."""
         self.stats.evictions += count
-        self.stats.evicted[cause] += count
-        return freed
+        self.stats.evicted["own" if of == by else "pressure"] += count
+        if of != by:
+            self.stats.pressure[(by or "", of)] += count

@@ -119,6 +119,12 @@ class _DocumentCacheCollector:
         for cause in ("own", "pressure"):
             documents.add_metric([cause], stats.documents_evicted.get(cause, 0))
         yield documents
+        pressure = CounterMetricFamily("ilre_doc_cache_pressure_evictions", "Entries of one owner (of: the tag of its "
+                                       "key's share) evicted from this process's cache to make room for another's "
+                                       "(by)", labels=["by", "of"])
+        for (by, of), n in sorted(stats.pressure.items()):
+            pressure.add_metric([by, of], n)
+        yield pressure
         at_risk = getattr(cache.shared, "at_risk", None)
         if at_risk is not None:
             family = CounterMetricFamily("ilre_doc_cache_ids_at_risk", "Document IDs on the shared tier a failover "
