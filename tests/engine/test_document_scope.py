@@ -213,10 +213,13 @@ def _paths(deployment: Deployment):
         with deployment.grpc(name) as client:
             return _outcome(lambda: client.compress_queries(document_id=doc, queries=[QUERY, " Who?"], budget=32))
 
-    def http(route):
+    def http(route, many: bool = False):
         def probe(name, doc):
-            reply = deployment.http(name, route, {"document_id": doc, "query": QUERY, "budget": 32})
+            named = {"document_ids": [doc], "budgets": [32]} if many else {"document_id": doc, "budget": 32}
+            reply = deployment.http(name, route, {**named, "query": QUERY})
             if reply.status_code == 200:
+                if many:
+                    return "OK", [r["kept_indices"] for r in reply.json()["results"]]
                 return "OK", reply.json()["kept_indices"] if route == "/v1/compress" else reply.headers["content-type"]
             body = reply.json()
             return reply.status_code, body["code"], body["field"], body["error"]
@@ -229,7 +232,8 @@ def _paths(deployment: Deployment):
         return ("OK", json.loads(proc.stdout)["kept_indices"]) if proc.returncode == 0 else (proc.returncode, proc.stderr)
 
     return {"grpc.Compress": grpc_one, "grpc.CompressQueries": grpc_many, "http.compress": http("/v1/compress"),
-            "http.explain": http("/v1/explain"), "cli --server": cli}
+            "http.compress document_ids": http("/v1/compress", many=True), "http.explain": http("/v1/explain"),
+            "cli --server": cli}
 
 
 def test_another_keys_document_is_not_found_on_every_path(deployment):
@@ -244,7 +248,7 @@ def test_another_keys_document_is_not_found_on_every_path(deployment):
         assert own[0] == "OK", (path, own)
         assert probe("dave", team.document_id)[0] == "OK", path           # the share group reads its documents
         missing = probe("bob", unknown)
-        assert missing[0] != "OK" and "document_id" in str(missing), (path, missing)
+        assert missing[0] != "OK" and "document_id" in str(missing), (path, missing)  # document_ids[0] on that path
         for name, doc in (("bob", stored.document_id), ("carol", stored.document_id), ("alice", team.document_id)):
             assert probe(name, doc) == missing, (path, name)              # exactly what an unknown id gets
     log = "".join(deployment.front.lines)
@@ -255,10 +259,11 @@ def test_another_keys_document_is_not_found_on_every_path(deployment):
     assert stored.document_id not in metrics and "alice" not in metrics
 
 
-def test_a_cross_key_probe_over_http_takes_the_time_of_an_unknown_one(deployment):
+@pytest.mark.parametrize("field", ["document_id", "document_ids"])
+def test_a_cross_key_probe_over_http_takes_the_time_of_an_unknown_one(deployment, field):
     with deployment.grpc("alice") as alice:
         doc = alice.compress(context(7), QUERY, budget=32).document_id
-    rng = random.Random(11)
+    rng = random.Random(11 if field == "document_id" else 12)
     kinds = ["cross"] * PROBES + ["unknown"] * PROBES
     rng.shuffle(kinds)
     times: dict[str, list[float]] = {"cross": [], "unknown": []}
@@ -267,7 +272,7 @@ def test_a_cross_key_probe_over_http_takes_the_time_of_an_unknown_one(deployment
         for kind in kinds:
             probe = doc if kind == "cross" else f"{rng.getrandbits(128):032x}"
             start = time.perf_counter()
-            reply = http.post("/v1/compress", json={"document_id": probe, "query": QUERY})
+            reply = http.post("/v1/compress", json={field: probe if field == "document_id" else [probe], "query": QUERY})
             times[kind].append(time.perf_counter() - start)
             assert reply.status_code == 404
     p = rank_sum_test(times["cross"], times["unknown"])

@@ -4,6 +4,8 @@ read from the cache exactly as encoded now, and every bad field named."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import sysconfig
 from pathlib import Path
 
@@ -145,6 +147,8 @@ def test_bad_document_requests_name_the_field(engine):
              ({"document_ids": ["nope"]}, "document_ids[0]", "hex digits"),
              ({"document_ids": []}, "document_ids", "non-empty list"),
              ({"document_ids": docs[:1] * 1025}, "document_ids", "limit of 1024"),
+             ({"document_ids": [docs[0], docs[1], docs[0]]}, "document_ids[2]", "of document_ids\\[0\\] again"),
+             ({"document_ids": [docs[0], docs[0][:24]]}, "document_ids[1]", "again"),  # its short form too
              ({"budgets": [5]}, "budgets", "goes with document_ids")]
     for fields, name, words in cases:
         with pytest.raises(InputError, match=words) as err:
@@ -155,6 +159,23 @@ def test_bad_document_requests_name_the_field(engine):
     with pytest.raises(InputError) as err:
         CompressRequest(document_ids=docs, queries=["a", "b"])
     assert err.value.field == "queries"
+
+
+def test_the_tokens_one_request_names_are_capped_before_any_is_computed(engine, monkeypatch):
+    """max_request_tokens bounds a document_ids request's work: over it the request is refused naming the setting
+    while nothing has run (no prefill, no state computed), within it the same documents are answered."""
+    text = " ".join(f"Line {i} of a message long enough to count." for i in range(40))
+    docs = remembered(engine, [text + " A", text + " B", text + " C"])
+    tokens = [engine.documents.ids(engine.names.slot("", d)).numel() for d in docs]
+    monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, max_request_tokens=sum(tokens) - 1))
+    states = lambda: {k: n for k, n in engine.documents.stats.misses.items() if k[0] == "state"}  # noqa: E731
+    misses = states()
+    with pytest.raises(InputError, match=r"the first 3 documents hold \d+ tokens, over the limit of \d+ one request "
+                                         r"may name \(max_request_tokens\)") as err:
+        engine.compress(CompressRequest(document_ids=docs, query=QUESTION, budgets=[8, 8, 8]))
+    assert err.value.field == "document_ids" and states() == misses  # no state was looked for: none computed
+    monkeypatch.setattr(engine, "config", dataclasses.replace(engine.config, max_request_tokens=sum(tokens)))
+    assert len(engine.compress(CompressRequest(document_ids=docs, query=QUESTION, budgets=[8, 8, 8])).results) == 3
 
 
 def redis_names(redis_server, store: RedisDocuments, slot: str) -> list[str]:

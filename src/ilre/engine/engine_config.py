@@ -28,6 +28,7 @@ class EngineConfig:
     dtype: str = "auto"
     prefill: PrefillConfig = field(default_factory=PrefillConfig)
     max_context_tokens: int = MAX_CONTEXT_TOKENS
+    max_request_tokens: int = MAX_CONTEXT_TOKENS  # context tokens one request may name in all (its document_ids)
     max_query_tokens: int = MAX_QUERY_TOKENS
     default_budget: int = DEFAULT_BUDGET
     batch_tokens: int | None = None  # padded context tokens per batched prefill; 0 = off, None = auto
@@ -48,6 +49,7 @@ class EngineConfig:
         return cls(model=settings.model, layer=settings.layer, decoder=settings.decoder, device=settings.device,
                    dtype=settings.dtype,
                    prefill=PrefillConfig(settings.sink, settings.window or None, settings.chunk),
-                   max_context_tokens=settings.max_context_tokens, batch_tokens=settings.batch_tokens,
+                   max_context_tokens=settings.max_context_tokens, max_request_tokens=settings.max_request_tokens,
+                   batch_tokens=settings.batch_tokens,
                    doc_cache_mb=settings.doc_cache_mb, doc_cache_share=settings.doc_cache_share, deepen=settings.deepen == "idle",
                    hold_streams=settings.deepen == "hold", resume=settings.resume == "on")

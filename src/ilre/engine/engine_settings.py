@@ -54,6 +54,8 @@ class EngineSettings:
     window: int = setting(WINDOW, "W sliding-window tokens below l_R (0 = unbounded)", minimum=0, advanced=True)
     chunk: int = setting(CHUNK, "prefill chunk length", minimum=1, advanced=True)
     max_context_tokens: int = setting(MAX_CONTEXT_TOKENS, "reject longer contexts (tokens)", minimum=1)
+    max_request_tokens: int = setting(MAX_CONTEXT_TOKENS, "reject requests naming more context tokens in all (the "
+                                      "documents of document_ids)", minimum=1, advanced=True)
     doc_cache_mb: int = setting(DOC_CACHE_MB, "in-process document cache: token IDs and encoded contexts reused by "
                                 "later queries of a document, in MiB (0 = off)", minimum=0)
     doc_cache_share: float = setting(DOC_CACHE_SHARE, "share of each document cache tier's cap held for each API key "

@@ -139,10 +139,15 @@ class CompressRequest:
             raise InputError("document_ids", "must be a non-empty list of document ids")
         if len(ids) > MAX_DOCUMENTS:
             raise InputError("document_ids", f"{len(ids)} documents exceed the limit of {MAX_DOCUMENTS} per request")
+        first: dict[str, int] = {}
         for i, doc in enumerate(ids):
             if not isinstance(doc, str) or not is_document_id(doc):
                 raise InputError(f"document_ids[{i}]", f"must be the {DOCUMENT_ID_CHARS} hex digits a result's "
                                  f"document_id carries, or their first {HASH_CHARS} (got {doc!r})")
+            seen = first.setdefault(doc[:HASH_CHARS].lower(), i)
+            if seen != i:
+                raise InputError(f"document_ids[{i}]", f"names the document of document_ids[{seen}] again: each "
+                                 "document once per request")
         if budgets is None:
             return
         if self.ratio is not None:

@@ -34,7 +34,13 @@ def run_documents(engine: Engine, request: CompressRequest, scope: str) -> Compr
     naming `document_ids[i]` for a document the scope does not hold, InputError naming the field otherwise."""
     query = request.query_inputs()[0]
     ids = engine.query_ids(query[0], query[1]) if query != (None, None) else None
-    jobs = [_prepared(engine, request, i, ids, scope) for i in range(len(request.document_ids or ()))]
+    jobs, named, cap = [], 0, engine.config.max_request_tokens
+    for i in range(len(request.document_ids or ())):
+        jobs.append(_prepared(engine, request, i, ids, scope))
+        named += jobs[-1].context_ids.numel()
+        if named > cap:  # before any of them is computed
+            raise InputError("document_ids", f"the first {i + 1} documents hold {named} tokens, over the limit of "
+                             f"{cap} one request may name (max_request_tokens)")
     forms = [_together(engine, job) for job in jobs]
     together = [i for i, job in enumerate(jobs) if forms[i] is not None and job.budget < job.context_ids.numel()]
     together = [i for i in together if not _alone_now(engine, jobs, i, forms[i])]
