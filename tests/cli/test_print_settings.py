@@ -197,7 +197,12 @@ def test_print_settings_as_a_process(command, tmp_path):
     settings = json.loads(proc.stdout)["settings"]
     assert settings["max_batch"]["value"] == 3 and settings["max_batch"]["source"] == "environment"
     assert settings["doc_cache_mb"]["value"] == 32 and settings["doc_cache_mb"]["source"] == "flag"
-    assert not (tmp_path / "cache").exists()
+    assert not (tmp_path / "cache" / "models").exists()  # no model loaded; the C kernels built, and said which run
+    from ilre.kernels.native_build import compiler
+
+    kernels = json.loads(proc.stdout)["kernels"]
+    assert set(kernels) == {"chunk_attention", "layer_passes"}
+    assert compiler() is None or "not built" not in " ".join(kernels.values()), kernels
     bad = subprocess.run([*ILRE, command, "--print-settings"], capture_output=True, text=True, timeout=120,
                          env={**env, "ILRE_MAX_BATCH": "0"})
     assert bad.returncode == 2 and bad.stderr.strip() == "error: max_batch: must be >= 1 (got 0; env ILRE_MAX_BATCH)"

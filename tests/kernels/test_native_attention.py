@@ -9,8 +9,11 @@ import torch
 
 from ilre.kernels.chunk_attention import torch_chunk_attention
 from ilre.kernels.native_attention import available, native_chunk_attention
+from ilre.kernels.native_build import compiler
 
-pytestmark = pytest.mark.skipif(not available(), reason="the native kernel could not be built (no gcc?)")
+# where a C compiler exists a failed build fails these tests (the first names why); with none, PyTorch's kernels run
+# and there is nothing of C to test
+pytestmark = pytest.mark.skipif(compiler() is None, reason="no C compiler (gcc) on this machine")
 
 F32_ATOL = 1e-5
 

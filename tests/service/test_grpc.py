@@ -191,6 +191,8 @@ def test_http_health_ready_model_and_metrics(http, client):
     assert ready.status_code == 200 and ready.json() == {"ready": True, "queue": "local"}
     model = http.get("/v1/model").json()
     assert model["model"] == client.model_info().model and model["queue"] == "local"
+    assert model["kernels"] == client.model_info().kernels and set(model["kernels"]) == {"chunk_attention",
+                                                                                        "layer_passes"}
     client.compress(context(7), QUERY, budget=30)
     http.post("/v1/compress", json={"context": "", "query": "q"})
     text = http.get("/metrics").text

@@ -126,7 +126,14 @@ def run_print_settings(args: argparse.Namespace) -> int:
     nothing else runs (no model, no logging or tracing set up)."""
     from .configs import command_configs, printed_settings
 
-    print(json.dumps(printed_settings(args, command_configs(args)), indent=2))
+    printed = printed_settings(args, command_configs(args))
+    if hasattr(args, "dtype") and hasattr(args, "device"):  # a command that runs the model: which C kernels run
+        from ..kernels.native_status import kernel_status
+        from ..models.device import resolve_placement
+
+        placement = resolve_placement(args.device, args.dtype)
+        printed["kernels"] = kernel_status(placement.dtype) if placement.device.type == "cpu" else {}
+    print(json.dumps(printed, indent=2))
     return 0
 
 

@@ -19,8 +19,9 @@ from ..compressor.pipeline import Selection, joins_a_batch, select_context_queri
 from ..compressor.prefill import ContextState, PrefillConfig
 from ..compressor.strategies import STRATEGIES, Strategy
 from ..compressor.units import UNITS_VERSION, Units, document_units
-from ..models.device import resolve_placement
 from ..kernels.cache_dir import cache_root
+from ..kernels.native_status import kernel_status
+from ..models.device import resolve_placement
 from ..models.gguf_tensors import linked_gguf
 from ..models.int8 import ENCODING_NAME as INT8_ENCODING_NAME
 from ..models.int8 import Calibration, calibration_sequences
@@ -138,6 +139,7 @@ class Engine:
             chunk=cfg.prefill.chunk, device=str(self.placement.device), dtype=self.placement.dtype_name,
             layer_choices=self.profile.choices, default_strategy=DEFAULT_STRATEGY,
             default_strategy_options=self.profile.strategy_options(DEFAULT_STRATEGY),
+            kernels=kernel_status(self.placement.dtype) if self.placement.device.type == "cpu" else {},
         )
 
     def head_layers(self) -> list[int]:

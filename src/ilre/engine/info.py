@@ -32,6 +32,7 @@ class ModelInfo:
     layer_choices: dict[str, int] = field(default_factory=dict)
     default_strategy: str = DEFAULT_STRATEGY
     default_strategy_options: dict[str, float] = field(default_factory=dict)
+    kernels: dict[str, str] = field(default_factory=dict)  # C kernel -> "c", or "pytorch (why)"
 
     @classmethod
     def from_dict(cls, data: dict[str, Any]) -> "ModelInfo":

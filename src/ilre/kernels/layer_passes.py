@@ -36,13 +36,15 @@ _silu_bf16 = False  # bfloat16's SiLU product in C (built with avx512_bf16; else
 def _load() -> ctypes.CDLL | None:
     """The built library (once per process); None where the build failed or is not faster than PyTorch's operators
     (an x86-64-v2 build)."""
-    global _lib, _tried, _silu_bf16
+    global _lib, _tried, _silu_bf16, _failure
     if _tried:
         return _lib
     with _lock:
         if not _tried:
             try:
-                if fast_build(compile_flags(), cpu_flags()):
+                if not fast_build(compile_flags(), cpu_flags()):
+                    _failure = "built for x86-64-v2 only, where PyTorch's operators are faster"
+                else:
                     lib = load("layer_passes", ("-ffp-contract=off", "-fno-trapping-math"))
                     i64, ptr, i32 = ctypes.c_int64, ctypes.c_void_p, ctypes.c_int
                     lib.ilre_rms_norm.argtypes = [ptr, ptr, ptr, i64, i64, ctypes.c_float, i32, i32]
@@ -54,9 +56,21 @@ def _load() -> ctypes.CDLL | None:
                     _silu_bf16 = bool(lib.ilre_silu_mul_bf16_fast())
                     _lib = lib
             except Exception as exc:  # no compiler, failed build or load: PyTorch's operators run
-                logger.debug("native layer passes unavailable: %s", exc)
+                _failure = str(exc).splitlines()[0][:300]
+                logger.warning("the C layer passes are not built (%s): PyTorch's operators run", _failure)
             _tried = True
     return _lib
+
+
+_failure: str | None = None  # why the passes do not run
+
+
+def failure() -> str | None:
+    """Why the C passes do not run (None where they do): not built, or turned off by ILRE_NATIVE_PASSES=0."""
+    if os.environ.get("ILRE_NATIVE_PASSES", "1") == "0":
+        return "turned off (ILRE_NATIVE_PASSES=0)"
+    _load()
+    return _failure
 
 
 def enabled() -> bool:

@@ -30,7 +30,7 @@ _tried = False
 
 def _load() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
     """The kernel's ctypes function, built and loaded on the first call; None when that failed."""
-    global _fn, _fast, _tried
+    global _fn, _fast, _tried, _failure
     if _tried:
         return _fn
     with _lock:
@@ -45,9 +45,19 @@ def _load() -> ctypes._CFuncPtr | None:  # type: ignore[name-defined]
             _fast = bool(lib.ilre_chunk_attention_fast())
             _fn = fn
         except Exception as exc:  # no compiler, failed build or load: the caller falls back to torch
-            logger.debug("native chunk attention unavailable: %s", exc)
+            _failure = str(exc).splitlines()[0][:300]
+            logger.warning("the C chunk-attention kernel is not built (%s): PyTorch's kernels run", _failure)
         _tried = True
     return _fn
+
+
+_failure: str | None = None  # why the kernel could not be built or loaded
+
+
+def failure() -> str | None:
+    """Why the C kernel is not available (None where it is, or has not been tried)."""
+    _load()
+    return _failure
 
 
 def available() -> bool:

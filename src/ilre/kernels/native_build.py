@@ -91,9 +91,14 @@ def build(source: Path, gcc: str, extra: tuple[str, ...] = ()) -> Path:
     return target
 
 
+def compiler() -> str | None:
+    """The C compiler kernels are built with: $CC, else gcc on PATH; None where there is none."""
+    return os.environ.get("CC") or shutil.which("gcc")
+
+
 def load(name: str, extra: tuple[str, ...] = ()) -> ctypes.CDLL:
     """kernels/native/`name`.c built (see `build`) and loaded; raises where there is no gcc or the build fails."""
-    gcc = os.environ.get("CC") or shutil.which("gcc")
+    gcc = compiler()
     if gcc is None:
-        raise RuntimeError("no gcc on PATH")
+        raise RuntimeError("no C compiler: neither $CC nor gcc on PATH")
     return ctypes.CDLL(str(build(NATIVE_DIR / f"{name}.c", gcc, extra)))

@@ -137,7 +137,7 @@ class GetModelInfoRequest(_message.Message):
     def __init__(self) -> None: ...
 
 class ModelInfo(_message.Message):
-    __slots__ = ("model", "layer", "num_layers", "vocab_size", "native_context", "calibrated", "strategies", "default_budget", "max_context_tokens", "max_query_tokens", "sink", "window", "chunk", "queue", "max_message_bytes", "device", "dtype", "layer_choices", "default_strategy", "default_strategy_options")
+    __slots__ = ("model", "layer", "num_layers", "vocab_size", "native_context", "calibrated", "strategies", "default_budget", "max_context_tokens", "max_query_tokens", "sink", "window", "chunk", "queue", "max_message_bytes", "device", "dtype", "layer_choices", "default_strategy", "default_strategy_options", "kernels")
     class LayerChoicesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -152,6 +152,13 @@ class ModelInfo(_message.Message):
         key: str
         value: float
         def __init__(self, key: _Optional[str] = ..., value: _Optional[float] = ...) -> None: ...
+    class KernelsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
     MODEL_FIELD_NUMBER: _ClassVar[int]
     LAYER_FIELD_NUMBER: _ClassVar[int]
     NUM_LAYERS_FIELD_NUMBER: _ClassVar[int]
@@ -172,6 +179,7 @@ class ModelInfo(_message.Message):
     LAYER_CHOICES_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_STRATEGY_FIELD_NUMBER: _ClassVar[int]
     DEFAULT_STRATEGY_OPTIONS_FIELD_NUMBER: _ClassVar[int]
+    KERNELS_FIELD_NUMBER: _ClassVar[int]
     model: str
     layer: int
     num_layers: int
@@ -192,4 +200,5 @@ class ModelInfo(_message.Message):
     layer_choices: _containers.ScalarMap[str, int]
     default_strategy: str
     default_strategy_options: _containers.ScalarMap[str, float]
-    def __init__(self, model: _Optional[str] = ..., layer: _Optional[int] = ..., num_layers: _Optional[int] = ..., vocab_size: _Optional[int] = ..., native_context: _Optional[int] = ..., calibrated: _Optional[bool] = ..., strategies: _Optional[_Iterable[str]] = ..., default_budget: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., max_query_tokens: _Optional[int] = ..., sink: _Optional[int] = ..., window: _Optional[int] = ..., chunk: _Optional[int] = ..., queue: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., layer_choices: _Optional[_Mapping[str, int]] = ..., default_strategy: _Optional[str] = ..., default_strategy_options: _Optional[_Mapping[str, float]] = ...) -> None: ...
+    kernels: _containers.ScalarMap[str, str]
+    def __init__(self, model: _Optional[str] = ..., layer: _Optional[int] = ..., num_layers: _Optional[int] = ..., vocab_size: _Optional[int] = ..., native_context: _Optional[int] = ..., calibrated: _Optional[bool] = ..., strategies: _Optional[_Iterable[str]] = ..., default_budget: _Optional[int] = ..., max_context_tokens: _Optional[int] = ..., max_query_tokens: _Optional[int] = ..., sink: _Optional[int] = ..., window: _Optional[int] = ..., chunk: _Optional[int] = ..., queue: _Optional[str] = ..., max_message_bytes: _Optional[int] = ..., device: _Optional[str] = ..., dtype: _Optional[str] = ..., layer_choices: _Optional[_Mapping[str, int]] = ..., default_strategy: _Optional[str] = ..., default_strategy_options: _Optional[_Mapping[str, float]] = ..., kernels: _Optional[_Mapping[str, str]] = ...) -> None: ...
