@@ -116,6 +116,8 @@ def build_parser() -> argparse.ArgumentParser:
                        "compressed to the output unchanged instead (counted in the summary)")
     batch.add_argument("--restart", action="store_true", help="start over: forget what earlier runs wrote")
     batch.add_argument("--in-flight", type=_positive, default=16, help="lines compressed at once (default 16)")
+    batch.add_argument("--max-line-bytes", type=_positive, default=64 << 20, help="a longer input line is not read "
+                       "whole: it becomes its error line (default 67108864: 64 MiB)")
     batch.add_argument("--server", action="append", help="a running `ilre serve` to compress on: http(s)://HOST:PORT "
                        "(its JSON mirror) or HOST:PORT (gRPC); repeat it for several (round robin)")
     batch.add_argument("--redis-url", help="the Redis queue of a worker pool (`ilre worker` processes): compress there")

@@ -22,7 +22,7 @@ def run_batch(args: argparse.Namespace, defaults: dict[str, Any], engine: Callab
     (only when the lines are compressed in this process)."""
     job = BatchJob(args.input, args.output, args.errors or errors_path(args.output),
                    LineRules({k: v for k, v in defaults.items() if v is not None}, args.pass_errors),
-                   args.in_flight, args.restart, args.json)
+                   args.in_flight, args.restart, args.json, args.max_line_bytes)
     return run_job(job, _backend(args, engine))
 
 

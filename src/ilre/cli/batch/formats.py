@@ -114,6 +114,21 @@ async def compress_line(raw: bytes, number: int, rules: LineRules, run: Run) -> 
     return Outcome(results.to_dict(), key, tokens_in=tokens[0], tokens_out=tokens[1])
 
 
+def failed_line(raw: bytes | int, number: int, message: str, rules: LineRules) -> Outcome:
+    """The error line of input line `number` that could not be compressed for `message` (a line over the byte cap,
+    given as its length; or one that failed every try): in the Batch API's error shape for an OpenAI batch request,
+    ilre's {id, error} otherwise."""
+    data = None
+    if isinstance(raw, bytes):
+        try:
+            data = json.loads(raw)
+        except ValueError:
+            data = None
+    if isinstance(data, dict) and is_batch_request(data):
+        return _batch_error(data, data.get("custom_id"), number, "failed", message, rules)
+    return _ilre_error(data.get("id") if isinstance(data, dict) else None, f"line {number}: {message}")
+
+
 def _ilre_error(key: Any, message: str) -> Outcome:
     return Outcome({"id": key, "error": message}, key, error=True)
 
