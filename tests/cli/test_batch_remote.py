@@ -83,3 +83,40 @@ def test_a_service_gone_for_good_stops_the_run_naming_it(tmp_path, lines):
     err = proc.stderr.decode()
     assert proc.returncode == 2 and "service: UNAVAILABLE" in err and "0 lines done" in err and "goes on" in err
     assert "Traceback" not in err and Path(output).read_bytes() == b""
+
+
+def test_an_openai_batch_file_gives_the_same_lines_in_process_over_http_grpc_and_redis(engine, local_service,
+                                                                                      redis_server, tmp_path):
+    """Chat lines whose earlier messages are asked together (document_ids: over gRPC through CompressQueries), each
+    line's requests to one target: the same output lines however the job runs."""
+    from ilre.evaluation.tasks.haystack import pydoc_text
+
+    from tests.cli.test_batch_job import chat_line
+
+    text = pydoc_text()
+    chats = []
+    for i in range(4):
+        chat = chat_line(f"chat-{i}", text[i * 5000:i * 5000 + 4000] + f"\nThe audit code is {7100 + i}.\n",
+                         "What is the audit code?")
+        chat["body"]["messages"].insert(1, {"role": "user", "content": text[50000 + i * 3000:50000 + i * 3000 + 2500]})
+        chats.append(chat)
+    source = write_lines(tmp_path / "chats.jsonl", chats)
+    common = ["--ratio", "0.3", "--in-flight", "4"]
+    runs = {"process": [], "http": ["--server", f"http://127.0.0.1:{local_service.http_port}"],
+            "grpc": ["--server", f"127.0.0.1:{local_service.grpc_port}"],
+            "both": ["--server", f"http://127.0.0.1:{local_service.http_port}", "--server",
+                     f"127.0.0.1:{local_service.grpc_port}"],
+            "redis": ["--redis-url", redis_server.url, "--redis-prefix", "batch-openai"]}
+    outputs = {}
+    config = service_config(redis_url=redis_server.url, redis_prefix="batch-openai", redis_retry_s=1.0)
+    with WorkerThread(engine, config, name="openai-worker"):
+        for name, where in runs.items():
+            output = tmp_path / f"{name}.jsonl"
+            proc = batch("--input", str(source), "--output", str(output), *common, *where)
+            assert proc.returncode == 0, (name, proc.stderr.decode())
+            outputs[name] = read_lines(output)
+    first = outputs["process"]
+    assert [line["custom_id"] for line in first] == [f"chat-{i}" for i in range(4)]
+    assert all(line["body"] != chat["body"] for line, chat in zip(first, chats))  # compressed
+    for name, lines in outputs.items():
+        assert lines == first, name

@@ -144,7 +144,7 @@ def test_a_line_failing_every_try_becomes_its_error_line_and_the_job_goes_on(eng
             raise ServiceError(Code.INTERNAL, "the worker running it died")
         return await run(fields)
 
-    backend.run = faulty
+    backend.line_runner = lambda: faulty
     job = BatchJob(str(source), str(tmp_path / "out.jsonl"), str(tmp_path / "out.errors.jsonl"),
                    LineRules({"layer": 6}), 2)
     assert run_job(job, backend) == 0

@@ -14,7 +14,7 @@ class TokenIds(_message.Message):
     def __init__(self, ids: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CompressRequest(_message.Message):
-    __slots__ = ("id", "context", "context_ids", "document_id", "query", "query_ids", "queries", "queries_ids", "explain", "budget", "ratio", "strategy", "strategy_options", "dca", "layer", "layer_choice", "granularity")
+    __slots__ = ("id", "context", "context_ids", "document_id", "query", "query_ids", "queries", "queries_ids", "explain", "budget", "ratio", "strategy", "strategy_options", "dca", "layer", "layer_choice", "granularity", "document_ids", "budgets")
     ID_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_FIELD_NUMBER: _ClassVar[int]
     CONTEXT_IDS_FIELD_NUMBER: _ClassVar[int]
@@ -32,6 +32,8 @@ class CompressRequest(_message.Message):
     LAYER_FIELD_NUMBER: _ClassVar[int]
     LAYER_CHOICE_FIELD_NUMBER: _ClassVar[int]
     GRANULARITY_FIELD_NUMBER: _ClassVar[int]
+    DOCUMENT_IDS_FIELD_NUMBER: _ClassVar[int]
+    BUDGETS_FIELD_NUMBER: _ClassVar[int]
     id: str
     context: str
     context_ids: TokenIds
@@ -49,7 +51,9 @@ class CompressRequest(_message.Message):
     layer: int
     layer_choice: str
     granularity: str
-    def __init__(self, id: _Optional[str] = ..., context: _Optional[str] = ..., context_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., document_id: _Optional[str] = ..., query: _Optional[str] = ..., query_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., queries: _Optional[_Iterable[str]] = ..., queries_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., explain: _Optional[bool] = ..., budget: _Optional[int] = ..., ratio: _Optional[float] = ..., strategy: _Optional[str] = ..., strategy_options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., dca: _Optional[str] = ..., layer: _Optional[int] = ..., layer_choice: _Optional[str] = ..., granularity: _Optional[str] = ...) -> None: ...
+    document_ids: _containers.RepeatedScalarFieldContainer[str]
+    budgets: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, id: _Optional[str] = ..., context: _Optional[str] = ..., context_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., document_id: _Optional[str] = ..., query: _Optional[str] = ..., query_ids: _Optional[_Union[TokenIds, _Mapping]] = ..., queries: _Optional[_Iterable[str]] = ..., queries_ids: _Optional[_Iterable[_Union[TokenIds, _Mapping]]] = ..., explain: _Optional[bool] = ..., budget: _Optional[int] = ..., ratio: _Optional[float] = ..., strategy: _Optional[str] = ..., strategy_options: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ..., dca: _Optional[str] = ..., layer: _Optional[int] = ..., layer_choice: _Optional[str] = ..., granularity: _Optional[str] = ..., document_ids: _Optional[_Iterable[str]] = ..., budgets: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class CompressStreamRequest(_message.Message):
     __slots__ = ("request", "context_text", "context_ids")

@@ -6,7 +6,7 @@ every backend, so a line is compressed the same way wherever it runs.
 - `RedisBackend`: the worker pool behind a Redis queue (`ilre worker` processes on any host), as `ilre serve
   --redis-url` reaches it.
 - `ServerBackend`: one or several running services (`ilre serve`): http(s)://HOST:PORT on the JSON mirror
-  (`POST /v1/compress`), HOST:PORT on gRPC; requests go round robin.
+  (`POST /v1/compress`), HOST:PORT on gRPC; lines go round robin, each line's requests to one of them.
 
 Each retries what a restart or a failover refused (UNAVAILABLE, RESOURCE_EXHAUSTED, DEADLINE_EXCEEDED), with a
 growing pause, for `retry_s`; past that the ServiceError stops the run (every finished line kept).
@@ -43,11 +43,17 @@ class Backend:
         self.timeout_s, self.retry_s = timeout_s, retry_s
         self.retries = 0  # requests sent again after a refusal
 
-    async def run(self, fields: dict[str, Any]) -> CompressResults:
+    def line_runner(self) -> Callable[[dict[str, Any]], Awaitable[CompressResults]]:
+        """What one input line's requests go through (all of them to one target: `ServerBackend`)."""
+        return self.run
+
+    async def run(self, fields: dict[str, Any], once: Callable[[dict[str, Any]], Awaitable[CompressResults]] | None
+                  = None) -> CompressResults:
+        """One request (through `once`, default `_once`), retried as the module docstring says."""
         give_up, pause = time.monotonic() + self.retry_s, FIRST_PAUSE_S
         while True:
             try:
-                return await self._once(fields)
+                return await (once or self._once)(fields)
             except ServiceError as exc:
                 if exc.code not in RETRIED or time.monotonic() + pause > give_up:
                     raise
@@ -125,6 +131,12 @@ class ServerBackend(Backend):
     async def _once(self, fields: dict[str, Any]) -> CompressResults:
         return await next(self._next)(fields)
 
+    def line_runner(self) -> Callable[[dict[str, Any]], Awaitable[CompressResults]]:
+        """The next target, round robin, for every request of one line (a line's "count, then ask by document_id"
+        stays on the service that holds its documents)."""
+        call = next(self._next)
+        return lambda fields: self.run(fields, call)
+
     def _http_call(self, url: str) -> Callable[[dict[str, Any]], Awaitable[CompressResults]]:
         async def call(fields: dict[str, Any]) -> CompressResults:
             try:
@@ -140,8 +152,6 @@ class ServerBackend(Backend):
         async def call(fields: dict[str, Any]) -> CompressResults:
             try:
                 if fields.get("queries") is not None or fields.get("document_ids") is not None:
-                    if fields.get("document_ids") is not None:  # not on gRPC's CompressQueries: asked one by one
-                        raise ServiceError(Code.NOT_FOUND, "document_ids: asked one by one over gRPC")
                     return await client.compress_queries(**fields)
                 return CompressResults.of_one(await client.compress(**fields))
             except ClientError as exc:

@@ -307,7 +307,7 @@ async def _line(raw: bytes | int, number: int, job: BatchJob, backend: Backend) 
                            "(--max-line-bytes)", job.rules)
     for attempt in range(1, LINE_TRIES + 1):
         try:
-            return await compress_line(raw, number, job.rules, backend.run)
+            return await compress_line(raw, number, job.rules, backend.line_runner())
         except ServiceError as exc:
             if exc.code in RETRIED:  # the service is gone past the retries: the run stops, the line not done
                 raise

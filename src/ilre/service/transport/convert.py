@@ -37,6 +37,10 @@ def request_to_dict(msg: "pb.CompressRequest") -> dict[str, Any]:
         data["queries"] = list(msg.queries)
     if msg.queries_ids:
         data["queries_ids"] = [list(q.ids) for q in msg.queries_ids]
+    if msg.document_ids:
+        data["document_ids"] = list(msg.document_ids)
+    if msg.budgets:
+        data["budgets"] = list(msg.budgets)
     size = msg.WhichOneof("size")
     if size is not None:
         data[size] = getattr(msg, size)
@@ -64,7 +68,7 @@ def dict_to_request(data: dict[str, Any]) -> "pb.CompressRequest":
     msg = pb.CompressRequest()
     unknown = set(data) - {"id", "context", "context_ids", "query", "query_ids", "budget", "ratio",
                            "strategy", "strategy_options", "dca", "layer", "document_id", "queries", "queries_ids",
-                           "explain", "granularity"}
+                           "explain", "granularity", "document_ids", "budgets"}
     if unknown:
         raise InputError(sorted(unknown)[0], "unknown field")
     for name, value in data.items():
@@ -73,8 +77,8 @@ def dict_to_request(data: dict[str, Any]) -> "pb.CompressRequest":
         if name in ("context_ids", "query_ids"):
             getattr(msg, name).SetInParent()  # an empty list is still "given"
             getattr(msg, name).ids.extend(value)
-        elif name == "queries":
-            msg.queries.extend(value)
+        elif name in ("queries", "document_ids", "budgets"):
+            getattr(msg, name).extend(value)
         elif name == "queries_ids":
             msg.queries_ids.extend(pb.TokenIds(ids=ids) for ids in value)
         elif name == "strategy_options":

@@ -50,8 +50,8 @@ class CompressorServicer(pb_grpc.CompressorServicer):
                               context: grpc.aio.ServicerContext) -> pb.CompressQueriesResponse:
         data = request_to_dict(request)
         for one, many in (("query", "queries"), ("query_ids", "queries_ids")):  # one query is a list of one
-            if one in data and many not in data and not ({"queries", "queries_ids"} & set(data)):
-                data[many] = [data.pop(one)]
+            if one in data and "document_ids" not in data and not ({"queries", "queries_ids"} & set(data)):
+                data[many] = [data.pop(one)]  # (document_ids take their one question as it is)
         return results_to_proto(await self._run(data, context, "grpc.CompressQueries", True))
 
     async def CompressStream(self, request_iterator, context: grpc.aio.ServicerContext) -> pb.CompressResponse:
