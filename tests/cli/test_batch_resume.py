@@ -13,10 +13,9 @@ import subprocess
 import time
 from pathlib import Path
 
-import pytest
 
 from ilre.cli.batch.files import STATE_SUFFIX, InputDigest, JobState
-from tests.cli.test_batch_job import ILRE, SMALL, batch, corpus, interrupted, read_lines, stable, summary, write_lines
+from tests.cli.test_batch_job import ILRE, SMALL, batch, corpus, read_lines, stable, summary, write_lines
 
 
 def _idless(n: int, seed: int) -> list[dict]:

