@@ -136,21 +136,23 @@ class EngineServer:
 
 
 class LlamaServer(EngineServer):
-    """`llama-server` on the GGUF: one slot, a `ctx_size`-token window, greedy-capable."""
+    """`llama-server` on the GGUF (the embedded model's, or `model`): one slot, a `ctx_size`-token window,
+    greedy-capable."""
 
     name = "llama-server"
     start_timeout_s = 120.0
 
-    def __init__(self, ctx_size: int = 4096, threads: int | None = None, *extra: str):
+    def __init__(self, ctx_size: int = 4096, threads: int | None = None, *extra: str, model: Path | None = None):
         binary = llama_server_binary()
         if not binary.is_file():
             pytest.fail(f"llama-server not found at {binary}: run `make engine` (make test does)")
         self.binary, self.ctx_size, self.threads, self.extra = binary, ctx_size, threads or engine_threads(), extra
+        self.model = model
         super().__init__()
         self.start()
 
     def command(self) -> list[str]:
-        return [str(self.binary), "-m", str(smollm2_gguf()), "--host", "127.0.0.1", "--port", str(self.port),
+        return [str(self.binary), "-m", str(self.model or smollm2_gguf()), "--host", "127.0.0.1", "--port", str(self.port),
                 "--ctx-size", str(self.ctx_size), "--parallel", "1", "--threads", str(self.threads), "--slots",
                 "--metrics", "--no-webui", *self.extra]
 
