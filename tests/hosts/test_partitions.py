@@ -17,6 +17,7 @@ from .services import wait_until
 from .site import CLAIM_IDLE_MS, FROZEN_S, PREFIX, REDIS, RETRY_S, WORKERS, started_site
 
 TAKEOVER_S = 1.5 * CLAIM_IDLE_MS / 1000 + 8
+FOLLOWED_S = 2.0 + 1.0  # the front end and workers ask the sentinels every second; a loaded machine's second on top
 
 pytestmark = pytest.mark.skipif(missing_tools() is not None, reason=str(missing_tools()))
 
@@ -133,6 +134,17 @@ def test_the_master_cut_from_its_replicas_and_sentinels_fails_over_and_rejoins(s
     if during.status_code == 503:
         assert "retry" in during.json()["error"]
     site.cluster.heal(old, *rest)
+    healed_at = time.monotonic()
+    new = next(h for h in rest if site.cluster.address(h) == site.group.sentinel_call(
+        rest[0], "SENTINEL", "GET-MASTER-ADDR-BY-NAME", "ilre")[0])
+
+    def on_new_master(host: str) -> bool:  # a connection from that host's front end or worker to the new master
+        clients = site.group.nodes[new].call("client", lambda r: r.client_list())
+        return any(c["addr"].rsplit(":", 1)[0] == site.cluster.address(host) for c in clients)
+
+    wait_until(lambda: all(on_new_master(h) for h in ("fe", *WORKERS)), 30, "the front end and workers to follow")
+    followed = time.monotonic() - healed_at
+    assert followed < FOLLOWED_S, f"followed the new master {followed:.1f} s after the heal"
     wait_until(lambda: site.group.nodes[old].call("client", lambda r: r.info("replication")["role"]) == "slave", 60,
                "the old master to rejoin as a replica")
     response, _ = in_flight.result(120)
@@ -141,5 +153,5 @@ def test_the_master_cut_from_its_replicas_and_sentinels_fails_over_and_rejoins(s
         site.same_as_idle(5, during)
     site.same_as_idle(5, site.compress(5))
     site.settled(answered=(4, 5))
-    print(f"failover: the request sent during it: {during.status_code}; requests run again after a lost "
-          f"acknowledgement: {site.reruns}")
+    print(f"failover: the request sent during it: {during.status_code}; front end and workers on the new master "
+          f"{followed:.1f} s after the heal; requests run again after a lost acknowledgement: {site.reruns}")

@@ -8,6 +8,9 @@ by themselves.
 
 from __future__ import annotations
 
+import asyncio
+import collections
+import logging
 from typing import Any
 
 import redis
@@ -20,6 +23,9 @@ from redis.sentinel import Sentinel
 
 from .redis_url import RedisTarget, parse_redis_url
 
+log = logging.getLogger(__name__)
+
+FOLLOW_S = 1.0  # how often a Sentinel client asks the sentinels where the master is (MasterFollower)
 CALL_S = 3.0  # the longest any one Redis call may take before it counts as failed (a dead socket)
 # The client library's own retries are off (redis-py 8 retries a failed call up to 10 times by default, which would
 # multiply CALL_S): every caller here has its own retry loop, bounded by its own setting (redis_retry_s).
@@ -54,3 +60,52 @@ def _sentinel_kwargs(target: RedisTarget, options: dict[str, Any]) -> dict[str, 
     if target.sentinel_password:
         out["password"] = target.sentinel_password
     return out
+
+
+class MasterFollower:
+    """For a Sentinel group's client: where the sentinels say the master is, and the client's connections dropped
+    (idle and in use) when it has moved, so that no call stays on the old master (demoted only at the sentinels'
+    next round, seconds after a split heals); a call cut short fails and its caller's own loop sends it again, to
+    the new master. For a single server it does nothing."""
+
+    def __init__(self, client: aioredis.Redis):
+        self.pool = client.connection_pool
+        self.sentinels, self.name = getattr(self.pool, "sentinel_manager", None), getattr(self.pool, "service_name", None)
+        self.known: tuple[str, int] | None = None
+
+    async def check(self) -> bool:
+        """Ask every sentinel now (a WAIT shortfall, a heartbeat) and go by the address most of them give (a sentinel
+        cut off with the old master still names it until the others' next hello reaches it); the sentinels that
+        agree are put first, so that new connections find that master too. Whether the master had moved (then the
+        client reconnected)."""
+        if self.sentinels is None or self.name is None:
+            return False
+        answers = await asyncio.gather(*(self._ask(s) for s in self.sentinels.sentinels))
+        votes = collections.Counter(a for a in answers if a is not None)
+        if not votes:  # no sentinel reachable (this side of a split): ask again later
+            return False
+        address = votes.most_common(1)[0][0]
+        agree = {id(s) for s, a in zip(self.sentinels.sentinels, answers) if a == address}
+        self.sentinels.sentinels.sort(key=lambda s: id(s) not in agree)
+        moved = self.known is not None and address != self.known
+        if moved:
+            log.warning("Redis master moved from %s:%s to %s:%s: reconnecting", *self.known, *address)
+            await self.pool.disconnect(inuse_connections=True)
+        self.known = address
+        return moved
+
+    async def _ask(self, sentinel: Any) -> tuple[str, int] | None:
+        """One sentinel's master address, None where it does not answer in time."""
+        try:
+            found = await asyncio.wait_for(sentinel.sentinel_get_master_addr_by_name(self.name), 2.0)
+        except Exception:
+            return None
+        return (str(found[0]), int(found[1])) if found else None
+
+    async def run(self, period: float = FOLLOW_S) -> None:
+        """`check` every `period` s, until cancelled (returns at once for a single server)."""
+        if self.sentinels is None:
+            return
+        while True:
+            await self.check()
+            await asyncio.sleep(period)

@@ -42,7 +42,7 @@ from ..common.errors import Code, ServiceError
 from ..common.keys import ANONYMOUS, KeyPolicy
 from ..common.metrics import Metrics
 from ..common.quotas import rate_refusal, share_refusal
-from ..common.redis_connection import CALL_S, async_client
+from ..common.redis_connection import CALL_S, MasterFollower, async_client
 from .scripts import ADMIT
 
 log = logging.getLogger(__name__)
@@ -157,10 +157,13 @@ class RedisQueue:
         self.max_depth, self.retry_s = max_depth, retry_s
         self.wait_replicas, self.wait_ms = wait_replicas, wait_ms
         self._admit = self.client.register_script(ADMIT)
+        self.master = MasterFollower(self.client)
         self._background: set[asyncio.Task] = set()
+        self._follow: asyncio.Task | None = None  # following a Sentinel group's master (redis_connection.py)
         self._depth = 0
 
     async def start(self) -> None:
+        self._follow = asyncio.get_running_loop().create_task(self.master.run())
         try:
             await ensure_group(self.client, self.keys)
         except RedisError as exc:  # not fatal: readyz says not ready until Redis answers
@@ -206,12 +209,17 @@ class RedisQueue:
         rid = uuid.uuid4().hex
         deadline = time.time() + timeout_s
         extra = [request_id, tracing.inject({}).get("traceparent", ""), caller.document_scope]
-        try:
-            (status, count, wait), replicas = await bounded(
-                self._add(rid, encode_request(request), deadline, caller, extra), CALL_S + self.wait_ms / 1000.0)
-        except RedisError as exc:
-            self._spawn(self._cancel(rid, deadline))  # it may have been added before the link went silent
-            raise unavailable(exc) from None
+        for last_try in (False, True):
+            try:
+                (status, count, wait), replicas = await bounded(
+                    self._add(rid, encode_request(request), deadline, caller, extra), CALL_S + self.wait_ms / 1000.0)
+            except RedisError as exc:
+                self._spawn(self._cancel(rid, deadline))  # it may have been added before the link went silent
+                raise unavailable(exc) from None
+            if status != 1 or replicas >= self.wait_replicas or last_try or not await self.master.check():
+                break
+            self._spawn(self._cancel(rid, deadline))  # a WAIT shortfall on a master that was replaced: once more,
+            rid = uuid.uuid4().hex                    # on the new one
         if status == 0:
             self._depth = int(count)
             raise ServiceError(Code.RESOURCE_EXHAUSTED,
@@ -287,6 +295,9 @@ class RedisQueue:
         task.add_done_callback(self._background.discard)
 
     async def close(self) -> None:
+        if self._follow is not None:
+            self._follow.cancel()
+            await asyncio.gather(self._follow, return_exceptions=True)
         if self._background:
             await asyncio.gather(*self._background, return_exceptions=True)
         await self.client.aclose()

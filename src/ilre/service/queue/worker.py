@@ -42,6 +42,7 @@ from ..documents.redis_tier import RedisDocuments
 from ..documents.secret import sync_secret
 from ..common.errors import Code, ServiceError
 from ..common.metrics import Metrics
+from ..common.redis_connection import MasterFollower
 from ..common.redis_url import parse_redis_url
 from ..common.request_log import log_request
 from .batch import run_batch
@@ -91,7 +92,8 @@ class Worker:
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set; Redis outages are waited out, never fatal."""
-        tasks = [asyncio.create_task(self._heartbeat(stop)), asyncio.create_task(self._keep_claimed())]
+        tasks = [asyncio.create_task(self._heartbeat(stop)), asyncio.create_task(self._keep_claimed()),
+                 asyncio.create_task(MasterFollower(self.client).run())]
         backoff, down = 0.1, False
         try:
             while not stop.is_set():
