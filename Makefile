@@ -68,7 +68,7 @@ test: setup engine lingua litellm gemma  ## everything: the real-model needle te
 test-fast: setup engine   ## skip the tests marked slow
 	$(PY) -m pytest -q -m "not slow"
 
-bench: setup engine litellm ## latency and peak memory; per dtype up to 1M tokens vs the roofline; documents asked again; service load; the sidecar; agents through it
+bench: setup engine litellm gemma ## latency and peak memory; per dtype up to 1M tokens vs the roofline; documents asked again; service load; the sidecar; agents through it
 	$(PY) bench/default_bench.py
 	$(PY) bench/mixed_bench.py          # resumable: results/bench/mixed.jsonl
 	$(PY) bench/questions_bench.py      # resumable: results/bench/questions.jsonl
@@ -85,6 +85,7 @@ bench: setup engine litellm ## latency and peak memory; per dtype up to 1M token
 	$(PY) bench/allocation_bench.py   # Algorithm 1 with a short context's pooled rows ranked together against each alone
 	$(PY) bench/decoder_paths_bench.py   # SmolLM2 through its family's transformers layers against the hand-tuned decoder at 32K
 	$(PY) bench/mla_latent_bench.py   # an MLA retrieval layer's latent key cache against per-head keys, DeepSeek V3's shapes
+	$(PY) bench/gemma_bench.py        # Gemma 3 270M's first question at 32K and 128K beside SmolLM2's
 	$(PY) bench/attention_kernels.py
 	$(PY) bench/native_attention_bench.py   # the C chunk-attention kernel against PyTorch's, per shape and dtype
 	$(PY) bench/query_scores_bench.py   # a deepened document's scores with DCA: the query moved, not the keys

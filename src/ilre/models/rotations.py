@@ -39,14 +39,26 @@ def find_rotation(keys_at, frequencies: list[torch.Tensor], dtype: torch.dtype) 
     turning = ((far - near).abs().amax(dim=(0, 1)) > tolerance * scale).nonzero().flatten().tolist()
     if not turning:  # no RoPE here: the keys do not depend on position
         return Rotation(None, torch.zeros(head_dim // 2)) if head_dim % 2 == 0 else None
-    a, b = turning[0], turning[-1] + 1
+    # the whole head first (in bfloat16 a low frequency's turn over SHIFT positions hides in the rounding, so the
+    # dims seen turning may not span it), then the span of the dims seen turning (partial rotary)
+    for a, b in dict.fromkeys([(0, head_dim), (turning[0], turning[-1] + 1)]):
+        found = _fit(near, far, a, b, frequencies, tolerance)
+        if found is not None:
+            return found
+    return None
+
+
+def _fit(near: torch.Tensor, far: torch.Tensor, a: int, b: int, frequencies: list[torch.Tensor], tolerance: float
+         ) -> Rotation | None:
+    """The Rotation turning dims [a, b) as rotate-half or interleaved pairs with one of `frequencies` that moves
+    `near` onto `far` (the rest of the head still), or None."""
+    head_dim = near.shape[-1]
     rest = [i for i in range(head_dim) if not a <= i < b]
     if (b - a) % 2 or len(rest) % 2:
         return None
-    n = (b - a) // 2
+    n, half = (b - a) // 2, len(rest) // 2
     layouts = (([a + i for i in range(n)], [a + n + i for i in range(n)]),  # rotate-half within [a, b)
                ([a + 2 * i for i in range(n)], [a + 2 * i + 1 for i in range(n)]))  # interleaved pairs
-    half = len(rest) // 2
     for firsts, seconds in layouts:
         perm = torch.tensor(firsts + rest[:half] + seconds + rest[half:])
         for freq in frequencies:

@@ -1,0 +1,77 @@
+"""Gemma 3 270M's first question beside SmolLM2's, in the same run: a passkey at half depth in --lengths tokens,
+budget 1024, the default strategy at each model's default l_R, `--dtype auto`, each model in its own process after a
+warm-up on 2K tokens: seconds, the peak resident memory the request added over the loaded engine, and whether the
+passkey was kept.
+
+    .venv/bin/python bench/gemma_bench.py [--lengths 32768,131072]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+
+MODELS = ("embedded", "gemma-3-270m")
+
+
+def _status_mib(field: str) -> float:
+    with open("/proc/self/status") as status:
+        return int(next(line for line in status if line.startswith(field + ":")).split()[1]) / 1024.0
+
+
+def one_model(model: str, lengths: list[int]) -> dict:
+    """In this process: the engine on `model`, a first question per length (fresh contexts, no document cache)."""
+    from ilre.engine.engine import Engine, EngineConfig
+    from ilre.engine.messages import CompressRequest
+    from ilre.evaluation.tasks.passkey import make_passkey_sample
+
+    engine = Engine(EngineConfig(model=model, doc_cache_mb=0))
+    warm = make_passkey_sample(engine.tokenizer, 2048, 0.5, seed=1)
+    engine.compress(CompressRequest(context_ids=warm.context_ids, query_ids=warm.query_ids, budget=256))
+    out = {"model": engine.model_name, "layer": engine.layer, "dtype": engine.placement.dtype_name, "rows": []}
+    for length in lengths:
+        sample = make_passkey_sample(engine.tokenizer, length, 0.5, seed=7)
+        with open("/proc/self/clear_refs", "w") as refs:
+            refs.write("5")
+        loaded = _status_mib("VmRSS")
+        start = time.perf_counter()
+        result = engine.compress(CompressRequest(context_ids=sample.context_ids, query_ids=sample.query_ids,
+                                                 budget=1024))
+        seconds = time.perf_counter() - start
+        kept = set(result.kept_indices)
+        out["rows"].append({"tokens": len(sample.context_ids), "seconds": seconds,
+                            "peak_mib": _status_mib("VmHWM") - loaded, "dca": result.dca,
+                            "kept": all(i in kept for i in range(*sample.needle))})
+    return out
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--lengths", default="32768,131072")
+    parser.add_argument("--one", help=argparse.SUPPRESS)  # the child process's model
+    args = parser.parse_args()
+    lengths = [int(n) for n in args.lengths.split(",")]
+    if args.one:
+        print(json.dumps(one_model(args.one, lengths)))
+        return
+    runs = []
+    for model in MODELS:
+        done = subprocess.run([sys.executable, __file__, "--one", model, "--lengths", args.lengths],
+                              capture_output=True, text=True)
+        if done.returncode != 0:
+            sys.exit(f"{model} failed:\n{done.stderr[-3000:]}")
+        runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    print("\nA first question (passkey at half depth, budget 1024, the default strategy), each model in its own process")
+    print("| model | l_R | dtype | context tokens | seconds | MiB over the loaded engine | DCA | passkey |")
+    print("|---|---|---|---|---|---|---|---|")
+    for run in runs:
+        for row in run["rows"]:
+            print(f"| {run['model']} | {run['layer']} | {run['dtype']} | {row['tokens']} | {row['seconds']:.2f} | "
+                  f"{row['peak_mib']:.0f} | {row['dca']} | {'kept' if row['kept'] else 'lost'} |")
+
+
+if __name__ == "__main__":
+    main()
