@@ -89,6 +89,7 @@ def test_resuming_reads_past_finished_lines_in_flat_memory(tmp_path):
         err = proc.stderr.read().decode()
         assert f"{lines} lines done" in err, err  # it resumed past them all, then the service was missing
         peaks[lines] = usage.ru_maxrss / 1024
+    print(f"peak RSS resuming: {peaks}")
     assert peaks[100_000] - peaks[1000] < 8, peaks
 
 
