@@ -17,7 +17,7 @@ from .services import wait_until
 from .site import CLAIM_IDLE_MS, FROZEN_S, PREFIX, REDIS, RETRY_S, WORKERS, started_site
 
 TAKEOVER_S = 1.5 * CLAIM_IDLE_MS / 1000 + 8
-# the front end and workers ask the sentinels every second: 0.3-0.4 s in some runs, 10.6-10.8 s (the sentinels' own
+# the front end and workers ask the sentinels every second: 0.0-0.4 s in some runs, 10.5-10.8 s (the sentinels' own
 # round) in others, not yet understood; the bound is what every run met, the figure printed
 FOLLOWED_S = 20.0
 
