@@ -101,7 +101,8 @@ class Site:
         again = {self.reference[i].json()["compressed_context"] for i in answered}
         for results in left:
             assert len(results) == 1 and answered, f"results left unread: {results}"
-            ok = json.loads(results[0])["ok"]
+            ok = json.loads(results[0]).get("ok")
+            assert ok, f"an error result left unread: {results[0]}"
             assert (ok.get("compressed_context") or ok["results"][0]["compressed_context"]) in again
         self.redis(lambda r: [r.delete(k) for k in r.keys(f"{PREFIX}:result:*")])
         self.reruns = len(left)

@@ -284,6 +284,51 @@ def test_finish_tells_its_own_earlier_delivery_from_another_workers(redis_server
     assert r.llen(f"fx:result:{rid}") == 1 and r.xlen(stream) == 0
 
 
+def test_taking_back_its_own_entries_counts_no_delivery(redis_server):
+    """OWN against a real redis-server: a worker taking its own pending entry back, five times (a flaky link), gets
+    its fields each time and leaves its delivery count at 1 (XREADGROUP from id 0 would make it 6: dead-lettered as
+    if five workers had died on it); an entry deleted meanwhile is acknowledged, not returned."""
+    from ilre.service.queue.scripts import OWN
+
+    r = redis_server.client()
+    stream, group = "own:requests", "own:workers"
+    r.xgroup_create(stream, group, id="0", mkstream=True)
+    kept, gone = r.xadd(stream, {"rid": "a", "payload": "p"}), r.xadd(stream, {"rid": "b"})
+    r.xreadgroup(group, "w1", {stream: ">"}, count=2)
+    r.xdel(stream, gone)
+    own = r.register_script(OWN)
+    for _ in range(5):
+        [(entry, flat)] = own(keys=[stream], args=[group, "w1", 10])
+        assert entry == kept and flat == ["rid", "a", "payload", "p"]
+    [pending] = r.xpending_range(stream, group, "-", "+", 10)
+    assert pending["message_id"] == kept and pending["times_delivered"] == 1
+    assert own(keys=[stream], args=[group, "w2", 10]) == []  # another consumer's entries are not its own
+
+
+def test_a_dead_letter_never_follows_an_answer(redis_server):
+    """DEAD_LETTER against a real redis-server: an entry already answered (its done marker set, e.g. by a delivery
+    whose acknowledgement a failover lost) is only acknowledged: its caller never gets a second, error result; one
+    not answered goes to the dead letters with an error result."""
+    from ilre.service.queue.scripts import DEAD_LETTER
+
+    r = redis_server.client()
+    stream, group = "dlx:requests", "dlx:workers"
+    r.xgroup_create(stream, group, id="0", mkstream=True)
+    answered, abandoned = r.xadd(stream, {"rid": "a"}), r.xadd(stream, {"rid": "b"})
+    r.xreadgroup(group, "w1", {stream: ">"}, count=2)
+    r.set("dlx:done:a", "w1:token")
+    r.lpush("dlx:result:a", '{"ok": 1}')
+    dead = r.register_script(DEAD_LETTER)
+    keys = lambda rid: [stream, f"dlx:result:{rid}", "dlx:unfinished:k", f"dlx:done:{rid}", "dlx:dead-letter"]  # noqa: E731
+    assert dead(keys=keys("a"), args=[group, answered, "a", '{"error": 1}', 30, "rid", "a"]) == 0
+    assert r.lrange("dlx:result:a", 0, -1) == ['{"ok": 1}'] and r.xlen("dlx:dead-letter") == 0
+    assert dead(keys=keys("b"), args=[group, abandoned, "b", '{"error": 1}', 30, "rid", "b", "attempts", "4"]) == 1
+    assert r.lrange("dlx:result:b", 0, -1) == ['{"error": 1}'] and r.get("dlx:done:b") == "dead-letter"
+    [(_, fields)] = r.xrange("dlx:dead-letter")
+    assert fields == {"rid": "b", "attempts": "4"}
+    assert r.xlen(stream) == 0 and r.xpending(stream, group)["pending"] == 0
+
+
 def test_a_worker_whose_read_reply_is_lost_takes_its_entry_back_at_once(redis_server, engine):
     """Redis hands the worker an entry and the reply never arrives (the connection drops after XREADGROUP ran):
     the worker reads its own pending entries right after, so the caller is answered well within claim_idle, by

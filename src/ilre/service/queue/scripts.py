@@ -68,3 +68,34 @@ for i = 3, #ARGV do
 end
 return lost
 """
+
+# A worker taking back what Redis handed it unread (a read whose reply was lost): its own pending entries, their
+# delivery counts unchanged (XREADGROUP from id 0 would count each take-back as a delivery, and enough of them, on a
+# flaky link, would dead-letter a request no worker died on); entries deleted meanwhile acknowledged.
+# KEYS: stream; ARGV: group, consumer, count -> {entry id, {field, value, ...}} for each entry still there
+OWN = """
+local out = {}
+for _, p in ipairs(redis.call('XPENDING', KEYS[1], ARGV[1], '-', '+', tonumber(ARGV[3]), ARGV[2])) do
+  local got = redis.call('XCLAIM', KEYS[1], ARGV[1], ARGV[2], 0, p[1], 'RETRYCOUNT', p[4])
+  if got[1] then table.insert(out, got[1]) else redis.call('XACK', KEYS[1], ARGV[1], p[1]) end
+end
+return out
+"""
+
+# An entry delivered too often moved to the dead letters with an error result for its caller, unless a delivery
+# answered it meanwhile (the done marker set): then it is only acknowledged, so a caller never gets two results.
+# KEYS: stream, result, the key's unfinished set, done marker, dead letters; ARGV: group, entry id, rid, outcome,
+# ttl (s), then the entry's fields (field, value, ...) -> 1 dead-lettered, 0 answered already
+DEAD_LETTER = """
+redis.call('XACK', KEYS[1], ARGV[1], ARGV[2])
+redis.call('XDEL', KEYS[1], ARGV[2])
+redis.call('ZREM', KEYS[3], ARGV[3])
+if redis.call('EXISTS', KEYS[4]) == 1 then return 0 end
+local fields = {}
+for i = 6, #ARGV do table.insert(fields, ARGV[i]) end
+redis.call('XADD', KEYS[5], 'MAXLEN', '~', 10000, '*', unpack(fields))
+redis.call('LPUSH', KEYS[2], ARGV[4])
+redis.call('EXPIRE', KEYS[2], ARGV[5])
+redis.call('SET', KEYS[4], 'dead-letter', 'EX', ARGV[5])
+return 1
+"""

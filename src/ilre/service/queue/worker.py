@@ -47,7 +47,7 @@ from ..common.redis_url import parse_redis_url
 from ..common.request_log import log_request
 from .batch import run_batch
 from .redis_stream import CALL_S, RESULT_GRACE_S, RedisKeys, bounded, connect, encode_outcome, ensure_group
-from .scripts import FINISH, RENEW
+from .scripts import DEAD_LETTER, FINISH, OWN, RENEW
 
 log = logging.getLogger(__name__)
 
@@ -78,6 +78,8 @@ class Worker:
             engine.adopt_secret(config.document_secret.encode())
         self._finish_script = self.client.register_script(FINISH)
         self._renew_script = self.client.register_script(RENEW)
+        self._own_script = self.client.register_script(OWN)
+        self._dead_letter_script = self.client.register_script(DEAD_LETTER)
         self._executor = ThreadPoolExecutor(1, thread_name_prefix="ilre-engine")
         self._inflight: set[str] = set()
         self._claim_cursor = "0-0"
@@ -90,10 +92,14 @@ class Worker:
     def claim_idle_s(self) -> float:
         return self.config.claim_idle_ms / 1000.0
 
+    def _follower(self) -> MasterFollower:
+        """The queue's client following a Sentinel group's master, the shared document tier's with it."""
+        return MasterFollower(self.client, *([self._shared.client] if self._shared is not None else []))
+
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until `stop` is set; Redis outages are waited out, never fatal."""
         tasks = [asyncio.create_task(self._heartbeat(stop)), asyncio.create_task(self._keep_claimed()),
-                 asyncio.create_task(MasterFollower(self.client).run())]
+                 asyncio.create_task(self._follower().run())]
         backoff, down = 0.1, False
         try:
             while not stop.is_set():
@@ -166,15 +172,11 @@ class Worker:
         return list(reply[0][1]) if reply else []
 
     async def _own_unread(self) -> list[Entry]:
-        """The entries pending under this worker (XREADGROUP from id 0): handed to it by a read whose reply was lost;
-        those deleted meanwhile are acknowledged."""
-        reply = await self.client.xreadgroup(self.keys.group, self.name, {self.keys.stream: "0"},
-                                             count=self.config.max_batch)
-        entries = list(reply[0][1]) if reply else []
-        for entry_id, fields in entries:
-            if not fields:
-                await self.client.xack(self.keys.stream, self.keys.group, entry_id)
-        kept = [(entry_id, fields) for entry_id, fields in entries if fields]
+        """The entries pending under this worker (OWN: their delivery counts unchanged), handed to it by a read whose
+        reply was lost; those deleted meanwhile are acknowledged."""
+        reply = await self._own_script(keys=[self.keys.stream],
+                                       args=[self.keys.group, self.name, self.config.max_batch])
+        kept = [(entry_id, dict(zip(flat[::2], flat[1::2]))) for entry_id, flat in reply]
         if kept:
             self.metrics.own_pending_taken.inc(len(kept))
             log.warning("worker %s: took back %d entries whose delivery reply was lost", self.name, len(kept))
@@ -323,20 +325,17 @@ class Worker:
     async def _dead_letter(self, entry_id: str, fields: dict[str, str], attempts: int) -> None:
         message = (f"request: abandoned after {attempts} attempts, each ending with its worker gone "
                    f"(max_attempts {self.config.max_attempts}); moved to {self.keys.dead_letter}")
-        log.error("worker %s: entry %s -> dead letters after %d attempts", self.name, entry_id, attempts)
         rid = fields.get("rid", "")
-        async with self.client.pipeline(transaction=True) as pipe:
-            pipe.xadd(self.keys.dead_letter, {**fields, "entry": entry_id, "attempts": attempts, "reason": message},
-                      maxlen=10000, approximate=True)
-            pipe.lpush(self.keys.result(rid), encode_outcome(ServiceError(Code.INTERNAL, message)))
-            pipe.expire(self.keys.result(rid), RESULT_GRACE_S + max(1, math.ceil(_float(fields.get("deadline")) - time.time())))
-            pipe.set(self.keys.done(rid), "dead-letter", ex=RESULT_GRACE_S + max(1, math.ceil(
-                _float(fields.get("deadline")) - time.time())))
-            pipe.xack(self.keys.stream, self.keys.group, entry_id)
-            pipe.xdel(self.keys.stream, entry_id)
-            if fields.get("key"):
-                pipe.zrem(self.keys.unfinished(fields["key"]), rid)
-            await pipe.execute()
+        keys = [self.keys.stream, self.keys.result(rid), self.keys.unfinished(fields.get("key", "")),
+                self.keys.done(rid), self.keys.dead_letter]
+        ttl = RESULT_GRACE_S + max(1, math.ceil(_float(fields.get("deadline")) - time.time()))
+        extra = {**fields, "entry": entry_id, "attempts": attempts, "reason": message}
+        args = [self.keys.group, entry_id, rid, encode_outcome(ServiceError(Code.INTERNAL, message)), ttl,
+                *(x for pair in extra.items() for x in pair)]
+        if not await self._dead_letter_script(keys=keys, args=args):
+            log.warning("worker %s: entry %s was answered meanwhile: acknowledged, not dead-lettered", self.name, entry_id)
+            return
+        log.error("worker %s: entry %s -> dead letters after %d attempts", self.name, entry_id, attempts)
         self.metrics.errors.labels(Code.INTERNAL.value).inc()
 
     async def _requeue(self, entries: list[Entry]) -> None:
