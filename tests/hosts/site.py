@@ -58,10 +58,12 @@ class Site:
         self.reference: dict[int, httpx.Response] = {}
         self.http = cluster.on("client", lambda: httpx.Client(timeout=120))
 
-    def compress(self, i: int, timeout_s: float = 90) -> httpx.Response:
-        """POST /v1/compress from the client host, the request's deadline `timeout_s`."""
+    def compress(self, i: int, timeout_s: float = 90, request_id: str | None = None) -> httpx.Response:
+        """POST /v1/compress from the client host, the request's deadline `timeout_s`; `request_id`: the body's
+        `id`, which its result carries (also one left unread on Redis)."""
         url = f"http://{self.cluster.address('fe')}:{HTTP_PORT}/v1/compress"
-        return self.cluster.on("client", lambda: self.http.post(url, json=request(i), headers={
+        body = request(i) if request_id is None else {**request(i), "id": request_id}
+        return self.cluster.on("client", lambda: self.http.post(url, json=body, headers={
             "x-request-timeout": str(timeout_s)}))
 
     def send(self, *numbers: int, timeout_s: float = 90) -> list[concurrent.futures.Future]:
