@@ -1,7 +1,8 @@
 """The Redis queue across hosts under network faults: three Redis hosts with a sentinel each, two worker hosts, a
 front end host and a client host, in network namespaces (tests/hosts/site.py). Faults by link: a worker cut from
 Redis mid-request, a front end cut from Redis, the master cut from its replicas and sentinels (a failover, then it
-rejoins as a replica; with the front end on either side, followed within 3 s of the heal), 200 ms of delay and 5% loss on the workers' links, a worker host frozen past claim_idle. In each:
+rejoins as a replica; with the front end on either side, followed within 3 s of the heal), 200 ms of delay and 5% loss
+on the workers' links, a worker host frozen past claim_idle. In each:
 every accepted request gets one answer, equal to its answer on the idle service, or a clear error within its
 deadline; none is lost or answered twice (no entry left on the stream, no result left unread); the metrics count
 the retries, reclaims and stale results dropped."""
