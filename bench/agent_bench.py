@@ -40,7 +40,7 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ilre.engine.conversation import read_conversation  # noqa: E402
+from ilre.contract.conversation import read_conversation  # noqa: E402
 from ilre.engine.documents import DocumentCache  # noqa: E402
 from ilre.engine.engine import Engine, EngineConfig  # noqa: E402
 from ilre.evaluation.tasks.haystack import pydoc_text  # noqa: E402

@@ -24,7 +24,7 @@ def measure_compress(length: int, strategy: str, layer: int | None) -> dict:
     import torch
 
     from ilre.engine.engine import Engine, EngineConfig
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
     from ilre.evaluation.tasks.passkey import make_passkey_sample
 
     loading = time.perf_counter()

@@ -28,7 +28,7 @@ ARMS = ("engine thread", "other thread")
 def run_arm(arm: str, lines: Path) -> dict:
     """In this process: the arm's lines, timed."""
     from ilre.engine.engine import Engine, EngineConfig
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
 
     requests = [CompressRequest.from_json(json.loads(line), {}) for line in lines.open()]
     engine = Engine(EngineConfig())

@@ -32,7 +32,7 @@ def one_path(decoder: str, tokens: int, repeats: int) -> dict:
     from layer_passes_bench import first_questions
 
     from ilre.engine.engine import Engine, EngineConfig
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
 
     engine = Engine(EngineConfig(decoder=decoder, dtype="float32", doc_cache_mb=0))
     sample, jobs = first_questions(engine, tokens)

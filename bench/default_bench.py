@@ -46,8 +46,9 @@ def measure(strategy: str, layer: str | None, length: int, repeats: int = 1, dee
 
     import torch
 
+    from ilre.compressor.strategies import requested_strategy
+    from ilre.contract.messages import CompressRequest
     from ilre.engine.engine import Engine, EngineConfig
-    from ilre.engine.messages import CompressRequest
     from ilre.evaluation.tasks.passkey import make_passkey_sample
 
     # nothing kept between the warm-up and the measurement; the dtype as the servers read it (--dtype sets it)
@@ -77,7 +78,7 @@ def measure(strategy: str, layer: str | None, length: int, repeats: int = 1, dee
     # profiled on the engine's compute thread, where its kernels run (the profiler records the thread it starts on)
     tensors = (engine.thread.call(tensor_peak_mib, lambda: engine.compress(request(sample.context_ids)))
                if repeats > 1 else None)
-    return {"strategy": strategy, "layer": result.layer, "options": repr(engine.with_profile(request([0]).strategy_spec)),
+    return {"strategy": strategy, "layer": result.layer, "options": repr(engine.with_profile(requested_strategy(request([0])))),
             "tokens": length, "repeats": repeats, "seconds": round(median, 3), "tokens_per_s": round(length / median),
             "beyond_engine_mib": round(statistics.median(peaks), 1), "beyond_engine_range_mib": [round(min(peaks), 1), round(max(peaks), 1)],
             "tensor_peak_mib": None if tensors is None else round(tensors, 1), "engine_mib": round(loaded), "needle_kept": kept_all, "placement": engine.placement.describe(),

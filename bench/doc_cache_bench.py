@@ -32,7 +32,8 @@ def measure(counts: list[int], tokens: int, cap_mib: int, stores: int) -> list[d
     """Per count: the median ms of one store once the cache holds that many documents (this tree's ilre)."""
     import torch
 
-    from ilre.compressor.prefill import PrefillConfig, encode_context
+    from ilre.compressor.prefill import encode_context
+    from ilre.compressor.prefill_config import PrefillConfig
     from ilre.engine.documents import DocumentCache
     from ilre.models.embedded import embedded_checkpoint
     from ilre.models.loader import load_truncated

@@ -200,7 +200,7 @@ def cached_rows(lengths: list[int]) -> list[str]:
 
     from ilre.engine.documents import DocumentCache
     from ilre.engine.engine import Engine
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
 
     engine = Engine()
     mib = 2 ** 20

@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from stream_agreement import samples  # noqa: E402
 
 import ilre.kernels.chunk_attention as attention  # noqa: E402
+from ilre.contract.messages import CompressRequest  # noqa: E402
 from ilre.engine.engine import Engine, EngineConfig  # noqa: E402
-from ilre.engine.messages import CompressRequest  # noqa: E402
 from ilre.kernels.native_attention import native_preferred  # noqa: E402
 
 PATHS = {"plain": {"strategy": "ilre", "layer": "fast"}, "default": {}}

@@ -66,7 +66,7 @@ def operators() -> None:
 
 def allocator(tokens: int, repeats: int) -> None:
     from ilre.engine.engine import Engine, EngineConfig
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
     from ilre.evaluation.tasks.passkey import make_passkey_sample
 
     if not heap.tune_allocator():

@@ -48,7 +48,7 @@ def run(args: argparse.Namespace) -> None:
     import torch
 
     from ilre.engine.engine import Engine, EngineConfig
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
     from ilre.evaluation.running.metrics import retention
     from ilre.evaluation.tasks.ruler import TASKS, generate_sample
 

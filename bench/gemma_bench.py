@@ -25,7 +25,7 @@ def _status_mib(field: str) -> float:
 def one_model(model: str, lengths: list[int]) -> dict:
     """In this process: the engine on `model`, a first question per length (fresh contexts, no document cache)."""
     from ilre.engine.engine import Engine, EngineConfig
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
     from ilre.evaluation.tasks.passkey import make_passkey_sample
 
     engine = Engine(EngineConfig(model=model, doc_cache_mb=0))

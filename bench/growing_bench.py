@@ -45,9 +45,9 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ilre.contract.messages import CompressRequest  # noqa: E402
 from ilre.engine.documents import DocumentCache  # noqa: E402
 from ilre.engine.engine import Engine, EngineConfig  # noqa: E402
-from ilre.engine.messages import CompressRequest  # noqa: E402
 from ilre.evaluation.tasks.haystack import shakespeare_text  # noqa: E402
 from ilre.service.common.config import ServiceConfig, SidecarConfig  # noqa: E402
 from ilre.service.server import ServiceThread  # noqa: E402

@@ -21,8 +21,8 @@ libc.mallinfo2.restype = MI2
 import torch
 from concurrent.futures import ThreadPoolExecutor
 from mixed_bench import SUITE, sample
+from ilre.contract.messages import CompressRequest, ScopedRequest
 from ilre.engine.engine import Engine, EngineConfig
-from ilre.engine.messages import CompressRequest, ScopedRequest
 from ilre.service.documents.redis_tier import RedisDocuments
 port = 6399
 srv = subprocess.Popen(["redis-server", "--port", str(port), "--save", "", "--appendonly", "no"], stdout=subprocess.DEVNULL)

@@ -60,7 +60,7 @@ def main() -> None:
     import torch
 
     from ilre.compressor.pipeline import select_context
-    from ilre.compressor.prefill import PrefillConfig
+    from ilre.compressor.prefill_config import PrefillConfig
     from ilre.compressor.strategies import make_strategy
     from ilre.models.device import resolve_placement
 

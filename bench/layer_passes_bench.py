@@ -80,7 +80,7 @@ def short_requests(lines: int) -> list:
     """`lines` short lines as bench/short_lines_bench.py writes them, as requests."""
     from batch_bench import corpus
 
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
 
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(tmp) / "lines.jsonl"
@@ -115,7 +115,7 @@ def shared(kept: dict[str, list[list[int]]], new: str = "c", old: str = "torch")
 
 def first_questions(engine, tokens: int) -> tuple[object, dict]:
     """A `tokens` passkey sample, and its first question by the default and by plain ILRe at l_R (budget 1024)."""
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
     from ilre.evaluation.tasks.passkey import make_passkey_sample
 
     sample = make_passkey_sample(engine.tokenizer, tokens, 0.5, seed=7)
@@ -129,7 +129,7 @@ def first_questions(engine, tokens: int) -> tuple[object, dict]:
 
 def end_to_end(args) -> None:
     from ilre.engine.engine import Engine, EngineConfig
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
 
     engine = Engine(EngineConfig(dtype=args.dtype, doc_cache_mb=0))
     sample, jobs = first_questions(engine, args.tokens)

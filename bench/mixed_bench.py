@@ -80,7 +80,7 @@ def sample(tokenizer, kind: str, length: int, index: int) -> tuple[list[int], li
 def measure(engine, name: str, strategy: str, layer: str | None, ids: list[int], query: list[int],
             answers: list[str]) -> dict:
     """One first query, as `Engine.compress` runs it (prepare, answer, finish), keeping what the strategy measured."""
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
 
     request = CompressRequest(context_ids=ids, query_ids=query, budget=1024, strategy=strategy, layer=layer)
     with engine.deepening.turn():

@@ -33,7 +33,8 @@ def checkpoint(folder: Path) -> Path:
 def main() -> None:
     import torch
 
-    from ilre.compressor.prefill import PrefillConfig, streaming_prefill
+    from ilre.compressor.prefill import streaming_prefill
+    from ilre.compressor.prefill_config import PrefillConfig
     from ilre.models.loader import read_tensors
     from ilre.models.transformers_loader import load_transformers_lm
 

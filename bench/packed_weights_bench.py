@@ -67,7 +67,7 @@ def switch(engine, packed: bool) -> None:
 
 def end_to_end(args) -> None:
     from ilre.engine.engine import Engine, EngineConfig
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
 
     engine = Engine(EngineConfig(dtype="bfloat16", doc_cache_mb=0))
     sample, jobs = first_questions(engine, args.tokens)

@@ -45,7 +45,7 @@ def main() -> None:
     from torch.profiler import ProfilerActivity, profile
 
     from ilre.engine.engine import Engine, EngineConfig
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
     from ilre.evaluation.tasks.passkey import make_passkey_sample
 
     engine = Engine(EngineConfig(device=args.device, dtype=args.dtype))

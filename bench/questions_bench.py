@@ -27,7 +27,7 @@ def kept(result, answers: list[str]) -> bool:
 
 def run(length: int, others: int, output: Path) -> list[dict]:
     from ilre.engine.engine import Engine, EngineConfig
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
 
     done = [json.loads(line) for line in output.read_text().splitlines()] if output.exists() else []
     have = {(r["tokens"], r["kind"], r["others"]) for r in done}

@@ -28,11 +28,11 @@ import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ilre.contract.messages import CompressRequest, NotFoundError  # noqa: E402
 from ilre.engine.documents import DocumentCache  # noqa: E402
 from ilre.engine.engine import Engine  # noqa: E402
-from ilre.engine.messages import CompressRequest, NotFoundError  # noqa: E402
-from ilre.evaluation.tasks.haystack import shakespeare_text  # noqa: E402
 from ilre.evaluation.report.intervals import rank_sum_test  # noqa: E402
+from ilre.evaluation.tasks.haystack import shakespeare_text  # noqa: E402
 from ilre.service.common.config import ServiceConfig  # noqa: E402
 from ilre.service.common.keys import ApiKeys  # noqa: E402
 from ilre.service.documents.redis_tier import RedisDocuments  # noqa: E402

@@ -25,8 +25,8 @@ import time
 import redis
 import torch
 
+from ilre.contract.messages import CompressRequest
 from ilre.engine.engine import Engine
-from ilre.engine.messages import CompressRequest
 from ilre.evaluation.tasks.passkey import make_passkey_sample
 from ilre.service.client import AsyncClient
 from ilre.service.common.config import ServiceConfig

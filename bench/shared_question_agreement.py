@@ -23,9 +23,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ilre.contract.messages import CompressRequest  # noqa: E402
 from ilre.engine.documents import DocumentCache  # noqa: E402
 from ilre.engine.engine import Engine, EngineConfig  # noqa: E402
-from ilre.engine.messages import CompressRequest  # noqa: E402
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])
 STRATEGIES = {"deepened (ilre at 19 + layer 8)": ("ilre", {"also_layers": [8]}), "default (cascade)": ("cascade", {})}

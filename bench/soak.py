@@ -37,8 +37,8 @@ import redis
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from ilre.contract.messages import CompressRequest  # noqa: E402
 from ilre.engine.engine import Engine  # noqa: E402
-from ilre.engine.messages import CompressRequest  # noqa: E402
 from ilre.evaluation.tasks.passkey import make_passkey_sample  # noqa: E402
 from ilre.service.client import AsyncClient, ClientError  # noqa: E402
 from ilre.service.common.redis_connection import sync_client  # noqa: E402

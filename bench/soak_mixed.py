@@ -48,10 +48,10 @@ from mixed_bench import SUITE, sample  # noqa: E402
 from growing_bench import full_depth_options  # noqa: E402
 from soak import Cluster, _median, rss_mib  # noqa: E402
 
+from ilre.contract.messages import CompressRequest  # noqa: E402
 from ilre.engine.document_names import DocumentNames  # noqa: E402
 from ilre.engine.documents import DocumentCache  # noqa: E402
 from ilre.engine.engine import Engine  # noqa: E402
-from ilre.engine.messages import CompressRequest  # noqa: E402
 from ilre.service.client import AsyncClient, ClientError  # noqa: E402
 
 KEYS = {"flood": "sk-soak-flood-5b1e07c2", "quiet-a": "sk-soak-quiet-a-94d0f3", "quiet-b": "sk-soak-quiet-b-2ac8e6"}

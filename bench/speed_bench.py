@@ -31,7 +31,7 @@ BUDGET = 1024
 def prefill_flops(spec, l_r: int, length: int, n_query: int, config) -> float:
     """Useful FLOPs of the streaming prefill + scoring: projections and MLP of layers < l_R, the
     keys (context) and queries (query) of l_R, attention over each chunk's visible keys."""
-    from ilre.compressor.prefill import chunk_bounds
+    from ilre.compressor.context_state import chunk_bounds
 
     d, hd, heads, kv, ff = spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.intermediate_size
     per_token = 2 * (d * (heads + 2 * kv) * hd + heads * hd * d + 3 * d * ff)  # one full layer
@@ -100,7 +100,7 @@ def measure_compress(dtype: str, length: int, device: str) -> dict:
     import torch
 
     from ilre.engine.engine import Engine, EngineConfig
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
     from ilre.evaluation.tasks.passkey import make_passkey_sample
 
     engine = Engine(EngineConfig(dtype=dtype, device=device))
@@ -126,7 +126,7 @@ def measure_compress(dtype: str, length: int, device: str) -> dict:
 
 def measure_batch(dtype: str, device: str, n_requests: int = 32, tokens: int = 300) -> dict:
     from ilre.engine.engine import Engine, EngineConfig
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
     from ilre.evaluation.tasks.passkey import make_passkey_sample
 
     engine = Engine(EngineConfig(dtype=dtype, device=device, batch_tokens=16384))  # batching on, whatever the device

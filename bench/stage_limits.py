@@ -269,7 +269,7 @@ def main() -> None:
 
 def report(engine, sample, name: str, peaks: dict[str, float], own: str, passes: str) -> None:
     """One strategy's stage table and whole-request line."""
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
 
     # the default as `ilre serve` and `ilre batch` run a first question: its candidates from its own stream
     strategy = {"strategy_options": {"first_from_stream": True}} if name == "default" else {"strategy": name}

@@ -24,8 +24,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from ilre.compressor.pipeline import resumed, select_query  # noqa: E402
 from ilre.compressor.prefill import encode_context  # noqa: E402
+from ilre.contract.messages import CompressRequest  # noqa: E402
 from ilre.engine.engine import Engine  # noqa: E402
-from ilre.engine.messages import CompressRequest  # noqa: E402
 from ilre.evaluation.tasks.passkey import make_passkey_sample  # noqa: E402
 from tests.service.haystacks import FACT, QUESTION, haystack  # noqa: E402
 

@@ -66,7 +66,7 @@ def segmentation_rows(tokenizer) -> list[dict]:
 
 def compress_rows(lengths: list[int], repeats: int) -> list[dict]:
     from ilre.engine.engine import Engine, EngineConfig
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
     from ilre.evaluation.tasks.passkey import make_passkey_sample
 
     engine = Engine(EngineConfig(doc_cache_mb=0))

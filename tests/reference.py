@@ -10,7 +10,8 @@ import math
 
 import torch
 
-from ilre.compressor.prefill import PrefillConfig, chunk_bounds
+from ilre.compressor.context_state import chunk_bounds
+from ilre.compressor.prefill_config import PrefillConfig
 from ilre.kernels.rope import rerotate
 
 

@@ -24,7 +24,7 @@ QUERIES = ("\n\nQuestion: What is the vault code of the Duke of Milan's museum?\
 
 
 def _result(outcome) -> object:
-    from ilre.engine.messages import CompressResults
+    from ilre.contract.messages import CompressResults
 
     if isinstance(outcome, Exception):
         return f"{type(outcome).__name__}: {outcome}"
@@ -38,7 +38,7 @@ def snapshot() -> dict[str, object]:
     import torch
 
     from ilre.engine.engine import Engine, EngineConfig
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
     from tests.service.haystacks import haystack
 
     torch.manual_seed(0)

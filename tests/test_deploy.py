@@ -118,7 +118,7 @@ def _image_env() -> dict[str, str]:
 
 def _declared_names(command: str) -> set[str]:
     from ilre.cli.parser import COMMAND_SETTINGS
-    from ilre.engine.settings import settings_for
+    from ilre.contract.settings import settings_for
 
     return {s.env for s in settings_for(command, *COMMAND_SETTINGS[command])}
 

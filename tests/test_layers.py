@@ -10,11 +10,12 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 PACKAGE = ROOT / "src" / "ilre"
-FOLDERS = {name: f"src/ilre/{name}" for name in ("kernels", "models", "compressor", "engine", "v1", "service",
+FOLDERS = {name: f"src/ilre/{name}" for name in ("contract", "kernels", "models", "compressor", "engine", "v1", "service",
                                                   "evaluation", "training", "integrations", "cli")}
 # what each folder may import; evaluation and service never import each other, only the CLI composes them;
 # training (the profile, Locret's weights) reads evaluation's task generators only (SUBPACKAGE_RULES)
 ALLOWED = {
+    "contract": set(),  # the ground floor: every folder may import it (below)
     "kernels": set(),
     "models": {"kernels"},
     "compressor": {"kernels", "models"},
@@ -26,14 +27,18 @@ ALLOWED = {
     "integrations": {"compressor", "engine", "service", "v1"},
     "cli": {"kernels", "models", "compressor", "engine", "v1", "service", "evaluation", "training", "integrations"},
 }
+for _folder in ALLOWED:
+    if _folder != "contract":
+        ALLOWED[_folder].add("contract")
 
 
 # (a module or folder inside the package, what it must not import): the floors inside the top-level folders
 SUBPACKAGE_RULES = [
-    ("service.queue", ("service.transport", "service.server")),  # the queues know no transport, nor what composes them
+    ("service.queue", ("service.transport", "service.server", "service.worker", "service.documents")),  # the queues
+    # know no transport, nor what composes them (the server, the worker), nor the document tier
     ("service.transport", ("service.queue", "service.server", "service.sidecar")),  # the queue only through the Frontend
     ("service.sidecar", ("service.queue", "service.server")),  # the sidecar: a product on the transports' floor
-    ("service.documents", ("service.queue", "service.transport", "service.server")),  # the document tier serves the queue
+    ("service.documents", ("service.queue", "service.transport", "service.server")),  # the document tier serves the worker
     ("service.common", ("service.queue", "service.transport", "service.sidecar", "service.documents", "service.server",
                         "service.client")),  # the ground floor reads no floor above it
     ("service.client", ("service.queue", "service.server")),  # the thin client: only the wire's conversion
@@ -222,3 +227,18 @@ def test_the_layers_cover_every_folder_of_the_package():
     folders = {path.name for path in PACKAGE.iterdir() if path.is_dir() and any(path.rglob("*.py"))}
     assert folders == set(FOLDERS) == set(ALLOWED)
 
+
+
+def test_the_contract_imports_neither_torch_nor_the_engine():
+    """Every module of the contract package, imported in a fresh interpreter, brings in no torch and nothing of
+    ilre outside the contract (a thin client, the CLI's parser and an adapter read the messages without a model)."""
+    import subprocess
+    import sys
+
+    modules = sorted(f"ilre.contract.{p.stem}" for p in (PACKAGE / "contract").glob("*.py") if p.stem != "__init__")
+    assert "ilre.contract.messages" in modules and len(modules) >= 7
+    code = ("import sys\n" + "".join(f"import {m}\n" for m in modules)
+            + "print(sorted(m for m in sys.modules if m == 'torch' or (m.startswith('ilre.') "
+              "and not m.startswith('ilre.contract'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]", f"the contract imported {out.strip()}"

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from ilre.engine.messages import CompressRequest
+from ilre.contract.messages import CompressRequest
 from ilre.evaluation.tasks.passkey import make_passkey_sample
 
 DEPTHS = [d / 9 for d in range(10)]  # first token .. last, evenly

@@ -26,8 +26,8 @@ import torch
 
 from ilre.compressor.prefill import prefill_query
 from ilre.compressor.strategies.cascade import peak_strength
+from ilre.contract.messages import CompressRequest
 from ilre.engine.engine import Engine, EngineConfig
-from ilre.engine.messages import CompressRequest
 from ilre.evaluation.running.metrics import retention
 from ilre.evaluation.running.records import load_records
 from ilre.evaluation.tasks.lengths import length_label, parse_length

@@ -10,7 +10,8 @@ import argparse
 
 import torch
 
-from ilre.compressor.prefill import PrefillConfig, streaming_prefill
+from ilre.compressor.prefill import streaming_prefill
+from ilre.compressor.prefill_config import PrefillConfig
 from ilre.engine.engine import Engine, EngineConfig
 from ilre.evaluation.running.metrics import retention
 from ilre.evaluation.running.run_eval import allocate

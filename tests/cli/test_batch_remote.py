@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from ilre.engine.messages import CompressRequest
+from ilre.contract.messages import CompressRequest
 from ilre.service.server import ServiceThread
 
 from tests.cli.test_batch_job import corpus, read_lines, write_lines

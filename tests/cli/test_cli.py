@@ -192,7 +192,7 @@ def test_batch_missing_input_is_a_clear_failure(tmp_path: Path):
 
 
 def test_engine_rejects_ids_beyond_int64(engine):
-    from ilre.engine.messages import CompressRequest, InputError
+    from ilre.contract.messages import CompressRequest, InputError
 
     for bad in (2**70, -1, 49152):
         with pytest.raises(InputError, match=f"context_ids: token id {bad} outside the vocabulary 0..49151"):

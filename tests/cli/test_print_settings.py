@@ -14,7 +14,7 @@ import pytest
 
 from ilre.cli.main import main
 from ilre.cli.parser import COMMAND_SETTINGS
-from ilre.engine.settings import SERVERS, Setting, declared, settings_for
+from ilre.contract.settings import SERVERS, Setting, declared, settings_for
 from tests.service.conftest import ILRE
 
 SECRET = "set"

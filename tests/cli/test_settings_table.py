@@ -1,5 +1,5 @@
 """The settings are declared once: README's tables, every server command's flags and the environment names
-the code reads all come from the declarations (engine/settings.py), and this fails while any differs."""
+the code reads all come from the declarations (contract/settings.py), and this fails while any differs."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import pytest
 
 from ilre.cli.parser import COMMAND_SETTINGS, build_parser
 from ilre.cli.settings_table import BEGIN, OTHER_ENVIRONMENT, rewrite, settings_table
-from ilre.engine.settings import declared, settings_for
+from ilre.contract.settings import declared, settings_for
 
 ROOT = Path(__file__).resolve().parents[2]
 PAGES = {"common": ROOT / "README.md", "environment": ROOT / "README.md", "advanced": ROOT / "docs" / "operations.md"}

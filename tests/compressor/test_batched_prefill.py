@@ -9,7 +9,8 @@ import torch
 
 from ilre.compressor.batched_prefill import batched_prefill, fits_one_chunk
 from ilre.compressor.pipeline import SelectionJob, select_context, select_contexts
-from ilre.compressor.prefill import PrefillConfig, streaming_prefill
+from ilre.compressor.prefill import streaming_prefill
+from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.strategies import make_strategy
 from tests.tiny_models import N_LAYERS, random_ids, single_thread, tiny_checkpoint  # noqa: F401
 from ilre.kernels.rope import keys_as_read

@@ -6,7 +6,8 @@ import torch
 
 from ilre.compressor.calibration import needle_kept, pick_layer, recall_by_layer
 from ilre.compressor.pipeline import select_context
-from ilre.compressor.prefill import PrefillConfig, streaming_prefill
+from ilre.compressor.prefill import streaming_prefill
+from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.strategies import make_strategy
 from ilre.models.loader import load_truncated
 from tests.tiny_models import N_LAYERS, random_ids, single_thread, tiny_checkpoint  # noqa: F401

@@ -9,7 +9,8 @@ import torch
 
 from ilre.compressor.candidate_prefill import Streams, candidate_prefill
 from ilre.compressor.pipeline import select_context, select_queries, select_query
-from ilre.compressor.prefill import PrefillConfig, encode_context, prefill_query
+from ilre.compressor.prefill import encode_context, prefill_query
+from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.strategies import make_strategy
 from ilre.compressor.strategies.cascade import FIRST_STREAM_TOKENS, pick_candidates, recent_share
 from ilre.models.loader import load_truncated

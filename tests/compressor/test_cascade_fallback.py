@@ -11,7 +11,8 @@ import torch
 
 from ilre.compressor.candidate_prefill import Streams, candidate_prefill
 from ilre.compressor.pipeline import select_context, select_query
-from ilre.compressor.prefill import PrefillConfig, encode_context, prefill_query, resume_context
+from ilre.compressor.prefill import encode_context, prefill_query, resume_context
+from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.strategies import make_strategy
 from ilre.compressor.strategies.base import QueryPass
 from ilre.compressor.strategies.cascade import peak_strength, pick_candidates, recent_share

@@ -8,8 +8,10 @@ from functools import lru_cache
 import pytest
 import torch
 
+from ilre.compressor.context_state import ContextState
 from ilre.compressor.pipeline import select_context, select_query
-from ilre.compressor.prefill import ContextState, PrefillConfig, encode_context, prefill_query, streaming_prefill
+from ilre.compressor.prefill import encode_context, prefill_query, streaming_prefill
+from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.strategies import ScoreInputs, Strategy, make_strategy
 from ilre.kernels.rope import keys_as_read
 from ilre.models.loader import load_truncated

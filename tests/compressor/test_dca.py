@@ -7,9 +7,10 @@ from functools import lru_cache
 import pytest
 import torch
 
-from ilre.compressor.prefill import PrefillConfig, chunk_bounds, streaming_prefill
-from ilre.kernels.rope import rerotate
-from ilre.kernels.rope import keys_as_read
+from ilre.compressor.context_state import chunk_bounds
+from ilre.compressor.prefill import streaming_prefill
+from ilre.compressor.prefill_config import PrefillConfig
+from ilre.kernels.rope import keys_as_read, rerotate
 from ilre.models.loader import load_truncated
 from tests.reference import dense_prefill
 from tests.tiny_models import N_LAYERS, random_ids, single_thread, tiny_checkpoint  # noqa: F401

@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ilre.compressor.context_state import ContextState
-from ilre.compressor.prefill import (chunk_bounds, encode_context, extend_context, extend_in_steps, prefill_query,
-                                     resume_context)
+from ilre.compressor.context_state import ContextState, chunk_bounds
+from ilre.compressor.prefill import encode_context, extend_context, extend_in_steps, prefill_query, resume_context
 from ilre.kernels.rope import keys_as_read
 from tests.tiny_models import N_LAYERS, random_ids
 

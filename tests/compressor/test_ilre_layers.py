@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from ilre.compressor.pipeline import select_context, select_query
-from ilre.compressor.prefill import PrefillConfig, encode_context
+from ilre.compressor.prefill import encode_context
+from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.strategies import make_strategy
 from ilre.models.loader import load_truncated
 from tests.reference import dense_prefill, dense_scores, literal_algorithm1

@@ -7,8 +7,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ilre.compressor.context_state import RetrievalState
 from ilre.compressor.pipeline import select_context, select_query
-from ilre.compressor.prefill import PrefillConfig, RetrievalState, encode_context
+from ilre.compressor.prefill import encode_context
+from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.strategies import ScoreInputs, make_strategy
 from ilre.kernels.rope import keys_as_read
 from ilre.models.loader import load_truncated

@@ -9,8 +9,10 @@ import math
 import pytest
 import torch
 
+from ilre.compressor.context_state import HEAD_INPUTS, RetrievalState
 from ilre.compressor.pipeline import select_context, select_query
-from ilre.compressor.prefill import HEAD_INPUTS, PrefillConfig, RetrievalState, encode_context
+from ilre.compressor.prefill import encode_context
+from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.strategies import ScoreInputs, make_strategy
 from ilre.models.loader import load_spec, load_truncated
 from ilre.models.retaining_head import RetainingHead, attach_head, head_path

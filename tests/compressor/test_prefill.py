@@ -7,7 +7,9 @@ from functools import lru_cache
 import pytest
 import torch
 
-from ilre.compressor.prefill import PrefillConfig, chunk_bounds, streaming_prefill
+from ilre.compressor.context_state import chunk_bounds
+from ilre.compressor.prefill import streaming_prefill
+from ilre.compressor.prefill_config import PrefillConfig
 from ilre.kernels.query_scores import query_key_scores
 from ilre.kernels.rope import keys_as_read
 from ilre.models.loader import load_truncated

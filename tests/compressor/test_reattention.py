@@ -6,8 +6,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from ilre.compressor.context_state import RetrievalState
 from ilre.compressor.pipeline import select_context
-from ilre.compressor.prefill import PrefillConfig, RetrievalState, encode_context, prefill_query
+from ilre.compressor.prefill import encode_context, prefill_query
+from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.strategies import ScoreInputs, make_strategy
 from ilre.kernels.rope import apply_rope
 from ilre.models.loader import load_truncated

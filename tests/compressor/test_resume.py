@@ -6,7 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ilre.compressor.prefill import chunk_bounds, encode_context, prefill_query, resume_context, resume_in_steps
+from ilre.compressor.context_state import chunk_bounds
+from ilre.compressor.prefill import encode_context, prefill_query, resume_context, resume_in_steps
 from tests.tiny_models import N_LAYERS, random_ids
 
 from .test_context_state import CONFIGS, model, snapshot

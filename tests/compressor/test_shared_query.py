@@ -11,7 +11,8 @@ import torch
 
 from ilre.compressor.context_state import ContextState
 from ilre.compressor.pipeline import select_query
-from ilre.compressor.prefill import PrefillConfig, encode_context, prefill_query
+from ilre.compressor.prefill import encode_context, prefill_query
+from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.shared_query import SharedQuestionJob, moved_queries, select_shared
 from ilre.compressor.strategies import make_strategy
 from ilre.kernels.query_scores import query_key_scores

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from ilre.compressor.pipeline import select_context
-from ilre.compressor.prefill import PrefillConfig, streaming_prefill
+from ilre.compressor.prefill import streaming_prefill
+from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.strategies import STRATEGIES, make_strategy
 from ilre.kernels.query_scores import query_key_scores
 from ilre.models.loader import load_truncated

@@ -1,4 +1,4 @@
-"""A chat compressed message by message (engine/chat.py): the split and the budget's shares against
+"""A chat compressed message by message (contract/chat.py): the split and the budget's shares against
 literal expectations, and the gateway routes and the LiteLLM hook asking for the same compressions of
 the same chat (a stand-in model that counts words as tokens; no engine, no LiteLLM proxy)."""
 
@@ -15,10 +15,10 @@ from typing import Any
 
 import pytest
 
-from ilre.engine.chat import (LONG_QUERY, Share, cached_prefix, last_user_index, message_text, query_text,
-                              share_budget, split_chat)
-from ilre.engine.defaults import QUERY_TOKENS
-from ilre.engine.messages import CompressResult
+from ilre.contract.chat import (LONG_QUERY, Share, cached_prefix, last_user_index, message_text, query_text,
+                                share_budget, split_chat)
+from ilre.contract.defaults import QUERY_TOKENS
+from ilre.contract.messages import CompressResult
 
 IMAGE = {"type": "image_url", "image_url": {"url": "data:x"}}
 

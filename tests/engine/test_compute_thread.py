@@ -6,9 +6,9 @@ from __future__ import annotations
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+from ilre.contract.messages import CompressRequest
 from ilre.engine.compute_thread import ComputeThread
 from ilre.engine.deepening import Deepener
-from ilre.engine.messages import CompressRequest
 
 from .test_deepening import counting
 

@@ -10,8 +10,8 @@ import json
 
 import pytest
 
-from ilre.engine.chat import split_chat
-from ilre.engine.conversation import NotReadable, read_conversation
+from ilre.contract.chat import split_chat
+from ilre.contract.conversation import NotReadable, read_conversation
 
 TOOL_OUTPUT = "def parse(text):\n    return json.loads(text)\n" * 50  # a long tool result
 WEATHER_TOOL = {"type": "function", "function": {"name": "get_weather", "description": "Get the weather",

@@ -12,13 +12,14 @@ import pytest
 
 import torch
 
+from ilre.compressor.context_state import chunk_bounds
 from ilre.compressor.pipeline import select_query
-from ilre.compressor.prefill import PrefillConfig, chunk_bounds, encode_context, encode_in_steps, run_steps
-from ilre.compressor.strategies import cascade as cascade_module
-from ilre.compressor.strategies import make_strategy
+from ilre.compressor.prefill import encode_context, encode_in_steps, run_steps
+from ilre.compressor.prefill_config import PrefillConfig
+from ilre.compressor.strategies import cascade as cascade_module, make_strategy
+from ilre.contract.messages import CompressRequest
 from ilre.engine.deepening import Deepener, DeepeningStats
 from ilre.engine.documents import DocumentCache
-from ilre.engine.messages import CompressRequest
 from ilre.models.loader import load_truncated
 from ilre.service.documents.redis_tier import RedisDocuments
 from tests.reference import full_depth_options

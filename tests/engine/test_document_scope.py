@@ -16,10 +16,10 @@ import httpx
 import pytest
 import torch
 
+from ilre.contract.messages import CompressRequest, NotFoundError
 from ilre.engine.document_names import DocumentNames
 from ilre.engine.documents import DocumentCache
 from ilre.engine.engine import NOT_FOUND_MESSAGE
-from ilre.engine.messages import CompressRequest, NotFoundError
 from ilre.evaluation.report.intervals import rank_sum_test
 from ilre.service.client import Client, ClientError
 from ilre.service.common.errors import ConfigError

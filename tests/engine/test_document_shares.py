@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from ilre.compressor.prefill import encode_context
+from ilre.contract.messages import CompressRequest
 from ilre.engine.document_names import DocumentNames
 from ilre.engine.documents import DocumentCache
-from ilre.engine.messages import CompressRequest
 from ilre.evaluation.tasks.haystack import shakespeare_text
 from ilre.service.client import Client
 from ilre.service.documents.redis_tier import RedisDocuments

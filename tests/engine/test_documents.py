@@ -10,12 +10,14 @@ from functools import lru_cache
 import pytest
 import torch
 
+from ilre.compressor.context_state import chunk_bounds
 from ilre.compressor.pipeline import select_context_queries
-from ilre.compressor.prefill import PrefillConfig, chunk_bounds, encode_context, extend_context
+from ilre.compressor.prefill import encode_context, extend_context
+from ilre.compressor.prefill_config import PrefillConfig
+from ilre.contract.messages import CompressRequest, CompressResults, InputError, NotFoundError
 from ilre.engine.document_names import DocumentNames
-from ilre.engine.documents import KEYS_ONLY, DocumentCache, state_key
+from ilre.engine.documents import DocumentCache, KEYS_ONLY, state_key
 from ilre.engine.engine import NOT_FOUND_MESSAGE
-from ilre.engine.messages import CompressRequest, CompressResults, InputError, NotFoundError
 from ilre.evaluation.tasks.haystack import shakespeare_text
 from ilre.models.loader import load_truncated
 from ilre.service.documents.redis_tier import RedisDocuments, charged

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from ilre.contract.messages import CompressRequest, InputError
 from ilre.engine.engine import Engine, EngineConfig
-from ilre.engine.messages import CompressRequest, InputError
 
 from ..conftest import DTYPE, SHALLOW_COARSE, shallow_profile
 from tests.service.conftest import QUERY, comparable, context

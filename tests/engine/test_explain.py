@@ -125,7 +125,7 @@ def test_cli_writes_the_page_and_keeps_json_unchanged(browser, tmp_path):
 
 
 def test_explain_page_shows_units_and_which_were_kept_whole(browser, tmp_path, engine):
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
 
     result = engine.compress(CompressRequest(context=CONTEXT, query=QUERY, budget=40, granularity="unit", explain=True))
     page = tmp_path / "units.html"

@@ -9,10 +9,12 @@ from functools import lru_cache
 import pytest
 import torch
 
+from ilre.compressor.context_state import chunk_bounds
 from ilre.compressor.pipeline import select_query
-from ilre.compressor.prefill import PrefillConfig, chunk_bounds, encode_context, extend_context
+from ilre.compressor.prefill import encode_context, extend_context
+from ilre.compressor.prefill_config import PrefillConfig
+from ilre.contract.messages import CompressRequest
 from ilre.engine.documents import DocumentCache
-from ilre.engine.messages import CompressRequest
 from ilre.evaluation.tasks.haystack import shakespeare_text
 from ilre.service.documents.redis_tier import RedisDocuments
 from tests.service.conftest import comparable

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from ilre.compressor.context_state import ContextState
-from ilre.engine.heap import OFF_HEAP_MIN_BYTES, HeapTrimmer, _libc, off_heap
-from ilre.engine.messages import CompressRequest
+from ilre.contract.messages import CompressRequest
+from ilre.engine.heap import HeapTrimmer, OFF_HEAP_MIN_BYTES, _libc, off_heap
 
 FRAGMENTED = """
 import torch

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from ilre.contract.messages import CompressRequest, InputError, NotFoundError
 from ilre.engine.documents import DocumentCache
 from ilre.engine.engine import Engine, EngineConfig
-from ilre.engine.messages import CompressRequest, InputError, NotFoundError
 from ilre.service.documents.redis_tier import RedisDocuments, charged
 
 STDLIB = Path(sysconfig.get_paths()["stdlib"])

@@ -11,7 +11,7 @@ import torch
 
 from ilre.compressor.pipeline import select_context, select_context_queries
 from ilre.compressor.units import document_units
-from ilre.engine.messages import CompressRequest, InputError
+from ilre.contract.messages import CompressRequest, InputError
 from ilre.models.token_bytes import context_bytes, token_bytes
 
 from .test_documents import CANDIDATES

@@ -9,7 +9,7 @@ import torch
 
 from ilre.compressor.calibration import needle_kept
 from ilre.compressor.strategies import make_strategy
-from ilre.engine.messages import CompressRequest
+from ilre.contract.messages import CompressRequest
 from ilre.evaluation.report.other_corpus import section
 from ilre.evaluation.running.other_corpus import run_other_corpus
 from ilre.evaluation.tasks.passkey import make_passkey_sample

@@ -22,7 +22,7 @@ def test_each_engine_row_is_the_engines_answer_to_its_request(shallow_engine):
     """run_sample sends each row to the engine as a request (one encoding shared by the rows that read it)
     and records what `Engine.compress` keeps for that request (a flow: on the shallow calibration, tests/conftest.py)."""
     engine = shallow_engine
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
     from ilre.evaluation.running.metrics import retention
     from ilre.evaluation.tasks.ruler import generate_sample
 

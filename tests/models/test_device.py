@@ -8,16 +8,11 @@ import importlib.util
 import pytest
 import torch
 
-from ilre.compressor.prefill import PrefillConfig, streaming_prefill
+from ilre.compressor.prefill import streaming_prefill
+from ilre.compressor.prefill_config import PrefillConfig
 from ilre.kernels.rope import keys_as_read
 from ilre.models import device
-from ilre.models.device import (
-    PlacementError,
-    cpu_has_native_bfloat16,
-    resolve_device,
-    resolve_dtype,
-    resolve_placement,
-)
+from ilre.models.device import PlacementError, cpu_has_native_bfloat16, resolve_device, resolve_dtype, resolve_placement
 from ilre.models.int8 import int8_available
 from ilre.models.loader import load_truncated
 from tests.reference import dense_prefill

@@ -12,7 +12,8 @@ import pytest
 import torch
 
 from ilre.compressor.context_state import chunk_bounds
-from ilre.compressor.prefill import PrefillConfig, streaming_prefill
+from ilre.compressor.prefill import streaming_prefill
+from ilre.compressor.prefill_config import PrefillConfig
 from ilre.models.loader import load_truncated, read_tensors
 from ilre.models.spec import FULL
 from ilre.models.transformers_loader import load_transformers_lm
@@ -269,7 +270,7 @@ def test_vocab_is_the_checkpoints():
 def test_a_compressed_reply_gives_the_checkpoints_own_token_ids(family):
     """In process, as the service runs it: the kept indices' token IDs are the checkpoint's tokenizer's."""
     from ilre.engine.engine import Engine, EngineConfig
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
     from tests.family_models import byte_tokenizer
 
     engine = Engine(EngineConfig(model=str(family_checkpoint(family)), layer=L_R, doc_cache_mb=0))

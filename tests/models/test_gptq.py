@@ -6,10 +6,11 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ilre.compressor.prefill import PrefillConfig, streaming_prefill
+from ilre.compressor.prefill import streaming_prefill
+from ilre.compressor.prefill_config import PrefillConfig
 from ilre.kernels.rope import keys_as_read
 from ilre.models.gptq import BLOCK, gptq, gptq_reference, input_hessians
-from ilre.models.int8 import WEIGHT_LEVELS, Calibration, Int8Linear, quantize
+from ilre.models.int8 import Calibration, Int8Linear, WEIGHT_LEVELS, quantize
 from ilre.models.loader import load_truncated
 from tests.models.test_int8 import CONFIG
 from tests.tiny_models import N_LAYERS, random_ids, tiny_checkpoint

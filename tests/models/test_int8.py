@@ -6,11 +6,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ilre.compressor.prefill import PrefillConfig, streaming_prefill
+from ilre.compressor.prefill import streaming_prefill
+from ilre.compressor.prefill_config import PrefillConfig
 from ilre.kernels.rope import keys_as_read
 from ilre.models.device import PlacementError, _check_int8, resolve_placement
-from ilre.models.int8 import (ACTIVATION_LEVELS, WEIGHT_LEVELS, Int8Linear, hadamard, quantize, quantize_tokens,
-                              rotate, rotated_columns)
+from ilre.models.int8 import (ACTIVATION_LEVELS, Int8Linear, WEIGHT_LEVELS, hadamard, quantize, quantize_tokens, rotate,
+                              rotated_columns)
 from ilre.models.loader import load_truncated
 from tests.tiny_models import N_LAYERS, random_ids, single_thread, tiny_checkpoint  # noqa: F401
 
@@ -132,7 +133,7 @@ def test_the_embedded_model_in_int8_keeps_the_needle_and_most_of_float32s_select
     """`--dtype int8` on the embedded model, plain ILRe at the fast layer (the speed row's path) over a 3K-token
     passkey: the needle kept, most of float32's selection kept (docs/benchmarks.md measures 32K)."""
     from ilre.engine.engine import Engine, EngineConfig
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
     from ilre.evaluation.tasks.passkey import make_passkey_sample
 
     int8 = Engine(EngineConfig(dtype="int8", doc_cache_mb=0, layer="fast"))  # GPTQ rounds layers 2-7 only

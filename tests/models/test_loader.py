@@ -11,7 +11,8 @@ import safetensors
 import torch
 from safetensors.torch import load_file, save_file
 
-from ilre.compressor.prefill import PrefillConfig, streaming_prefill
+from ilre.compressor.prefill import streaming_prefill
+from ilre.compressor.prefill_config import PrefillConfig
 from ilre.kernels.rope import keys_as_read
 from ilre.models.loader import load_truncated
 from tests.tiny_models import KINDS, N_LAYERS, copy_checkpoint, random_ids, single_thread, tiny_checkpoint  # noqa: F401

@@ -8,7 +8,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ilre.compressor.prefill import PrefillConfig, streaming_prefill
+from ilre.compressor.prefill import streaming_prefill
+from ilre.compressor.prefill_config import PrefillConfig
 from ilre.models.loader import load_truncated
 from ilre.models.packed_linear import PACKED, PackedLinear, packing_applies, unpack_linears
 from tests.tiny_models import N_LAYERS, random_ids, single_thread, tiny_checkpoint  # noqa: F401
@@ -116,7 +117,7 @@ def test_packed_weights_keep_the_tokens_plain_weights_keep_on_the_evaluations_ta
     """The embedded model in bfloat16, packed as loaded and then unpacked, on passkey tasks of the evaluation (one
     needle; a needle among distractors) at 4K: the same kept indices by the default and by plain ILRe."""
     from ilre.engine.engine import Engine, EngineConfig
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
     from ilre.evaluation.tasks.passkey import make_passkey_sample
 
     engine = Engine(EngineConfig(dtype="bfloat16", doc_cache_mb=0))

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ilre.engine.conversation import read_conversation
+from ilre.contract.conversation import read_conversation
 
 from .haystacks import CHAT_QUESTION
 

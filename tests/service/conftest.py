@@ -201,7 +201,7 @@ class WorkerThread:
     def _run(self) -> None:
         import asyncio
 
-        from ilre.service.queue.worker import Worker
+        from ilre.service.worker import Worker
 
         async def main() -> None:
             self.loop, self.stop_event = asyncio.get_running_loop(), asyncio.Event()

@@ -3,7 +3,7 @@ question about it, and what `ilre compress` keeps of them."""
 
 from __future__ import annotations
 
-from ilre.engine.messages import CompressRequest
+from ilre.contract.messages import CompressRequest
 from ilre.evaluation.tasks.haystack import filler_ids
 
 FACT = "\n\nThe vault code of the Duke of Milan's museum is 7302946.\n\n"

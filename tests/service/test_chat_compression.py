@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from ilre.engine.messages import CompressRequest
+from ilre.contract.messages import CompressRequest
 from ilre.service.sidecar.history import FrozenTexts
 from ilre.service.transport.chat_compression import compress_chat
 

@@ -33,7 +33,7 @@ import pytest
 from transformers import AutoTokenizer
 from transformers.utils import chat_template_utils
 
-from ilre.engine.chat import last_user_index
+from ilre.contract.chat import last_user_index
 from ilre.models.embedded import embedded_checkpoint
 
 TEMPLATES = Path(__file__).parent / "chat_templates"

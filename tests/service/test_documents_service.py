@@ -7,7 +7,7 @@ from __future__ import annotations
 import httpx
 import pytest
 
-from ilre.engine.messages import CompressRequest
+from ilre.contract.messages import CompressRequest
 from ilre.service.client import ClientError
 from ilre.service.server import ServiceThread
 

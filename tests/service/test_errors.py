@@ -9,7 +9,7 @@ import threading
 import grpc
 import pytest
 
-from ilre.compressor.prefill import PrefillConfig
+from ilre.compressor.prefill_config import PrefillConfig
 from ilre.engine.engine import Engine, EngineConfig
 from ilre.service.client import AsyncClient, Client, ClientError
 from ilre.service.server import ServiceThread

@@ -85,7 +85,7 @@ def test_bad_gateway_input_is_refused_naming_the_field(http):
 
 
 def test_a_retrieve_once_the_tool_result_is_deepened_ranks_every_token(http, engine):
-    from ilre.engine.messages import CompressRequest
+    from ilre.contract.messages import CompressRequest
 
     from tests.engine.test_deepening import deepening_on, uncached
 

@@ -8,8 +8,8 @@ import asyncio
 
 import pytest
 
+from ilre.contract.messages import CompressRequest
 from ilre.engine.engine import Engine, EngineConfig
-from ilre.engine.messages import CompressRequest
 from ilre.service.client import AsyncClient
 from ilre.service.server import ServiceThread
 

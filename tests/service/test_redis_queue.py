@@ -13,8 +13,8 @@ import httpx
 import pytest
 from grpc_health.v1 import health_pb2, health_pb2_grpc
 
+from ilre.contract.messages import CompressRequest
 from ilre.engine.engine import Engine, EngineConfig
-from ilre.engine.messages import CompressRequest
 from ilre.service.client import AsyncClient, Client, ClientError
 from ilre.service.server import ServiceThread
 

@@ -10,9 +10,9 @@ import time
 import httpx
 import pytest
 
-from ilre.engine.messages import CompressRequest
+from ilre.contract.messages import CompressRequest
 from ilre.service.common.config import SidecarConfig
-from ilre.service.common.request_log import TEXT_FORMAT, JsonFormatter
+from ilre.service.common.request_log import JsonFormatter, TEXT_FORMAT
 from ilre.service.server import ServiceThread
 from ilre.service.sidecar.upstream import IDLE_CONNECTION_S
 

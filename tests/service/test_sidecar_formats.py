@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from ilre.engine.messages import InputError
+from ilre.contract.messages import InputError
 from ilre.service.sidecar.formats import FORMATS, LlamaCppCompletion, OpenAIChat, OpenAICompletions, SGLangGenerate
 from ilre.service.sidecar.options import CompressionOptions
 from ilre.service.sidecar.prompt import PromptSplitter

@@ -14,7 +14,7 @@ import pytest
 from ilre.service.common.config import SidecarConfig
 from ilre.service.server import ServiceThread
 
-from ilre.engine.conversation import read_conversation
+from ilre.contract.conversation import read_conversation
 
 from .agent_steps import (APIS, agent_step, answer_text, assert_only_the_tool_output_changed, streamed_text,
                           tool_output_of)

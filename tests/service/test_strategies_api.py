@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ilre.engine.messages import CompressRequest
+from ilre.contract.messages import CompressRequest
 from ilre.service.client import ClientError
 
 from .conftest import QUERY, comparable, context, grpc_client, http_client
@@ -120,7 +120,7 @@ def test_the_default_is_the_profiles_cascade(engine):
     import torch
 
     from ilre.compressor.pipeline import select_context
-    from ilre.compressor.prefill import PrefillConfig
+    from ilre.compressor.prefill_config import PrefillConfig
     from ilre.compressor.strategies import make_strategy
 
     fields = {"context": context(3, repeats=40), "query": QUERY, "budget": 64, "granularity": "token"}

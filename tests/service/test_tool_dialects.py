@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from ilre.engine.conversation import read_conversation
+from ilre.contract.conversation import read_conversation
 from ilre.service.sidecar.tool_dialects import DIALECTS, TOOL_NAME
 
 from .agent_steps import agent_step

@@ -8,7 +8,9 @@ import dataclasses
 import pytest
 import torch
 
-from ilre.compressor.prefill import HEAD_INPUTS, PrefillConfig, encode_context
+from ilre.compressor.context_state import HEAD_INPUTS
+from ilre.compressor.prefill import encode_context
+from ilre.compressor.prefill_config import PrefillConfig
 from ilre.models.loader import load_spec, load_truncated
 from ilre.models.retaining_head import RetainingHead, head_path
 from ilre.training.locret_data import Example, dense_answer_logits

@@ -13,8 +13,8 @@ import os
 from dataclasses import dataclass
 from typing import Any
 
+from ..contract.settings import Setting, settings_for
 from ..engine.engine_settings import EngineSettings
-from ..engine.settings import Setting, settings_for
 from ..service.common.config import ServiceConfig, SidecarConfig
 from .output import CliError
 from .parser import COMMAND_SETTINGS

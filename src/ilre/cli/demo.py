@@ -5,8 +5,8 @@ from __future__ import annotations
 import sys
 from typing import Any
 
+from ..contract.messages import CompressRequest
 from ..engine.engine import Engine
-from ..engine.messages import CompressRequest
 from ..evaluation.tasks.haystack import filler_ids
 from .output import summary
 

@@ -11,8 +11,8 @@ import sys
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
-from ..engine.messages import InputError
-from .output import EXIT_INPUT, CliError, summary
+from ..contract.messages import InputError
+from .output import CliError, EXIT_INPUT, summary
 from .parser import build_parser
 
 
@@ -58,7 +58,7 @@ def read_context(args: argparse.Namespace) -> str:
 
 
 def run_compress(args: argparse.Namespace) -> int:
-    from ..engine.messages import CompressRequest, CompressResult, CompressResults
+    from ..contract.messages import CompressRequest, CompressResult, CompressResults
 
     if args.document_id is not None and not args.server:
         raise CliError("document-id: names a document cached by a running service: give --server too")
@@ -215,7 +215,7 @@ def run_sidecar(args: argparse.Namespace) -> int:
 
 def run_worker(args: argparse.Namespace) -> int:
     configs = _server_configs(args)
-    from ..service.queue.worker import run_worker as work
+    from ..service.worker import run_worker as work
 
     config = configs.service
     with _closing_engines(args) as engine:
@@ -372,7 +372,7 @@ SERVER_MODULES = ("torch", "transformers", "safetensors", "tokenizers", "gguf", 
 
 
 def main(argv: list[str] | None = None) -> int:
-    from ..engine.settings import SettingError
+    from ..contract.settings import SettingError
 
     logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
     try:

@@ -7,11 +7,11 @@ import os
 
 from typing import Any, Sequence
 
+from ..contract.settings import Setting, SettingError, read_settings, settings_for
 from ..engine.engine_settings import EngineSettings, layer_value
-from ..engine.settings import Setting, SettingError, read_settings, settings_for
 from ..service.common.config import ServiceConfig, SidecarConfig
 
-# the declared settings (engine/settings.py) of each command: its flags, environment names and checks
+# the declared settings (contract/settings.py) of each command: its flags, environment names and checks
 COMMAND_SETTINGS: dict[str, tuple[type, ...]] = {
     "compress": (EngineSettings,), "batch": (EngineSettings,), "demo": (EngineSettings,),
     "serve": (ServiceConfig, EngineSettings), "sidecar": (SidecarConfig, ServiceConfig, EngineSettings),

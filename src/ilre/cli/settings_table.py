@@ -10,7 +10,7 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..engine.settings import MODEL_COMMANDS, SERVERS, Setting, settings_for
+from ..contract.settings import MODEL_COMMANDS, SERVERS, Setting, settings_for
 from .parser import COMMAND_SETTINGS
 
 # read by the processes but no command's setting: where files live, and what helps a diagnosis

@@ -14,7 +14,8 @@ from __future__ import annotations
 import torch
 
 from ..models.llama import TruncatedLM
-from .prefill import PrefillConfig, RetrievalState
+from .context_state import RetrievalState
+from .prefill_config import PrefillConfig
 from .window_cache import WindowCache
 
 

@@ -13,7 +13,8 @@ import math
 
 from ..kernels.query_scores import query_key_scores
 from .allocation import PoolingAllocator
-from .prefill import PrefillConfig, RetrievalState
+from .context_state import RetrievalState
+from .prefill_config import PrefillConfig
 from .strategies import Strategy
 from .strategies.cascade import pick_candidates, recent_share
 

@@ -37,7 +37,8 @@ from ..kernels.chunk_attention import chunk_attention
 from ..kernels.rope import rerotate
 from ..models.llama import TruncatedLM
 from .candidate_rows import CandidateRows, RowMemo
-from .prefill import PrefillConfig, chunk_bounds
+from .context_state import chunk_bounds
+from .prefill_config import PrefillConfig
 
 
 @dataclass(frozen=True)

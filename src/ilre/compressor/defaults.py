@@ -1,9 +1,8 @@
 """The algorithm's defaults, importable without torch: the prefill's S, W and chunk, the units' caps, the
 strategy a request gets when it names none. A request's limits and the engine's own settings are in
-engine/defaults.py.
+contract/defaults.py.
 """
 
-DEFAULT_STRATEGY = "cascade"  # what a request that names none gets (plain ILRe where the profile names no coarse layer)
 # The cascade's fallbacks, as `ilre calibrate` writes them into a profile (compressor/strategies/cascade.py), 0 =
 # never unless a request sets them. coarse_below: the whole context is read to l_R at once when the coarse layer's
 # own peak strength is below it, decided before the candidate pass, so such a query costs what plain ILRe at l_R

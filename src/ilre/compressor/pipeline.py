@@ -17,8 +17,9 @@ import torch
 
 from ..models.llama import TruncatedLM
 from .batched_prefill import batched_prefill, fits_one_chunk
-from .prefill import (ContextState, PrefillConfig, RetrievalState, encode_context, prefill_query, resume_context,
-                      score_keys)
+from .context_state import ContextState, RetrievalState, score_keys
+from .prefill import encode_context, prefill_query, resume_context
+from .prefill_config import PrefillConfig
 from .strategies import ScoreInputs, Strategy
 from .strategies.base import QueryPass
 from .unit_selection import select_units

@@ -30,10 +30,8 @@ from .context_state import (CONTEXT_PARTS, HEAD_INPUTS, QUERY_PARTS, ContextStat
 from .layer_caches import layer_cache
 from .prefill_config import PrefillConfig
 
-__all__ = ["CONTEXT_PARTS", "HEAD_INPUTS", "QUERY_PARTS", "ContextState", "PrefillConfig", "ResumePoint",
-           "RetrievalState", "chunk_bounds", "empty_part", "encode_context", "encode_in_steps", "extend_context",
-           "extend_in_steps", "part_shape", "prefill_query", "resume_context", "resume_in_steps", "run_steps",
-           "score_keys", "streaming_prefill"]
+__all__ = ["encode_context", "encode_in_steps", "extend_context", "extend_in_steps", "prefill_query", "resume_context",
+           "resume_in_steps", "run_steps", "streaming_prefill"]
 
 
 def encode_context(

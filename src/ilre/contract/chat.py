@@ -55,7 +55,7 @@ def query_text(content: Any) -> str | None:
 
 def last_user_index(messages: Sequence[Any]) -> int | None:
     """The index of the last user message (the live question), or None when no message is a user's; a
-    message without content (a non-text piece of a conversation: engine/conversation.py) asks nothing."""
+    message without content (a non-text piece of a conversation: contract/conversation.py) asks nothing."""
     return max((i for i, m in enumerate(messages) if isinstance(m, Mapping) and m.get("role") == "user"
                 and m.get("content") is not None), default=None)
 

@@ -1,13 +1,13 @@
 """A conversation as each API sends it, read as one list of chat messages and written back with some
 texts replaced. Every door that compresses a conversation (the sidecar, the gateway, the LiteLLM hook)
-reads it here, so engine/chat.py's rules (what is the query, what is compressed, each message's share
+reads it here, so contract/chat.py's rules (what is the query, what is compressed, each message's share
 of the budget) apply to the same messages whichever API carried them.
 
 The reading: one plain message {"role", "content": str | None} per text or non-text piece of the body,
 in the order the model reads them (an API's system field first). A text piece becomes a message whose
 content is that text, with the path of the text in the body; anything else (a tool call and its
 arguments, an image, audio, a file, a reasoning item) becomes a message with content None, which
-engine/chat.py leaves as it is. A `cache_control` on a piece (or on the message holding it) travels
+contract/chat.py leaves as it is. A `cache_control` on a piece (or on the message holding it) travels
 with it, so the prompt-cache breakpoint pins the same prefix.
 
 - OpenAI chat (`messages`): a string content, or each `text` part of a list content. Roles as sent

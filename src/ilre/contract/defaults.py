@@ -3,6 +3,7 @@ the CLI's parser and the service's configuration read them here). The algorithm'
 compressor/defaults.py.
 """
 
+DEFAULT_STRATEGY = "cascade"  # what a request that names none gets (plain ILRe where the profile names no coarse layer)
 DEFAULT_BUDGET = 1024  # context tokens kept (sink included) when a request gives neither budget nor ratio
 MAX_CONTEXT_TOKENS = 1 << 20  # context tokens one request may carry (text after tokenization, or IDs)
 MAX_QUERY_TOKENS = 4096  # tokens of one query

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from ..compressor.defaults import DEFAULT_STRATEGY
+from .defaults import DEFAULT_STRATEGY
 
 
 @dataclass(frozen=True)

@@ -8,14 +8,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-from ..compressor.defaults import DEFAULT_STRATEGY
+from .defaults import DEFAULT_STRATEGY
 from .defaults import MAX_DOCUMENTS, MAX_QUERIES
 from .document_ids import DOCUMENT_ID_CHARS, HASH_CHARS, is_document_id
-
-if TYPE_CHECKING:  # the strategies need torch; a thin client builds requests without them
-    from ..compressor.strategies import Strategy
 
 DCA_MODES = ("auto", "on", "off")
 GRANULARITIES = ("token", "unit")  # keep single tokens, or whole units (sentences, lines, records: compressor/units.py)
@@ -99,7 +96,6 @@ class CompressRequest:
             raise InputError("strategy", f"must be a strategy name (got {self.strategy!r})")
         if not isinstance(self.strategy_options, dict):
             raise InputError("strategy_options", "must be an object of option names to values")
-        self.strategy_spec  # built (and checked) here, once
         if self.granularity is not None and self.granularity not in GRANULARITIES:
             raise InputError("granularity", f"must be one of {', '.join(GRANULARITIES)} (got {self.granularity!r})")
         if self.dca not in DCA_MODES:
@@ -160,8 +156,8 @@ class CompressRequest:
 
     def _check_queries(self) -> None:
         if self.queries is None and self.queries_ids is None:
-            if self.query is None and self.query_ids is None and not self.strategy_spec.needs_query:
-                return  # a query-agnostic strategy (e.g. lagkv) needs none
+            if self.query is None and self.query_ids is None:
+                return  # whether the strategy needs one is its own to say (require_query; e.g. lagkv needs none)
             _check_text_or_ids("query", self.query, self.query_ids)
             return
         given = [name for name in ("query", "query_ids", "queries", "queries_ids") if getattr(self, name) is not None]
@@ -192,30 +188,17 @@ class CompressRequest:
             return [(None, ids) for ids in self.queries_ids]
         return [(self.query, self.query_ids)]
 
-    @property
-    def strategy_spec(self) -> Strategy:
-        """The strategy this request names, built with its options once, when the request was checked
-        (the engine adds the profile's defaults and the context's length to it)."""
-        built = self.__dict__.get("_strategy")
-        if built is None:
-            built = self._make_strategy()
-            object.__setattr__(self, "_strategy", built)  # not a field: asdict and equality skip it
-        return built
-
     def budget_for(self, length: int, default: int) -> int:
         """Context tokens to keep of a `length`-token context: the request's budget, its ratio of the
         length (rounded up, at least 1), or `default` (the engine's configured budget). The one rule the
         engine, the worker and the sidecar apply."""
         return budget_for(self.budget, self.ratio, length, default)
 
-    def _make_strategy(self) -> Strategy:
-        """The named strategy with its options (InputError if unknown or bad)."""
-        from ..compressor.strategies import make_strategy
-
-        try:
-            return make_strategy(self.strategy, self.strategy_options)
-        except (TypeError, ValueError) as exc:
-            raise InputError.from_option_error(exc) from None
+    def require_query(self) -> None:
+        """InputError naming `query` when the request carries none (a strategy that scores by the query needs one;
+        the strategy's owner asks, compressor/strategies.requested_strategy)."""
+        if self.queries is None and self.queries_ids is None:
+            _check_text_or_ids("query", self.query, self.query_ids)
 
     @classmethod
     def from_json(cls, data: Any, defaults: dict[str, Any] | None = None) -> "CompressRequest":

@@ -30,7 +30,7 @@ from typing import Callable, Generator, Iterator
 
 import torch
 
-from ..compressor.prefill import ContextState
+from ..compressor.context_state import ContextState
 
 log = logging.getLogger(__name__)
 

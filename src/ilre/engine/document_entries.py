@@ -9,7 +9,8 @@ from typing import Protocol
 
 import torch
 
-from ..compressor.prefill import ContextState, PrefillConfig
+from ..compressor.context_state import ContextState
+from ..compressor.prefill_config import PrefillConfig
 from ..compressor.units import Units
 
 

@@ -24,7 +24,7 @@ import secrets
 
 import torch
 
-from .document_ids import DOCUMENT_ID_CHARS, HASH_CHARS
+from ..contract.document_ids import DOCUMENT_ID_CHARS, HASH_CHARS
 
 SECRET_BYTES = 32  # of randomness in a generated secret (written as 64 hex digits)
 

@@ -33,11 +33,10 @@ from typing import Any, Callable
 
 import torch
 
-from ..compressor.context_state import STATE_PARTS
-from ..compressor.prefill import ContextState
+from ..compressor.context_state import ContextState, STATE_PARTS
 from ..compressor.units import Units
-from .defaults import DOC_CACHE_SHARE
-from .document_entries import KEYS_ONLY, CacheStats, HeldDocument, SharedDocuments, state_key
+from ..contract.defaults import DOC_CACHE_SHARE
+from .document_entries import CacheStats, HeldDocument, KEYS_ONLY, SharedDocuments, state_key
 from .heap import off_heap
 
 __all__ = ["KEYS_ONLY", "CacheStats", "DocumentCache", "SharedDocuments", "state_key"]

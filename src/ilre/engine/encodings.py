@@ -21,12 +21,12 @@ from typing import Callable, Generator
 
 import torch
 
+from ..compressor.context_state import ContextState, chunk_bounds
 from ..compressor.pipeline import OnceEncodings, Selection, resumed
-from ..compressor.prefill import (ContextState, chunk_bounds, encode_context, encode_in_steps, extend_in_steps,
-                                  resume_in_steps, run_steps)
+from ..compressor.prefill import encode_context, encode_in_steps, extend_in_steps, resume_in_steps, run_steps
 from ..compressor.strategies import Strategy
 from .deepening import Deepener
-from .documents import KEYS_ONLY, DocumentCache, state_key
+from .documents import DocumentCache, KEYS_ONLY, state_key
 from .prepared import Prepared
 
 

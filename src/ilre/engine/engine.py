@@ -14,18 +14,21 @@ from typing import Callable
 
 import torch
 
-from ..compressor.defaults import DEFAULT_STRATEGY
+from ..compressor.context_state import ContextState
 from ..compressor.pipeline import Selection, joins_a_batch, select_context_queries, select_contexts
-from ..compressor.prefill import ContextState, PrefillConfig
-from ..compressor.strategies import STRATEGIES, Strategy
+from ..compressor.prefill_config import PrefillConfig
+from ..compressor.strategies import STRATEGIES, Strategy, requested_strategy
 from ..compressor.units import UNITS_VERSION, Units, document_units
+from ..contract.defaults import AUTO_BATCH_TOKENS, DEFAULT_STRATEGY, MAX_EXPLAIN_TOKENS
+from ..contract.info import ModelInfo
+from ..contract.messages import (CompressRequest, CompressResult, CompressResults, InputError, NotFoundError,
+                                 ScopedRequest)
 from ..kernels.cache_dir import cache_root
 from ..kernels.native_status import kernel_status
 from ..models.device import resolve_placement
 from ..models.gguf_tensors import linked_gguf
-from ..models.int8 import ENCODING_NAME as INT8_ENCODING_NAME
-from ..models.int8 import Calibration, calibration_sequences
-from ..models.int8 import quantize as quantize_int8
+from ..models.int8 import (Calibration, ENCODING_NAME as INT8_ENCODING_NAME, calibration_sequences,
+                           quantize as quantize_int8)
 from ..models.llama import TruncatedLM
 from ..models.loader import load_spec, load_tokenizer, load_truncated, resolve_checkpoint
 from ..models.profiles import Profile, load_profile
@@ -33,15 +36,12 @@ from ..models.retaining_head import attach_head, head_directories, head_path
 from ..models.token_bytes import context_bytes, token_bytes
 from .compute_thread import ComputeThread
 from .deepening import Deepener
-from .defaults import AUTO_BATCH_TOKENS, MAX_EXPLAIN_TOKENS
 from .document_names import DocumentNames
+from .documents import DocumentCache, SharedDocuments
 from .encodings import EncodingPolicy
 from .engine_config import EngineConfig
 from .heap import HeapTrimmer
 from .known_texts import KnownTexts
-from .documents import DocumentCache, SharedDocuments
-from .info import ModelInfo
-from .messages import CompressRequest, CompressResult, CompressResults, InputError, NotFoundError, ScopedRequest
 from .prepared import Prepared, checked_ids
 from .results import results_of_job
 from .shared_questions import run_documents
@@ -330,7 +330,7 @@ class Engine:
         cannot run, NotFoundError for a document_id the scope does not hold (another scope's id takes
         the same path as one never issued: its slot is simply not there)."""
         start = time.perf_counter()
-        requested = request.strategy_spec
+        requested = requested_strategy(request)
         layer = self.strategy_layer(requested, request.layer)
         strategy = self.with_profile(requested)
         try:

@@ -5,9 +5,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ..compressor.prefill_config import PrefillConfig
-from .defaults import DEFAULT_BUDGET, DOC_CACHE_MB, DOC_CACHE_SHARE, MAX_CONTEXT_TOKENS, MAX_QUERY_TOKENS
+from ..contract.defaults import DEFAULT_BUDGET, DOC_CACHE_MB, DOC_CACHE_SHARE, MAX_CONTEXT_TOKENS, MAX_QUERY_TOKENS
+from ..contract.settings import declared
 from .engine_settings import EngineSettings
-from .settings import declared
 
 
 @dataclass(frozen=True)

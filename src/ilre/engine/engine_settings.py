@@ -1,17 +1,18 @@
 """The settings every command that loads the model shares (compress, batch, demo, serve, sidecar, worker):
 the engine's own (model, placement, prefill, limits, caches) and the defaults of requests that leave a
-field out. Declared once here (engine/settings.py); importable without torch."""
+field out. Declared once here (contract/settings.py); importable without torch."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-from ..compressor.defaults import CHUNK, DEFAULT_STRATEGY, SINK, WINDOW
+from ..compressor.defaults import CHUNK, SINK, WINDOW
+from ..contract.defaults import (AUTO_BATCH_TOKENS, DEFAULT_BUDGET, DEFAULT_STRATEGY, DOC_CACHE_MB, DOC_CACHE_SHARE,
+                                 MAX_CONTEXT_TOKENS)
+from ..contract.messages import DCA_MODES, GRANULARITIES
+from ..contract.settings import SERVERS, check_settings, setting
 from ..models.placement_names import DEVICE_HELP, DTYPE_CHOICES
-from .defaults import AUTO_BATCH_TOKENS, DEFAULT_BUDGET, DOC_CACHE_MB, DOC_CACHE_SHARE, MAX_CONTEXT_TOKENS
-from .messages import DCA_MODES, GRANULARITIES
-from .settings import SERVERS, check_settings, setting
 
 DEEPEN_MODES = ("idle", "hold", "off")
 DECODERS = ("auto", "fast", "transformers")

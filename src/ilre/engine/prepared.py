@@ -12,12 +12,12 @@ from typing import Callable
 import torch
 
 from ..compressor.pipeline import SelectionJob
-from ..compressor.prefill import PrefillConfig
+from ..compressor.prefill_config import PrefillConfig
 from ..compressor.strategies import Strategy
 from ..compressor.units import Units
+from ..contract.messages import CompressRequest, InputError
 from ..models.llama import TruncatedLM
 from ..models.tokenize import TooManyTokens, tokenize_text
-from .messages import CompressRequest, InputError
 
 
 @dataclass(frozen=True)

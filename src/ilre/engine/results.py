@@ -7,9 +7,9 @@ import time
 
 from ..compressor.pipeline import Selection
 from ..compressor.units import kept_spans
+from ..contract.messages import CompressResult, CompressResults
 from ..models.token_bytes import context_bytes, token_bytes
 from .explain import ExplanationFacts, render_explanation
-from .messages import CompressResult, CompressResults
 from .prepared import Prepared
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from typing import Any
+from typing import Protocol
 
 import torch
 
@@ -23,10 +23,28 @@ from ..compressor.pipeline import Selection
 from ..compressor.prefill import prefill_query
 from ..compressor.shared_query import SharedQuestionJob, select_shared
 from ..compressor.strategies import Strategy
-from .messages import CompressRequest, CompressResults, InputError, NotFoundError
+from ..contract.messages import CompressRequest, CompressResults, InputError, NotFoundError
+from .deepening import Deepener
+from .encodings import EncodingPolicy
+from .engine_config import EngineConfig
 from .prepared import Prepared
 
-Engine = Any  # engine.Engine (which imports this module): its prepare, answer, finish, query_ids, encodings, deepening
+
+class Engine(Protocol):
+    """What `run_documents` asks of the engine (engine.Engine, which imports this module): each document prepared,
+    answered and finished as a lone request's would be, through the engine's encodings and deepening."""
+
+    config: EngineConfig
+    encodings: EncodingPolicy
+    deepening: Deepener
+
+    def query_ids(self, text: str | None, ids: list[int] | None) -> list[int]: ...
+
+    def prepare(self, request: CompressRequest, scope: str = "") -> Prepared: ...
+
+    def answer(self, job: Prepared) -> list[Selection]: ...
+
+    def finish(self, job: Prepared, selections: list[Selection]) -> CompressResults: ...
 
 
 def run_documents(engine: Engine, request: CompressRequest, scope: str) -> CompressResults:

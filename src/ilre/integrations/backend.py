@@ -13,8 +13,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..engine.defaults import QUERY_TOKENS
-from ..engine.messages import CompressRequest, CompressResult, NotFoundError
+from ..contract.defaults import QUERY_TOKENS
+from ..contract.messages import CompressRequest, CompressResult, NotFoundError
 
 QUERY_TEMPLATE = "\nQuestion: {query}\nAnswer:"
 

@@ -13,7 +13,7 @@ or a file of your own beside config.yaml, `callbacks: my_hooks.ilre` with
 `ilre = IlreCompression(target="127.0.0.1:50051", budget=2048, strict=True)`.
 
 What is compressed: chat messages (`messages`) and completion prompts (`prompt`) longer than the budget.
-- A chat follows engine/chat.py, the rules the gateway and the sidecar follow too, through the same code
+- A chat follows contract/chat.py, the rules the gateway and the sidecar follow too, through the same code
   (service/transport/chat_compression.py: each message a document of its own, so the next call carrying
   it resumes its encoding): the query ILRe ranks by is
   the last user message (its last QUERY_TOKENS tokens, which stay whole, when it is documents before
@@ -41,10 +41,10 @@ from typing import Any, Mapping
 
 from litellm.integrations.custom_logger import CustomLogger
 
-from ..engine.chat import split_chat
-from ..engine.conversation import NotReadable, read_conversation
-from ..engine.defaults import DEFAULT_BUDGET, QUERY_TOKENS
-from ..engine.messages import GRANULARITIES, CompressResult
+from ..contract.chat import split_chat
+from ..contract.conversation import NotReadable, read_conversation
+from ..contract.defaults import DEFAULT_BUDGET, QUERY_TOKENS
+from ..contract.messages import CompressResult, GRANULARITIES
 from ..service.transport.chat_compression import compress_chat
 from .backend import Backend, chosen, compress_by_its_end, count_tokens
 

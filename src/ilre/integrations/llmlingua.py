@@ -38,7 +38,7 @@ import math
 import warnings
 from typing import Any
 
-from ..engine.messages import GRANULARITIES
+from ..contract.messages import GRANULARITIES
 from .backend import Backend, chosen, compress_by_its_end, count_tokens
 
 # LLMLingua's options that tune only its own passes: any value is accepted and changes nothing (a warning, once)

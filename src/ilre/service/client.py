@@ -21,8 +21,8 @@ from typing import Any
 
 import grpc
 
-from ..engine.info import ModelInfo
-from ..engine.messages import CompressResult, CompressResults
+from ..contract.info import ModelInfo
+from ..contract.messages import CompressResult, CompressResults
 from .transport.convert import dict_to_request, pb, pb_grpc, result_from_proto, results_from_proto, stream_parts
 
 DEFAULT_TIMEOUT_S = 300.0

@@ -34,20 +34,20 @@ from opentelemetry import trace
 from opentelemetry.trace import SpanKind
 from redis.exceptions import RedisError, ResponseError
 
-from ...engine.engine import Engine
-from ...engine.messages import CompressRequest, CompressResults, InputError, ScopedRequest
-from ..common import tracing
-from ..common.config import ServiceConfig
-from ..documents.redis_tier import RedisDocuments
-from ..documents.secret import sync_secret
-from ..common.errors import Code, ServiceError
-from ..common.metrics import Metrics
-from ..common.redis_connection import MasterFollower
-from ..common.redis_url import parse_redis_url
-from ..common.request_log import log_request
-from .batch import run_batch
-from .redis_stream import CALL_S, RESULT_GRACE_S, RedisKeys, bounded, connect, encode_outcome, ensure_group
-from .scripts import DEAD_LETTER, FINISH, OWN, RENEW
+from ..contract.messages import CompressRequest, CompressResults, InputError, ScopedRequest
+from ..engine.engine import Engine
+from .common import tracing
+from .common.config import ServiceConfig
+from .common.errors import Code, ServiceError
+from .common.metrics import Metrics
+from .common.redis_connection import MasterFollower
+from .common.redis_url import parse_redis_url
+from .common.request_log import log_request
+from .documents.redis_tier import RedisDocuments
+from .documents.secret import sync_secret
+from .queue.batch import run_batch
+from .queue.redis_stream import CALL_S, RESULT_GRACE_S, RedisKeys, bounded, connect, encode_outcome, ensure_group
+from .queue.scripts import DEAD_LETTER, FINISH, OWN, RENEW
 
 log = logging.getLogger(__name__)
 

@@ -22,12 +22,13 @@ from tqdm import tqdm
 from ..compressor.calibration import (CANDIDATE_FACTORS, COST_CAP, candidate_hits, cascade_cost, pick_candidate_factor,
                                       pick_layer, pick_layers, recall_by_layer)
 from ..compressor.defaults import COARSE_BELOW, DEEPEN_BELOW
-from ..compressor.prefill import PrefillConfig, streaming_prefill
+from ..compressor.prefill import streaming_prefill
+from ..compressor.prefill_config import PrefillConfig
 from ..compressor.strategies import make_strategy
+from ..evaluation.tasks.passkey import make_passkey_sample
 from ..models.device import Placement
 from ..models.loader import load_spec, resolve_checkpoint
 from ..models.profiles import EVALUATION_KEYS, PROFILE_DIR, Profile, load_profile, save_profile
-from ..evaluation.tasks.passkey import make_passkey_sample
 
 
 @dataclass(frozen=True)
@@ -129,14 +130,14 @@ def run_calibration(model: str | None, plan: CalibrationPlan, profile_dir: Path 
     placement = placement or Placement(torch.device("cpu"), torch.float32)
     # the engine's model, tokenizer and prefill settings: what is measured is what a request runs
     engine = Engine(EngineConfig(model=model, device=str(placement.device), dtype=placement.dtype_name,
-                                 prefill=prefill or PrefillConfig(), layer=1, doc_cache_mb=0))
+                                 prefill=prefill or PrefillConfig(), layer=spec.global_layers[0], doc_cache_mb=0))
     tokenizer, config = engine.tokenizer, engine.config.prefill
     truncated = engine.model_at(spec.num_layers)
     strategies = {"single": make_strategy("snapkv"), "multi": make_strategy("ilre")}
-    layers = tuple(range(1, spec.num_layers + 1))
+    layers = spec.global_layers  # l_R and the coarse layer see the whole context (not a sliding or linear layer)
     hits = grid_hits(truncated, tokenizer, plan, config, strategies, layers, 0, f"calibrate {checkpoint.name}")
     recall = {name: h.mean(dim=(0, 1, 2)) for name, h in hits.items()}  # (layers,)
-    per_layer = lambda r: {l: round(float(r[l - 1]), 4) for l in layers}  # noqa: E731
+    per_layer = lambda r: {l: round(float(r[k]), 4) for k, l in enumerate(layers)}  # noqa: E731
     long_hits, long_recall = {}, {}
     coarse = pick_layer(per_layer(recall["multi"]))  # `fast`: the cascade's coarse layer
     if plan.long_lengths:
@@ -164,14 +165,15 @@ def run_calibration(model: str | None, plan: CalibrationPlan, profile_dir: Path 
         details["recall_long_multi"] = per_layer(long_recall["multi"])
         details["recall_long_single"] = per_layer(long_recall["single"])
         if coarse < layer:
-            details.update(cascade_details(coarse, layer, plan, candidates, long_hits["multi"][..., layer - 1]))
+            details.update(cascade_details(coarse, layer, plan, candidates, long_hits["multi"][..., layers.index(layer)]))
             details["cost"]["cascade"] = details["cascade"]["costs"][str(details["strategies"]["cascade"]["candidates"])]
     kept = load_profile(checkpoint.name, spec.num_layers, directory=profile_dir).details  # what the evaluation chose stays
     details.update({k: kept[k] for k in EVALUATION_KEYS if k in kept})
     profile = Profile(checkpoint.name, layer, True, details)
     path = save_profile(profile, profile_dir)
-    print(f"l_R = {layer} (choices {choices}; multi-kernel recall {float(recall['multi'][layer - 1]):.3f}"
-          + (f", long {float(long_recall['multi'][layer - 1]):.3f}" if long_recall else "") + f"); profile -> {path}",
+    at = layers.index(layer)
+    print(f"l_R = {layer} (choices {choices}; multi-kernel recall {float(recall['multi'][at]):.3f}"
+          + (f", long {float(long_recall['multi'][at]):.3f}" if long_recall else "") + f"); profile -> {path}",
           file=sys.stderr)
     if plot_dir is not None:
         from .heatmaps import calibration_heatmaps

@@ -18,11 +18,13 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ..compressor.prefill import HEAD_INPUTS, PrefillConfig, encode_context
-from ..models.llama import TruncatedLM
-from ..models.retaining_head import RetainingHead
+from ..compressor.context_state import HEAD_INPUTS
+from ..compressor.prefill import encode_context
+from ..compressor.prefill_config import PrefillConfig
 from ..evaluation.tasks.passkey import make_passkey_sample
 from ..evaluation.tasks.ruler import TASKS, generate_sample
+from ..models.llama import TruncatedLM
+from ..models.retaining_head import RetainingHead
 
 RULER_TASKS = ("cwe", "fwe", "niah_multikey_1", "niah_multikey_2", "niah_multikey_3", "niah_multiquery",
                "niah_multivalue", "niah_single_1", "niah_single_2", "niah_single_3", "vt")  # what the shipped head saw

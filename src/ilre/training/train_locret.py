@@ -22,7 +22,7 @@ import torch
 import torch.nn.functional as F
 from tqdm import tqdm
 
-from ..compressor.prefill import PrefillConfig
+from ..compressor.prefill_config import PrefillConfig
 from ..models.device import resolve_placement
 from ..models.llama import TruncatedLM
 from ..models.loader import load_spec, load_tokenizer, load_truncated, resolve_checkpoint

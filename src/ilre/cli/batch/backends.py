@@ -21,11 +21,11 @@ from typing import Any, Awaitable, Callable
 
 import httpx
 
+from ...contract.messages import CompressResults
 from ...engine.engine import Engine
-from ...engine.messages import CompressResults
 from ...service.client import AsyncClient, ClientError
 from ...service.common.config import ServiceConfig
-from ...service.common.errors import HTTP_STATUS, Code, ServiceError
+from ...service.common.errors import Code, HTTP_STATUS, ServiceError
 from ...service.common.metrics import Metrics
 from ...service.queue.local import LocalQueue
 from ...service.queue.redis_stream import RedisQueue

@@ -4,8 +4,8 @@
   one result line each, a bad line `{"id", "error"}` in its place.
 - OpenAI batch requests (`{"custom_id", "method": "POST", "url", "body"}`: what `vllm run-batch` and the OpenAI,
   Together and LiteLLM batch APIs take) for `/v1/chat/completions`, `/v1/responses` and `/v1/completions`: the same
-  line with its body compressed by the rules the sidecar and the gateway apply to that API (engine/chat.py, one
-  reading of a conversation in engine/conversation.py; a completion's prompt is one long user message, compressed
+  line with its body compressed by the rules the sidecar and the gateway apply to that API (contract/chat.py, one
+  reading of a conversation in contract/conversation.py; a completion's prompt is one long user message, compressed
   by its own last tokens), ready for the same runner. A line that cannot be compressed goes to the error file in
   the Batch API's error shape (`{"id", "custom_id", "response": null, "error": {"code", "message"}}`), or with
   `pass_errors` to the output unchanged.
@@ -17,9 +17,10 @@ import json
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable
 
-from ...engine.conversation import NotReadable, read_conversation
-from ...engine.defaults import DEFAULT_BUDGET
-from ...engine.messages import CompressRequest, CompressResult, CompressResults, InputError, budget_for
+from ...compressor.strategies import requested_strategy
+from ...contract.conversation import NotReadable, read_conversation
+from ...contract.defaults import DEFAULT_BUDGET
+from ...contract.messages import CompressRequest, CompressResult, CompressResults, InputError, budget_for
 from ...service.common.errors import Code, ServiceError
 from ...service.transport.chat_compression import compress_chat
 
@@ -100,7 +101,7 @@ async def compress_line(raw: bytes, number: int, rules: LineRules, run: Run) -> 
         if not isinstance(data, dict):
             raise InputError("request", "must be a JSON object")
         fields = CompressRequest.merged_fields(data, rules.defaults)
-        CompressRequest(**fields)  # checked here: the error names the field
+        requested_strategy(CompressRequest(**fields))  # checked here, options included: the error names the field
         results = await run(fields)
     except InputError as exc:
         return _ilre_error(key, str(exc))

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from ..defaults import DEFAULT_STRATEGY
+from ...contract.defaults import DEFAULT_STRATEGY
+from ...contract.messages import CompressRequest, InputError
 from .actqkv import ActQKV
 from .base import ScoreInputs, Strategy, option_names
 from .cascade import Cascade
@@ -33,4 +34,16 @@ def make_strategy(name: str, options: dict | None = None) -> Strategy:
     return cls(**(options or {}))
 
 
-__all__ = ["DEFAULT_STRATEGY", "STRATEGIES", "ScoreInputs", "Strategy", "make_strategy"]
+def requested_strategy(request: CompressRequest) -> Strategy:
+    """The strategy `request` names, built with its options; InputError naming the field when the name or an option
+    is bad, or when the request carries no query and the strategy scores by one."""
+    try:
+        strategy = make_strategy(request.strategy, request.strategy_options)
+    except (TypeError, ValueError) as exc:
+        raise InputError.from_option_error(exc) from None
+    if strategy.needs_query:
+        request.require_query()
+    return strategy
+
+
+__all__ = ["DEFAULT_STRATEGY", "STRATEGIES", "ScoreInputs", "Strategy", "make_strategy", "requested_strategy"]

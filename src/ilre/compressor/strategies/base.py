@@ -13,7 +13,8 @@ from ...kernels.query_scores import query_key_scores
 from ...models.llama import TruncatedLM
 from ..allocation import top_k_indices
 from ..candidate_rows import RowMemo
-from ..prefill import ContextState, PrefillConfig, RetrievalState
+from ..context_state import ContextState, RetrievalState
+from ..prefill_config import PrefillConfig
 
 
 def check_int(name: str, value: object, minimum: int, optional: bool = True) -> None:

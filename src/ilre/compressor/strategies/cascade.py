@@ -24,7 +24,8 @@ import torch
 from ...kernels.query_scores import blend_layers, query_key_scores
 from ..allocation import PoolingAllocator
 from ..candidate_prefill import Streams, candidate_prefill, candidate_prefill_many
-from ..prefill import PrefillConfig, encode_context, prefill_query
+from ..prefill import encode_context, prefill_query
+from ..prefill_config import PrefillConfig
 from .base import QueryPass, ScoreInputs, Strategy, check_int
 
 DEFAULT_CANDIDATES = 4.0  # candidates per budget token when neither the request nor the profile says

@@ -19,7 +19,7 @@ import torch
 
 from ...compressor.calibration import needle_kept
 from ...compressor.strategies import make_strategy
-from ...engine.messages import CompressRequest
+from ...contract.messages import CompressRequest
 from ..tasks.lengths import length_label
 from ..tasks.passkey import make_passkey_sample
 

@@ -26,7 +26,7 @@ def run_real_files(lengths: list[int], samples: int, output: Path = OUTPUT, budg
     """Measure every (corpus, length, index) of `corpora` not yet in `output` (JSONL, appended), in that order;
     returns `output`."""
     from ...engine.engine import Engine, EngineConfig
-    from ...engine.messages import CompressRequest
+    from ...contract.messages import CompressRequest
 
     engine = Engine(EngineConfig())
     done = {(r["corpus"], r["length"], r["index"], r["granularity"]) for r in load(output)}

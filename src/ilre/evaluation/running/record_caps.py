@@ -34,7 +34,7 @@ def main() -> None:
     from ...compressor.defaults import UNIT_TOKENS
     from ...compressor.units import Units, unit_bounds
     from ...engine.engine import Engine, EngineConfig
-    from ...engine.messages import CompressRequest
+    from ...contract.messages import CompressRequest
     from ...models.token_bytes import context_bytes, token_bytes
     from .metrics import retention
     from ..tasks.lengths import length_label, parse_length

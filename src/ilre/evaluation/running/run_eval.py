@@ -54,9 +54,9 @@ from pathlib import Path
 import torch
 
 from ...compressor.strategies import Strategy, make_strategy
-from ...engine.messages import CompressRequest
+from ...contract.messages import CompressRequest
 from ..tasks.lengths import length_label
-from ..tasks.ruler import TASKS, RulerSample, generate_sample
+from ..tasks.ruler import RulerSample, TASKS, generate_sample
 from ..tasks.structured import BUILDERS as STRUCTURED
 from .baselines import rag_select
 from .generation import Generator, new_token_budget

@@ -1,6 +1,6 @@
 """Service configuration, built once per process from an injectable environment plus overrides.
 
-Every field below is a declared setting (engine/settings.py): its flag, its environment variable
+Every field below is a declared setting (contract/settings.py): its flag, its environment variable
 `ILRE_<NAME>`, its bounds and its line of help live on the field, and `ilre serve|worker|sidecar --help`
 and README's settings table are made from them. `ServiceConfig.from_env(os.environ, grpc_port=...)`: an
 override that is None falls back to the environment variable, then to the field's default.
@@ -11,9 +11,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ...engine.defaults import MAX_CONTEXT_TOKENS, MAX_QUERY_TOKENS, QUERY_TOKENS
-from ...engine.document_ids import MIN_SECRET_CHARS
-from ...engine.settings import SERVERS, check_settings, from_settings, setting
+from ...contract.defaults import MAX_CONTEXT_TOKENS, MAX_QUERY_TOKENS, QUERY_TOKENS
+from ...contract.document_ids import MIN_SECRET_CHARS
+from ...contract.settings import SERVERS, check_settings, from_settings, setting
 from .errors import ConfigError
 from .keys import ApiKeys
 from .redis_url import parse_redis_url

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from enum import Enum
 
-from ...engine.messages import InputError, NotFoundError
+from ...contract.messages import InputError, NotFoundError
 
 
 class Code(str, Enum):

@@ -17,7 +17,7 @@ import re
 import uuid
 from typing import Any
 
-from ...engine.messages import CompressResults
+from ...contract.messages import CompressResults
 from .errors import Code, ServiceError
 
 REQUESTS = logging.getLogger("ilre.requests")

@@ -42,7 +42,7 @@ from redis.exceptions import RedisError
 from safetensors.torch import load as load_tensors
 from safetensors.torch import save as save_tensors
 
-from ...engine.defaults import DOC_CACHE_SHARE
+from ...contract.defaults import DOC_CACHE_SHARE
 from ..common.redis_connection import CALL_S, sync_client
 from .redis_scripts import ADMIT, DROP, READ
 

@@ -19,7 +19,7 @@ from typing import TYPE_CHECKING
 
 import redis.asyncio as aioredis
 
-from ...engine.document_ids import MIN_SECRET_CHARS
+from ...contract.document_ids import MIN_SECRET_CHARS
 
 if TYPE_CHECKING:
     from ...engine.engine import Engine

@@ -12,8 +12,8 @@ from __future__ import annotations
 import logging
 from typing import Callable
 
+from ...contract.messages import CompressResults, InputError, ScopedRequest
 from ...engine.engine import Engine
-from ...engine.messages import CompressResults, InputError, ScopedRequest
 from ..common.errors import Code, ServiceError
 from ..common.metrics import Metrics
 

@@ -16,9 +16,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable
 
+from ...contract.info import ModelInfo
+from ...contract.messages import CompressRequest, CompressResults, ScopedRequest
 from ...engine.engine import Engine
-from ...engine.info import ModelInfo
-from ...engine.messages import CompressRequest, CompressResults, ScopedRequest
 from ..common import tracing
 from ..common.errors import Code, ServiceError
 from ..common.keys import ANONYMOUS, KeyPolicy

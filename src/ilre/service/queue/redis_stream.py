@@ -35,8 +35,8 @@ from redis.backoff import ExponentialBackoff
 from redis.exceptions import RedisError, ResponseError
 from redis.exceptions import TimeoutError as RedisTimeout
 
-from ...engine.info import ModelInfo
-from ...engine.messages import CompressRequest, CompressResults
+from ...contract.info import ModelInfo
+from ...contract.messages import CompressRequest, CompressResults
 from ..common import tracing
 from ..common.errors import Code, ServiceError
 from ..common.keys import ANONYMOUS, KeyPolicy

@@ -4,5 +4,5 @@ sits in each request format), prompt.py (a plain prompt's context/query split), 
 options), plan.py (what is forwarded and what the answer's headers say), history.py (the texts sent for
 each message, history mode frozen), retrieve.py and tool_dialects.py (the retrieve tool answered by the
 sidecar, in each API's words), upstream.py (the upstream LLM server: its connection and health).
-Conversations are read by engine/conversation.py and compressed by service/transport/chat_compression.py,
+Conversations are read by contract/conversation.py and compressed by service/transport/chat_compression.py,
 as the gateway's are."""

@@ -6,7 +6,7 @@ One request on a compressible route (formats.py):
      fits (context <= budget)? forward the original bytes untouched; else compress through the front
      end (in-process queue or Redis workers, as `ilre serve`) and forward token IDs when the engine's
      tokenizer is ours, else text
-  -> a conversation (chat, Responses, Anthropic Messages): read as messages (engine/conversation.py),
+  -> a conversation (chat, Responses, Anthropic Messages): read as messages (contract/conversation.py),
      compressed message by message as the gateway does (transport/chat_compression.py), forwarded to
      the same route with the compressed texts in place (tool calls, images, ids and order untouched)
   -> relay the engine's answer chunk by chunk, in the API's own shape
@@ -31,12 +31,12 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
 from starlette.routing import Mount, Route
 
-from ...engine.conversation import NotReadable, read_conversation
-from ...engine.messages import CompressRequest, CompressResult, InputError
+from ...contract.conversation import NotReadable, read_conversation
+from ...contract.messages import CompressRequest, CompressResult, InputError
 from ..common import tracing
 from ..common.config import SidecarConfig
-from ..common.errors import HTTP_STATUS, Code, ServiceError
-from ..common.keys import ANONYMOUS, UNAUTHENTICATED_MESSAGE, KeyPolicy
+from ..common.errors import Code, HTTP_STATUS, ServiceError
+from ..common.keys import ANONYMOUS, KeyPolicy, UNAUTHENTICATED_MESSAGE
 from ..common.quotas import retry_after_header
 from ..common.request_log import request_id
 from ..transport.chat_compression import compress_chat
@@ -44,13 +44,13 @@ from ..transport.frontend import Frontend
 from ..transport.http_app import build_app
 from ..transport.http_common import decode_json, parse_timeout, read_body, unless_disconnected
 from .formats import FORMATS, Prompt, RouteFormat
-from .plan import Forwarded, engine_error, error_message, ms, passed_through, report
 from .history import FrozenTexts
+from .options import BODY_FIELD, CompressionOptions
+from .plan import Forwarded, engine_error, error_message, ms, passed_through, report
+from .prompt import PromptSplitter, Split
 from .retrieve import MARKER, encode, next_body, prepare
 from .tool_dialects import DIALECTS
-from .options import BODY_FIELD, CompressionOptions
-from .prompt import PromptSplitter, Split
-from .upstream import PROBE_TEXT, UpstreamError, UpstreamHealth, Upstream, response_headers
+from .upstream import PROBE_TEXT, Upstream, UpstreamError, UpstreamHealth, response_headers
 
 log = logging.getLogger(__name__)
 failures = logging.getLogger("ilre.sidecar")

@@ -27,7 +27,7 @@ class RouteFormat:
     name: str = ""
     prompt_field: str = "prompt"
     ids_field: str = "prompt"
-    conversation = ""  # the API engine/conversation.py reads; "" for plain prompts
+    conversation = ""  # the API contract/conversation.py reads; "" for plain prompts
 
     def prompt(self, body: dict[str, Any]) -> Prompt | None:
         value = body.get(self.prompt_field)
@@ -68,11 +68,11 @@ class LlamaCppCompletion(RouteFormat):
 
 
 class ConversationFormat(RouteFormat):
-    """A route whose prompt is a conversation (engine/conversation.py reads it): compressed message by
+    """A route whose prompt is a conversation (contract/conversation.py reads it): compressed message by
     message and sent back to the same route as text, so the engine applies its own chat template,
     tool-call and reasoning parsers, and answers in the API's own shape (streamed or not)."""
 
-    conversation = ""  # the API name engine/conversation.py reads the body as
+    conversation = ""  # the API name contract/conversation.py reads the body as
 
 
 class OpenAIChat(ConversationFormat):

@@ -15,8 +15,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
-from ...engine.defaults import MAX_QUERY_TOKENS, QUERY_TOKENS
-from ...engine.messages import GRANULARITIES, InputError
+from ...contract.defaults import MAX_QUERY_TOKENS, QUERY_TOKENS
+from ...contract.messages import GRANULARITIES, InputError
 from ..common.config import HISTORY_MODES, MAX_RETRIEVE_ROUNDS
 
 BODY_FIELD = "compression"

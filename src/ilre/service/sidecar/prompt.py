@@ -2,7 +2,7 @@
 last `query_tokens` tokens are the query (the ILRe paper's LongBench rule), everything before is
 context. A text prompt is tokenized as the engines do (special tokens added, e.g. BOS); those leading
 special tokens are kept outside the compression. (Conversations are read message by message:
-engine/conversation.py, service/transport/chat_compression.py.)
+contract/conversation.py, service/transport/chat_compression.py.)
 """
 
 from __future__ import annotations

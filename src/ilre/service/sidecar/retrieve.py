@@ -17,11 +17,11 @@ import time
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ...engine.document_ids import HASH_CHARS, is_hex
+from ...contract.document_ids import HASH_CHARS, is_hex
 from ..common.errors import Code, ServiceError
 from ..common.keys import KeyPolicy
 from ..transport.frontend import Frontend
-from .tool_dialects import TOOL_NAME, Dialect, ToolCall
+from .tool_dialects import Dialect, TOOL_NAME, ToolCall
 
 MARKER = ("[ilre kept {kept} of {original} tokens of this message for the current question. To read more of it, "
           "call " + TOOL_NAME + " with hash \"{hash}\" and what you need.]\n")

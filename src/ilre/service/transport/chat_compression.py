@@ -1,7 +1,7 @@
 """A chat compressed message by message through the front end: the one path the gateway routes and the
 sidecar's conversation routes take, so a message is compressed the same way whichever door it came
-through. engine/chat.py says which messages are compressed, to what share of the budget, and what they
-are ranked by; engine/conversation.py reads each API's body as those messages.
+through. contract/chat.py says which messages are compressed, to what share of the budget, and what they
+are ranked by; contract/conversation.py reads each API's body as those messages.
 
 Each compressed message is a document of its own in the caller's scope: counted (and cached) whole
 first, then asked by its document_id. Where the caller can send one request of several results
@@ -26,10 +26,10 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any, Awaitable, Callable, MutableMapping, Sequence
 
-from ...engine.chat import ChatSplit, Share, is_long_query, share_budget, split_chat
-from ...engine.defaults import QUERY_TOKENS
-from ...engine.document_ids import retrieve_hash
-from ...engine.messages import CompressResult, NotFoundError
+from ...contract.chat import ChatSplit, Share, is_long_query, share_budget, split_chat
+from ...contract.defaults import QUERY_TOKENS
+from ...contract.document_ids import retrieve_hash
+from ...contract.messages import CompressResult, NotFoundError
 from ..common.errors import Code, ServiceError
 
 Call = Callable[[dict[str, Any]], Awaitable[CompressResult]]  # one contract request through the front end
@@ -84,7 +84,7 @@ async def count_tokens(call: Call, text: str) -> int:
 async def compress_chat(call: Call, messages: Sequence[Any], budget_for: Callable[[int], int],
                         query: str | None = None, fields: dict[str, Any] | None = None,
                         frozen: Frozen | None = None, call_many: CallMany | None = None) -> ChatCompression:
-    """Compress `messages` (OpenAI-shaped: {"role", "content"}) by engine/chat.py's rules.
+    """Compress `messages` (OpenAI-shaped: {"role", "content"}) by contract/chat.py's rules.
 
     budget_for: the budget (tokens of all text messages after compression) for a chat of that many
     tokens; query: what to rank by (None: the last user message, or each message's own end when there

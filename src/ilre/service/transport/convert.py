@@ -10,7 +10,7 @@ from typing import Any, Iterator
 
 from google.protobuf import json_format, struct_pb2
 
-from ...engine.messages import CompressResult, CompressResults, InputError
+from ...contract.messages import CompressResult, CompressResults, InputError
 
 try:
     from ...v1 import compressor_pb2 as pb

@@ -15,8 +15,9 @@ from typing import Any, Mapping, Protocol
 
 from opentelemetry.trace import SpanKind
 
-from ...engine.info import ModelInfo
-from ...engine.messages import CompressRequest, CompressResults, InputError
+from ...compressor.strategies import requested_strategy
+from ...contract.info import ModelInfo
+from ...contract.messages import CompressRequest, CompressResults, InputError
 from ..common import tracing
 from ..common.config import ServiceConfig
 from ..common.errors import Code, ServiceError
@@ -95,6 +96,7 @@ class Frontend:
         timeout = timeout_s if timeout_s is not None else self.config.request_timeout_s
         try:
             request = data if isinstance(data, CompressRequest) else self.build_request(data)
+            requested_strategy(request)  # a bad strategy or option refused here, before the queue accepts it
             if many is False and request.multi:
                 name = "document_ids" if request.document_ids is not None else "queries"
                 raise InputError(name, f"{method} takes one query of one context: send several to CompressQueries")

@@ -7,8 +7,8 @@ proxy reaches ilre by its URL alone (`api_base`). What a call does:
 - The request: {"messages": [OpenAI chat messages], "model"?: str} plus ilre's optional "query"
   (what to rank by), "budget" (tokens of all the text messages after compression; default the
   service's) and "granularity" (default "unit": whole sentences, lines, records, never across a message).
-- Which messages are compressed, to what share of the budget, and what the query is: engine/chat.py,
-  the rules the LiteLLM hook and the sidecar follow too, over the messages engine/conversation.py reads
+- Which messages are compressed, to what share of the budget, and what the query is: contract/chat.py,
+  the rules the LiteLLM hook and the sidecar follow too, over the messages contract/conversation.py reads
   (each text part of a content its own message, so a text beside an image is compressed like any). In
   short: tool and function results and user messages other than the last are compressed when their
   content is text (a string or text parts), and so is a last
@@ -40,9 +40,9 @@ import json
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ...engine.conversation import NotReadable, read_conversation
-from ...engine.document_ids import HASH_CHARS, is_hex
-from ...engine.messages import GRANULARITIES, CompressResult, InputError
+from ...contract.conversation import NotReadable, read_conversation
+from ...contract.document_ids import HASH_CHARS, is_hex
+from ...contract.messages import CompressResult, GRANULARITIES, InputError
 from ..common.errors import Code, ServiceError
 from ..common.keys import ANONYMOUS, KeyPolicy
 from .chat_compression import compress_chat, count_tokens
@@ -151,7 +151,7 @@ class Gateway:
             budget, granularity = _budget(data, self.budget), _granularity(data)
         except InputError as exc:
             raise self._refused(GATEWAY, exc) from None
-        try:  # each text part its own message, as every door reads a conversation (engine/conversation.py)
+        try:  # each text part its own message, as every door reads a conversation (contract/conversation.py)
             conversation = read_conversation("openai.chat", {"messages": messages})
         except NotReadable as exc:
             raise self._refused(GATEWAY, InputError(exc.field, str(exc).partition(": ")[2])) from None

@@ -11,7 +11,7 @@ from grpc_health.v1 import health_pb2, health_pb2_grpc
 from grpc_health.v1._async import HealthServicer
 from grpc_reflection.v1alpha import reflection
 
-from ...engine.messages import InputError
+from ...contract.messages import InputError
 from ..common.config import ServiceConfig
 from ..common.errors import Code, ConfigError, ServiceError
 from ..common.keys import ANONYMOUS

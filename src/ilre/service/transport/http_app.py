@@ -22,8 +22,8 @@ from starlette.requests import Request
 from starlette.responses import HTMLResponse, JSONResponse, Response
 from starlette.routing import Route
 
-from ...engine.defaults import DEFAULT_BUDGET
-from ..common.errors import HTTP_STATUS, Code, ServiceError
+from ...contract.defaults import DEFAULT_BUDGET
+from ..common.errors import Code, HTTP_STATUS, ServiceError
 from ..common.keys import UNAUTHENTICATED_MESSAGE
 from ..common.quotas import retry_after_header
 from ..common.request_log import request_id
