@@ -1,7 +1,10 @@
 """Gemma 3 270M's first question beside SmolLM2's, in the same run: a passkey at half depth in --lengths tokens,
 budget 1024, the default strategy at each model's default l_R, `--dtype auto`, each model in its own process after a
-warm-up on 2K tokens: seconds, the peak resident memory the request added over the loaded engine, and whether the
-passkey was kept.
+warm-up on 2K tokens: seconds, the peak resident memory the request added over the loaded engine, whether the
+passkey was kept, and the share of the matmul peak of the dtype it ran in: the useful FLOPs of what the first
+question computes (bench/speed_bench.prefill_flops: the streaming prefill to the layer whose attention reads the whole
+context, the coarse layer for the cascade, plus the cascade's candidates run on to l_R) over its seconds, against
+the best 4096 x 4096 matmul in that dtype measured in the same process (speed_bench.measure_peak).
 
     .venv/bin/python bench/gemma_bench.py [--lengths 32768,131072]
 """
@@ -13,6 +16,11 @@ import json
 import subprocess
 import sys
 import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from speed_bench import measure_peak, prefill_flops  # noqa: E402
 
 MODELS = ("embedded", "gemma-3-270m")
 
@@ -24,14 +32,20 @@ def _status_mib(field: str) -> float:
 
 def one_model(model: str, lengths: list[int]) -> dict:
     """In this process: the engine on `model`, a first question per length (fresh contexts, no document cache)."""
-    from ilre.engine.engine import Engine, EngineConfig
+    from ilre.compressor.strategies import requested_strategy
     from ilre.contract.messages import CompressRequest
+    from ilre.engine.engine import Engine, EngineConfig
     from ilre.evaluation.tasks.passkey import make_passkey_sample
 
     engine = Engine(EngineConfig(model=model, doc_cache_mb=0))
     warm = make_passkey_sample(engine.tokenizer, 2048, 0.5, seed=1)
     engine.compress(CompressRequest(context_ids=warm.context_ids, query_ids=warm.query_ids, budget=256))
-    out = {"model": engine.model_name, "layer": engine.layer, "dtype": engine.placement.dtype_name, "rows": []}
+    dtype = engine.placement.dtype_name
+    peak = measure_peak(dtype)["gflops"]
+    strategy = engine.with_profile(requested_strategy(CompressRequest(context="x", query="x")))
+    coarse = getattr(strategy, "coarse_layer", None)
+    out = {"model": engine.model_name, "layer": engine.layer, "dtype": dtype, "peak_gflops": peak,
+           "strategy": repr(strategy), "rows": []}
     for length in lengths:
         sample = make_passkey_sample(engine.tokenizer, length, 0.5, seed=7)
         with open("/proc/self/clear_refs", "w") as refs:
@@ -42,10 +56,25 @@ def one_model(model: str, lengths: list[int]) -> dict:
                                                  budget=1024))
         seconds = time.perf_counter() - start
         kept = set(result.kept_indices)
+        flops = first_question_flops(engine, strategy, coarse, result.layer, sample, 1024)
         out["rows"].append({"tokens": len(sample.context_ids), "seconds": seconds,
                             "peak_mib": _status_mib("VmHWM") - loaded, "dca": result.dca,
-                            "kept": all(i in kept for i in range(*sample.needle))})
+                            "kept": all(i in kept for i in range(*sample.needle)),
+                            "gflops": flops / seconds / 1e9, "peak_share": flops / seconds / 1e9 / peak})
     return out
+
+
+def first_question_flops(engine, strategy, coarse: int | None, l_r: int, sample, budget: int) -> float:
+    """Useful FLOPs of a first question: the streaming prefill to the layer that reads the whole context (l_R, or
+    the cascade's coarse layer), and the cascade's candidates (candidate_count(budget) tokens) run on through the
+    layers from the coarse layer to l_R."""
+    spec, length, n_query = engine.spec, len(sample.context_ids), len(sample.query_ids)
+    if coarse is None or coarse >= l_r:
+        return prefill_flops(spec, l_r, length, n_query, engine.config.prefill)
+    d, hd, heads, kv, ff = spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.intermediate_size
+    per_token = 2 * (d * (heads + 2 * kv) * hd + heads * hd * d + 3 * d * ff)
+    candidates = min(length, strategy.candidate_count(budget))
+    return prefill_flops(spec, coarse, length, n_query, engine.config.prefill) + (l_r - coarse) * per_token * candidates
 
 
 def main() -> None:
@@ -65,12 +94,16 @@ def main() -> None:
             sys.exit(f"{model} failed:\n{done.stderr[-3000:]}")
         runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     print("\nA first question (passkey at half depth, budget 1024, the default strategy), each model in its own process")
-    print("| model | l_R | dtype | context tokens | seconds | MiB over the loaded engine | DCA | passkey |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| model | l_R | dtype | context tokens | seconds | MiB over the loaded engine | DCA | passkey | GFLOP/s | "
+          "share of the matmul peak |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for run in runs:
         for row in run["rows"]:
             print(f"| {run['model']} | {run['layer']} | {run['dtype']} | {row['tokens']} | {row['seconds']:.2f} | "
-                  f"{row['peak_mib']:.0f} | {row['dca']} | {'kept' if row['kept'] else 'lost'} |")
+                  f"{row['peak_mib']:.0f} | {row['dca']} | {'kept' if row['kept'] else 'lost'} | {row['gflops']:.0f} | "
+                  f"{100 * row['peak_share']:.0f}% of {run['peak_gflops']:.0f} |")
+    for run in runs:
+        print(f"{run['model']}: {run['strategy']}")
 
 
 if __name__ == "__main__":

@@ -177,7 +177,11 @@ def test_a_short_prompt_passes_through_byte_for_byte(served, relay, http):
     assert len(reply.headers.get_list("date")) == len(reply.headers.get_list("server")) == 1
 
 
-def test_forward_auto_settled_on_ids_through_tokenize_and_text_also_works(engine, served, relay, long_prompt, expected):
+def test_forward_auto_settled_on_ids_through_tokenize_and_text_also_works(engine, served, relay, http, long_prompt,
+                                                                          expected):
+    if not any(r.path == "/tokenize" for r in relay.requests()):  # run alone or first: a compressed request decides
+        reply = http.post("/v1/completions", json=completion_body(served, long_prompt))
+        assert reply.status_code == 200 and reply.headers["x-ilre-action"] == "compressed", reply.text
     probes = [r for r in relay.requests() if r.path == "/tokenize"]
     assert probes, "the sidecar never asked the engine's /tokenize"
     assert probes[0].json()["prompt"].startswith("Tokenizer probe")
