@@ -38,6 +38,30 @@ def test_calibrate_writes_profile_and_heatmaps(tmp_path: Path):
     assert {p.name for p in (tmp_path / "plots").iterdir()} == {
         "smollm2-135m-instruct-single.png", "smollm2-135m-instruct-multi.png",
         "smollm2-135m-instruct-single-long.png", "smollm2-135m-instruct-multi-long.png"}
+    # run again: every sample is found where the first run kept it, and the profile is the same
+    again = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr
+    assert "(3 measured already)" in again.stderr
+    assert json.loads((tmp_path / "profiles" / "smollm2-135m-instruct.json").read_text())["details"] == {
+        **details, "date": json.loads((tmp_path / "profiles" / "smollm2-135m-instruct.json").read_text())["details"]["date"]}
+
+
+def test_a_sample_line_cut_short_is_measured_again(tmp_path: Path):
+    from ilre.training.calibration_samples import SampleLog
+
+    path = tmp_path / "samples.jsonl"
+    log = SampleLog({"plan": 1}, path)
+    log.add(("grid", 1536, 8, 0), {"multi": [1.0, 0.0]})
+    with path.open("a") as out:
+        out.write('{"key": ["grid", 1536, 8, 1], "hi')  # killed mid-line
+    again = SampleLog({"plan": 1}, path)
+    assert again.get(("grid", 1536, 8, 0)) == {"multi": [1.0, 0.0]} and again.get(("grid", 1536, 8, 1)) is None
+    other, same = SampleLog({"plan": 2}), SampleLog({"plan": 1})  # in the cache: another calibration, a file of its own
+    try:
+        assert other.path != same.path and other.path.parent == same.path.parent
+    finally:
+        other.path.unlink()
+        same.path.unlink()
 
 
 def test_calibrate_rejects_lengths_within_budget(tmp_path: Path):

@@ -26,6 +26,7 @@ from ..compressor.prefill import streaming_prefill
 from ..compressor.prefill_config import PrefillConfig
 from ..compressor.strategies import make_strategy
 from ..evaluation.tasks.passkey import make_passkey_sample
+from .calibration_samples import SampleLog
 from ..models.device import Placement
 from ..models.loader import load_spec, resolve_checkpoint
 from ..models.profiles import EVALUATION_KEYS, PROFILE_DIR, Profile, load_profile, save_profile
@@ -58,30 +59,46 @@ QUICK_PLAN = CalibrationPlan(lengths=(2048,), digits=(8, 32), depths=4, long_len
 
 
 def grid_hits(truncated, tokenizer, plan: CalibrationPlan, config: PrefillConfig, strategies: dict, layers: tuple[int, ...],
-              distractors: int, label: str, coarse: int | None = None) -> dict[str, torch.Tensor]:
+              distractors: int, label: str, coarse: int | None = None, log: SampleLog | None = None
+              ) -> dict[str, torch.Tensor]:
     """Whole-needle hits (lengths, digits, depths, layers) per strategy over the plan's passkey grid,
     one streaming pass per sample serving every layer; with a `coarse` layer also "candidates":
-    (lengths, digits, depths, CANDIDATE_FACTORS), the needle among the cascade's candidates."""
+    (lengths, digits, depths, CANDIDATE_FACTORS), the needle among the cascade's candidates. `log`: where each
+    sample's hits are kept as measured and found again on a rerun (calibration_samples.py)."""
     grid = list(itertools.product(plan.lengths, plan.digits, range(plan.depths)))
     hits = {name: torch.zeros(len(plan.lengths), len(plan.digits), plan.depths, len(layers)) for name in strategies}
     if coarse is not None:
         hits["candidates"] = torch.zeros(len(plan.lengths), len(plan.digits), plan.depths, len(CANDIDATE_FACTORS))
     for length, digits, depth in tqdm(grid, desc=label, unit="sample", file=sys.stderr):
-        sample = make_passkey_sample(tokenizer, length, depth / plan.depths, digits, seed=plan.seed,
-                                     distractors=distractors)
-        with torch.inference_mode():
-            state = streaming_prefill(truncated, torch.tensor(sample.context_ids), torch.tensor(sample.query_ids),
-                                      config, layers)
-            recalls = recall_by_layer(state, sample.needle, plan.budget, config.sink, strategies)
-            if coarse is not None:
-                found = candidate_hits(state, sample.needle, plan.budget, config, coarse, CANDIDATE_FACTORS,
-                                       strategies["multi"].allocator)
+        key = (label, length, digits, depth)
+        found = log.get(key) if log is not None else None
+        if found is None:
+            found = _sample_hits(truncated, tokenizer, plan, config, strategies, layers, distractors, coarse,
+                                 (length, digits, depth))
+            if log is not None:
+                log.add(key, found)
         at = (plan.lengths.index(length), plan.digits.index(digits), depth)
-        for name, per_layer in recalls.items():
-            hits[name][at] = torch.tensor([float(per_layer[l]) for l in layers])
-        if coarse is not None:
-            hits["candidates"][at] = torch.tensor([float(found[f]) for f in CANDIDATE_FACTORS])
+        for name, row in found.items():
+            hits[name][at] = torch.tensor(row)
     return hits
+
+
+def _sample_hits(truncated, tokenizer, plan: CalibrationPlan, config: PrefillConfig, strategies: dict,
+                 layers: tuple[int, ...], distractors: int, coarse: int | None, where: tuple[int, int, int]
+                 ) -> dict[str, list[float]]:
+    """One sample's hits: per strategy, 0/1 per layer; with a `coarse` layer, "candidates": 0/1 per factor."""
+    length, digits, depth = where
+    sample = make_passkey_sample(tokenizer, length, depth / plan.depths, digits, seed=plan.seed, distractors=distractors)
+    with torch.inference_mode():
+        state = streaming_prefill(truncated, torch.tensor(sample.context_ids), torch.tensor(sample.query_ids),
+                                  config, layers)
+        recalls = recall_by_layer(state, sample.needle, plan.budget, config.sink, strategies)
+        out = {name: [float(per_layer[l]) for l in layers] for name, per_layer in recalls.items()}
+        if coarse is not None:
+            found = candidate_hits(state, sample.needle, plan.budget, config, coarse, CANDIDATE_FACTORS,
+                                   strategies["multi"].allocator)
+            out["candidates"] = [float(found[f]) for f in CANDIDATE_FACTORS]
+    return out
 
 
 
@@ -135,14 +152,17 @@ def run_calibration(model: str | None, plan: CalibrationPlan, profile_dir: Path 
     truncated = engine.model_at(spec.num_layers)
     strategies = {"single": make_strategy("snapkv"), "multi": make_strategy("ilre")}
     layers = spec.global_layers  # l_R and the coarse layer see the whole context (not a sliding or linear layer)
-    hits = grid_hits(truncated, tokenizer, plan, config, strategies, layers, 0, f"calibrate {checkpoint.name}")
+    log = SampleLog({"model": checkpoint.name, "placement": placement.describe(), "plan": asdict(plan),
+                     "prefill": asdict(config), "layers": list(layers)})
+    print(f"samples kept in {log.path} ({len(log.done)} measured already)", file=sys.stderr)
+    hits = grid_hits(truncated, tokenizer, plan, config, strategies, layers, 0, f"calibrate {checkpoint.name}", log=log)
     recall = {name: h.mean(dim=(0, 1, 2)) for name, h in hits.items()}  # (layers,)
     per_layer = lambda r: {l: round(float(r[k]), 4) for k, l in enumerate(layers)}  # noqa: E731
     long_hits, long_recall = {}, {}
     coarse = pick_layer(per_layer(recall["multi"]))  # `fast`: the cascade's coarse layer
     if plan.long_lengths:
         long_hits = grid_hits(truncated, tokenizer, plan.long_grid(), replace(config, dca=True), strategies, layers,
-                              plan.distractors, f"calibrate {checkpoint.name} (long, DCA)", coarse)
+                              plan.distractors, f"calibrate {checkpoint.name} (long, DCA)", coarse, log=log)
         candidates = long_hits.pop("candidates")
         long_recall = {name: h.mean(dim=(0, 1, 2)) for name, h in long_hits.items()}
     choices = pick_layers(per_layer(recall["multi"]), per_layer(long_recall["multi"]) if long_recall else None)
