@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from speed_bench import measure_peak, prefill_flops  # noqa: E402
+from speed_bench import layer_flops_per_token, measure_peak, prefill_flops  # noqa: E402
 
 MODELS = ("embedded", "gemma-3-270m")
 
@@ -71,10 +71,9 @@ def first_question_flops(engine, strategy, coarse: int | None, l_r: int, sample,
     spec, length, n_query = engine.spec, len(sample.context_ids), len(sample.query_ids)
     if coarse is None or coarse >= l_r:
         return prefill_flops(spec, l_r, length, n_query, engine.config.prefill)
-    d, hd, heads, kv, ff = spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.intermediate_size
-    per_token = 2 * (d * (heads + 2 * kv) * hd + heads * hd * d + 3 * d * ff)
     candidates = min(length, strategy.candidate_count(budget))
-    return prefill_flops(spec, coarse, length, n_query, engine.config.prefill) + (l_r - coarse) * per_token * candidates
+    return (prefill_flops(spec, coarse, length, n_query, engine.config.prefill)
+            + (l_r - coarse) * layer_flops_per_token(spec) * candidates)
 
 
 def main() -> None:

@@ -28,13 +28,19 @@ from pathlib import Path
 BUDGET = 1024
 
 
+def layer_flops_per_token(spec) -> float:
+    """FLOPs of one full decoder layer's projections and MLP for one token."""
+    d, hd, heads, kv, ff = spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.intermediate_size
+    return 2 * (d * (heads + 2 * kv) * hd + heads * hd * d + 3 * d * ff)
+
+
 def prefill_flops(spec, l_r: int, length: int, n_query: int, config) -> float:
     """Useful FLOPs of the streaming prefill + scoring: projections and MLP of layers < l_R, the
     keys (context) and queries (query) of l_R, attention over each chunk's visible keys."""
     from ilre.compressor.context_state import chunk_bounds
 
-    d, hd, heads, kv, ff = spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads, spec.intermediate_size
-    per_token = 2 * (d * (heads + 2 * kv) * hd + heads * hd * d + 3 * d * ff)  # one full layer
+    d, hd, heads, kv = spec.hidden_size, spec.head_dim, spec.num_heads, spec.num_kv_heads
+    per_token = layer_flops_per_token(spec)
     dense = (length + n_query) * (l_r - 1) * per_token + 2 * d * hd * (kv * length + heads * n_query)
     pairs, seen = 0, 0  # (query, key) pairs attended, summed over chunks
     window = config.window or length
