@@ -52,11 +52,14 @@ class Frontend:
         self.defaults = {k: v for k, v in (defaults or {}).items() if v is not None}
 
     def build_request(self, data: Any) -> CompressRequest:
-        """A validated request from contract fields (InputError names the field and the limit)."""
+        """A validated request from contract fields, its strategy and options included (InputError names
+        the field and the limit)."""
         try:
-            return CompressRequest.from_json(data, self.defaults)
+            request = CompressRequest.from_json(data, self.defaults)
         except TypeError as exc:
             raise InputError("request", str(exc)) from None
+        requested_strategy(request)  # a bad strategy or option refused here, before the queue accepts it
+        return request
 
     async def compress(self, data: dict[str, Any] | CompressRequest, timeout_s: float | None,
                        method: str, many: bool | None = None, caller: KeyPolicy = ANONYMOUS,
@@ -95,8 +98,11 @@ class Frontend:
         start = time.perf_counter()
         timeout = timeout_s if timeout_s is not None else self.config.request_timeout_s
         try:
-            request = data if isinstance(data, CompressRequest) else self.build_request(data)
-            requested_strategy(request)  # a bad strategy or option refused here, before the queue accepts it
+            if isinstance(data, CompressRequest):
+                request = data
+                requested_strategy(request)
+            else:
+                request = self.build_request(data)
             if many is False and request.multi:
                 name = "document_ids" if request.document_ids is not None else "queries"
                 raise InputError(name, f"{method} takes one query of one context: send several to CompressQueries")
