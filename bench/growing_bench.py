@@ -254,7 +254,7 @@ def from_stream(engine: Engine, context: list[int], query: list[int]) -> list[in
 
     job = engine.prepare(CompressRequest(context_ids=context, query_ids=query, budget=BUDGET))
     with torch.inference_mode():
-        state = encode_context(job.model, job.context_ids, job.prefill, job.strategy.encoded_layers(job.layer),
+        state = encode_context(job.model, job.context_ids, job.prefill, job.strategy.reading().encoded_layers(job.layer),
                                keep_hidden=True)
         kept = select_query(job.model, state, job.queries[0], BUDGET, job.strategy, context_ids=job.context_ids,
                             units=job.units, stream=state.hidden).kept

@@ -61,9 +61,9 @@ def main() -> None:
     other = engine.tokenizer(OTHER_QUESTION, add_special_tokens=False).input_ids
     for name, context, query, (a, b) in samples(engine, args.tokens):
         job = engine.prepare(CompressRequest(context_ids=context, query_ids=query, budget=args.budget))
-        strategy, deep = job.strategy, job.strategy.deepened()
+        strategy, deep = job.strategy, job.strategy.reading().deepened()
         with torch.inference_mode():
-            state = encode_context(job.model, job.context_ids, job.prefill, strategy.encoded_layers(job.layer),
+            state = encode_context(job.model, job.context_ids, job.prefill, strategy.reading().encoded_layers(job.layer),
                                    keep_hidden=True)
             picks, reused = {}, 0
             for way, first, stream in (("layer 1", None, None), ("stream", None, state.hidden),
@@ -80,7 +80,7 @@ def main() -> None:
                                                  context_ids=job.context_ids, units=job.units).kept.tolist())
         share = {(x, y): len(picks[x] & picks[y]) / args.budget for x in picks for y in picks}
         needle = " / ".join("kept" if all(i in picks[w] for i in range(a, b)) else "lost" for w in picks)
-        count = strategy.candidate_count(args.budget)
+        count = strategy.reading().candidate_count(args.budget)
         print(f"| {name} | {share['stream', 'layer 1']:.1%} | {share['stream', 'deepened']:.1%} | "
               f"{share['layer 1', 'deepened']:.1%} | {share['after another', 'stream']:.1%} | {reused / count:.1%} | "
               f"{share['after another', 'deepened']:.1%} | {needle} |", flush=True)

@@ -25,7 +25,7 @@ from pathlib import Path
 import torch
 
 from ilre.compressor.prefill import prefill_query
-from ilre.compressor.strategies.cascade import peak_strength
+from ilre.compressor.cascade_reading import peak_strength
 from ilre.contract.messages import CompressRequest
 from ilre.engine.engine import Engine, EngineConfig
 from ilre.evaluation.running.metrics import retention

@@ -84,9 +84,9 @@ def test_the_default_and_blended_layers_take_the_batched_prefill():
                   make_strategy("cascade", {"coarse_layer": 2, "candidates": 1.5, "coarse_weight": 0.0})]
     jobs = [SelectionJob(random_ids(20 + i, seed=200 + i), random_ids(3, seed=300 + i), 6, strategy)
             for i, strategy in enumerate(strategies)]
-    resolved = [job.strategy.for_context(job.context_ids.numel(), job.budget) for job in jobs]
-    assert all(s.batchable for s in resolved)
-    assert [s.encoded_layers(N_LAYERS) for s in resolved][-2:] == [(1,), (2,)]  # these two run their candidates
+    resolved = [job.strategy.reading().for_context(job.context_ids.numel(), job.budget) for job in jobs]
+    assert all(plan.batchable for plan in resolved)
+    assert [plan.encoded_layers(N_LAYERS) for plan in resolved][-2:] == [(1,), (2,)]  # these two run their candidates
     together = select_contexts(model("llama"), jobs, config, batch_tokens=200)
     for job, got in zip(jobs, together):
         alone = select_context(model("llama"), job.context_ids, job.query_ids, job.budget, job.strategy, config)

@@ -12,7 +12,7 @@ from ilre.compressor.pipeline import select_context, select_queries, select_quer
 from ilre.compressor.prefill import encode_context, prefill_query
 from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.strategies import make_strategy
-from ilre.compressor.strategies.cascade import FIRST_STREAM_TOKENS, pick_candidates, recent_share
+from ilre.compressor.cascade_reading import FIRST_STREAM_TOKENS, pick_candidates, recent_share
 from ilre.models.loader import load_truncated
 from tests.reference import dense_candidate_prefill, dense_prefill, dense_scores, dense_stream, literal_algorithm1
 from tests.tiny_models import N_LAYERS, random_ids, single_thread, tiny_checkpoint  # noqa: F401
@@ -126,13 +126,13 @@ def test_a_cascade_on_an_encoding_that_kept_its_stream_matches_the_literal_refer
     context, queries = random_ids(LENGTH, seed=5), [random_ids(N_QUERY, seed=s) for s in (6, 16)]
     strategy = cascade(coarse_layer=coarse, candidates=factor, coarse_weight=weight)
     with torch.inference_mode():
-        state = encode_context(model(), context, config, strategy.encoded_layers(N_LAYERS), keep_hidden=True)
+        state = encode_context(model(), context, config, strategy.reading().encoded_layers(N_LAYERS), keep_hidden=True)
     one = select_query(model(), state, queries[0], budget, strategy, context_ids=context, stream=state.hidden)
     assert one.kept.tolist() == reference_kept(context, queries[0], config, coarse, factor, budget, weight, True)
     assert one.measured["from_layer"] == coarse
     shared = cascade(coarse_layer=2, candidates=2.0, coarse_weight=weight)  # a union of candidates cheaper than deep
     with torch.inference_mode():
-        kept = encode_context(model(), context, config, shared.encoded_layers(N_LAYERS), keep_hidden=True)
+        kept = encode_context(model(), context, config, shared.reading().encoded_layers(N_LAYERS), keep_hidden=True)
     both = select_queries(model(), kept, queries, 8, shared, context_ids=context, stream=kept.hidden)
     assert [s.measured["from_layer"] for s in both] == [2, 2] and all("deep" not in s.measured for s in both)
     plain = select_query(model(), state, queries[0], budget, strategy, context_ids=context)  # no stream: at layer 1
@@ -175,13 +175,13 @@ def test_candidates_covering_the_context_give_ilre_at_l_r(config, weight):
     strategy = cascade(coarse_layer=2, candidates=LENGTH / 20, coarse_weight=weight)  # 90 candidates: all of them
     # through the coarse layer and a candidate pass over everything
     with torch.inference_mode():
-        state = encode_context(model(), context, config, strategy.encoded_layers(N_LAYERS))
+        state = encode_context(model(), context, config, strategy.reading().encoded_layers(N_LAYERS))
     assert select_query(model(), state, query, 20, strategy, context_ids=context).kept.tolist() == plain
     # and as the pipeline runs it: without the coarse layer at all
-    whole = strategy.for_context(LENGTH, 20)
+    whole = strategy.reading().for_context(LENGTH, 20).scorer
     assert whole.cascade_layer is None and whole.extra_layers == ((2,) if weight else ())
     assert select_context(model(), context, query, 20, strategy, config).kept.tolist() == plain
-    assert strategy.batchable and whole.batchable  # the coarse layer (then each one's candidates) or l_R (+ l_c)
+    assert strategy.reading().batchable and whole.reading().batchable  # the coarse layer (then each one's candidates) or l_R (+ l_c)
 
 
 def test_cached_and_multi_query_selections_equal_uncached():
@@ -190,7 +190,7 @@ def test_cached_and_multi_query_selections_equal_uncached():
     queries = [random_ids(N_QUERY, seed=s) for s in (10, 11, 12)]
     strategy = cascade(coarse_layer=2, candidates=2.0, first_from_stream=False)  # the cached state keeps no stream
     with torch.inference_mode():
-        state = encode_context(model(), context, config, strategy.encoded_layers(N_LAYERS))
+        state = encode_context(model(), context, config, strategy.reading().encoded_layers(N_LAYERS))
     again = [select_query(model(), state, q, 16, strategy, context_ids=context).kept.tolist() for q in queries]
     alone = [select_context(model(), context, q, 16, strategy, config).kept.tolist() for q in queries]
     assert again == alone
@@ -199,7 +199,7 @@ def test_cached_and_multi_query_selections_equal_uncached():
 
 def test_the_encoded_context_holds_only_the_coarse_layer():
     strategy = cascade(coarse_layer=2)
-    state = encode_context(model(), random_ids(LENGTH, seed=13), CONFIGS[0], strategy.encoded_layers(N_LAYERS))
+    state = encode_context(model(), random_ids(LENGTH, seed=13), CONFIGS[0], strategy.reading().encoded_layers(N_LAYERS))
     assert set(state.keys) == {2} and len(state.caches) == 1
 
 
@@ -207,10 +207,11 @@ def test_a_first_question_streams_up_to_the_cap_unless_told_not_to():
     """The stream a first question's candidates start from is L x D for the request: kept up to FIRST_STREAM_TOKENS,
     never for a cascade whose candidates cover the context (every token runs to l_R anyway) or told not to."""
     strategy = cascade(coarse_layer=2)
-    assert strategy.streams_first(FIRST_STREAM_TOKENS) and not strategy.streams_first(FIRST_STREAM_TOKENS + 1)
-    assert not cascade(coarse_layer=2, first_from_stream=False).streams_first(1000)
-    assert not strategy.for_context(100, 90).streams_first(100)  # whole: its candidates would cover the context
-    assert not plain_ilre().streams_first(1000)
+    plan = strategy.reading()
+    assert plan.streams_first(FIRST_STREAM_TOKENS) and not plan.streams_first(FIRST_STREAM_TOKENS + 1)
+    assert not cascade(coarse_layer=2, first_from_stream=False).reading().streams_first(1000)
+    assert not plan.for_context(100, 90).streams_first(100)  # whole: its candidates would cover the context
+    assert not plain_ilre().reading().streams_first(1000)
 
 
 def test_recent_share_is_an_eighth_within_the_window():
@@ -240,7 +241,7 @@ def test_a_coarse_layer_at_or_above_l_r_is_refused(coarse):
 def test_select_without_the_context_ids_says_so():
     strategy = cascade(coarse_layer=2)
     context = random_ids(LENGTH, seed=1)
-    state = encode_context(model(), context, CONFIGS[0], strategy.encoded_layers(N_LAYERS))
+    state = encode_context(model(), context, CONFIGS[0], strategy.reading().encoded_layers(N_LAYERS))
     with pytest.raises(ValueError, match=r"^context_ids: "):
         select_query(model(), state, random_ids(N_QUERY, seed=2), 10, strategy)
 
@@ -270,7 +271,7 @@ def test_whole_is_the_cascades_own_and_refused_as_a_request_option():
     with pytest.raises(ValueError, match=r"^strategy_options\.whole: cascade does not take whole"):
         make_strategy("cascade", {"whole": True})
     assert cascade().with_defaults({"whole": True}).whole is False  # nor may a profile set it
-    assert cascade(coarse_layer=2).for_context(LENGTH, 80).whole  # the strategy sets it for itself
+    assert cascade(coarse_layer=2).reading().for_context(LENGTH, 80).scorer.whole  # the strategy sets it for itself
 
 
 def test_a_coarse_layer_at_or_above_l_r_is_refused_on_a_short_context_too():

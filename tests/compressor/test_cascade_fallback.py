@@ -14,8 +14,8 @@ from ilre.compressor.pipeline import select_context, select_query
 from ilre.compressor.prefill import encode_context, prefill_query, resume_context
 from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.strategies import make_strategy
-from ilre.compressor.strategies.base import QueryPass
-from ilre.compressor.strategies.cascade import peak_strength, pick_candidates, recent_share
+from ilre.compressor.reading import QueryPass, Reading
+from ilre.compressor.cascade_reading import peak_strength, pick_candidates, recent_share
 from ilre.kernels.query_scores import query_key_scores
 from tests.tiny_models import N_LAYERS, random_ids
 
@@ -33,7 +33,7 @@ def literal_peak(context: torch.Tensor, query: torch.Tensor, config: PrefillConf
         state = encode_context(model(), context, config, (COARSE,), keep_hidden=True)
         retrieval = prefill_query(model(), state, query)
         coarse = query_key_scores(retrieval.queries[COARSE], retrieval.keys[COARSE])
-        count = strategy.candidate_count(BUDGET)
+        count = strategy.reading().candidate_count(BUDGET)
         candidates = pick_candidates(coarse, count, config.sink, recent_share(count, config), strategy.allocator)
         keys, queries = candidate_prefill(model(), context, candidates, query, config,
                                           Streams(COARSE, state.hidden, [retrieval.stream]))
@@ -74,7 +74,7 @@ def test_the_fallback_is_taken_exactly_below_the_threshold(config):
     peak = literal_peak(context, query, config)
     assert 0.0 < peak < 1.0
     candidates_only = kept(cascade(coarse_layer=COARSE, candidates=FACTOR), context, query, config)
-    deepened = kept(cascade(coarse_layer=COARSE, candidates=FACTOR).deepened(), context, query, config)
+    deepened = kept(cascade(coarse_layer=COARSE, candidates=FACTOR).reading().deepened(), context, query, config)
     assert candidates_only != deepened  # the two paths choose differently here, so the test tells them apart
     above = cascade(coarse_layer=COARSE, candidates=FACTOR, deepen_below=peak * 0.999)
     below = cascade(coarse_layer=COARSE, candidates=FACTOR, deepen_below=min(1.0, peak * 1.001))
@@ -94,7 +94,7 @@ def test_the_selection_reports_the_peak_it_measured_whether_or_not_it_fell_back(
         assert selection.measured == {"peak": pytest.approx(peak, rel=1e-5),
                                       "coarse_peak": pytest.approx(literal_coarse_peak(context, query, config), rel=1e-5),
                                       "from_layer": COARSE, **({"deep": 1.0} if peak < deepen_below else {})}
-    whole = select_context(model(), context, query, BUDGET, cascade(coarse_layer=COARSE, candidates=FACTOR).deepened(), config)
+    whole = select_context(model(), context, query, BUDGET, cascade(coarse_layer=COARSE, candidates=FACTOR).reading().deepened(), config)
     assert whole.measured == {}  # no candidates, so nothing to measure
 
 
@@ -111,15 +111,15 @@ def test_the_callers_encoding_is_read_once_and_only_on_the_fallback():
     config = CONFIGS[0]
     context, queries = random_ids(LENGTH, seed=25), [random_ids(N_QUERY, seed=s) for s in (26, 27)]
     strategy = cascade(coarse_layer=COARSE, candidates=FACTOR, deepen_below=1.0)
-    deep = strategy.deepened()
+    deep = strategy.reading().deepened()
     calls = []
 
     def deepened():
         calls.append(1)
-        return encode_context(model(), context, config, deep.encoded_layers(N_LAYERS))
+        return encode_context(model(), context, config, deep.reading().encoded_layers(N_LAYERS))
 
     with torch.inference_mode():
-        state = encode_context(model(), context, config, strategy.encoded_layers(N_LAYERS))
+        state = encode_context(model(), context, config, strategy.reading().encoded_layers(N_LAYERS))
     for query in queries:
         got = select_query(model(), state, query, BUDGET, strategy, context_ids=context, deepened=deepened)
         assert got.kept.tolist() == kept(deep, context, query, config)
@@ -135,17 +135,17 @@ def test_with_deepen_blend_the_candidates_attention_joins_the_whole_contexts_on_
     context, query = random_ids(LENGTH, seed=21), random_ids(N_QUERY, seed=22)
     strategy = cascade(coarse_layer=COARSE, candidates=FACTOR, deepen_below=1.0, deepen_blend=weight)
     with torch.inference_mode():
-        state = encode_context(model(), context, config, strategy.encoded_layers(N_LAYERS))
+        state = encode_context(model(), context, config, strategy.reading().encoded_layers(N_LAYERS))
         retrieval = prefill_query(model(), state, query)
-        got, _ = strategy.query_attention(QueryPass(model(), retrieval, context, query, BUDGET, config))
+        got, _ = strategy.reading().attention(QueryPass(model(), retrieval, context, query, BUDGET, config))
         # literal: l_R's A^C over the candidates (zero elsewhere) and over the whole context, each scaled to
         # sum 1 outside the sink, the candidates' times the weight, the larger of the two per token
         coarse = query_key_scores(retrieval.queries[COARSE], retrieval.keys[COARSE])
-        count = strategy.candidate_count(BUDGET)
+        count = strategy.reading().candidate_count(BUDGET)
         candidates = pick_candidates(coarse, count, config.sink, recent_share(count, config), strategy.allocator)
         keys, queries = candidate_prefill(model(), context, candidates, query, config)
         over = dict(zip(candidates.tolist(), query_key_scores(queries, keys).tolist()))
-        deep = encode_context(model(), context, config, strategy.deepened().encoded_layers(N_LAYERS))
+        deep = encode_context(model(), context, config, strategy.reading().deepened().reading().encoded_layers(N_LAYERS))
         whole = query_key_scores(prefill_query(model(), deep, query).queries[N_LAYERS], deep.keys[N_LAYERS]).tolist()
     found = [over.get(i, 0.0) for i in range(LENGTH)]
     found_sum, whole_sum = sum(found[config.sink:]), sum(whole[config.sink:])
@@ -164,13 +164,13 @@ def test_the_coarse_rule_falls_back_exactly_below_its_threshold_without_the_cand
     coarse_peak = literal_coarse_peak(context, query, config)
     assert 0.0 < coarse_peak < 1.0
     candidates_only = kept(cascade(coarse_layer=COARSE, candidates=FACTOR), context, query, config)
-    deepened = kept(cascade(coarse_layer=COARSE, candidates=FACTOR).deepened(), context, query, config)
+    deepened = kept(cascade(coarse_layer=COARSE, candidates=FACTOR).reading().deepened(), context, query, config)
     assert candidates_only != deepened
     above = cascade(coarse_layer=COARSE, candidates=FACTOR, coarse_below=coarse_peak * 0.999)
     below = cascade(coarse_layer=COARSE, candidates=FACTOR, coarse_below=min(1.0, coarse_peak * 1.001))
     assert kept(above, context, query, config) == candidates_only
     runs = []
-    import ilre.compressor.strategies.cascade as module
+    import ilre.compressor.cascade_reading as module
     monkeypatch.setattr(module, "candidate_prefill", lambda *a, **k: runs.append(1) or candidate_prefill(*a, **k))
     selection = select_context(model(), context, query, BUDGET, below, config)
     assert selection.kept.tolist() == deepened and runs == []  # decided before any candidate ran to l_R
@@ -184,13 +184,13 @@ def test_a_fallback_resumed_from_the_coarse_encoding_selects_what_a_fresh_deep_e
     selection equals the fallback on an encoding made from scratch, exactly (float32)."""
     context, query = random_ids(LENGTH, seed=41), random_ids(N_QUERY, seed=42)
     strategy = cascade(coarse_layer=COARSE, candidates=FACTOR, **rule)
-    deep = strategy.deepened()
+    deep = strategy.reading().deepened()
 
     def fresh():
-        return encode_context(model(), context, config, deep.encoded_layers(N_LAYERS))
+        return encode_context(model(), context, config, deep.reading().encoded_layers(N_LAYERS))
 
     with torch.inference_mode():
-        state = encode_context(model(), context, config, strategy.encoded_layers(N_LAYERS))
+        state = encode_context(model(), context, config, strategy.reading().encoded_layers(N_LAYERS))
         want = select_query(model(), state, query, BUDGET, strategy, context_ids=context, deepened=fresh)
     import ilre.compressor.pipeline as pipeline
     resumes = []
@@ -224,11 +224,11 @@ def test_many_questions_pay_for_depth_once_where_their_candidate_pass_costs_more
     candidates could cost that much together."""
     strategy = cascade(coarse_layer=8, candidates=4.0)
     for length, union in ((32768, 18971), (32768, 18972), (131072, 4096), (131072, 75882), (131072, 75883)):
-        assert strategy.deep_pays(length, union, 19) == (19 * union >= 11 * length)
+        assert strategy.reading().deep_pays(length, union, 19) == (19 * union >= 11 * length)
     for length, budget, questions in ((32768, 1024, 1), (32768, 1024, 4), (32768, 1024, 5), (131072, 1024, 18),
                                       (131072, 1024, 19), (3000, 512, 20), (50000, 64, 2)):
         count = min(math.ceil(4.0 * budget), length)
         expected = questions >= 2 and 19 * min(length, questions * count) >= (19 - 8) * length
-        assert strategy.reads_deep(length, budget, questions, 19) == expected
-    assert cascade(coarse_layer=8, deepen_below=0.5).reads_deep(32768, 1024, 1, 19)  # a fallback may read it
-    assert not strategy.deepened().deep_pays(32768, 32768, 19)  # already whole: nothing to pay for
+        assert strategy.reading().reads_deep(length, budget, questions, 19) == expected
+    assert cascade(coarse_layer=8, deepen_below=0.5).reading().reads_deep(32768, 1024, 1, 19)  # a fallback may read it
+    assert type(strategy.reading().deepened().reading()) is Reading  # already whole: a plain reading, nothing to pay for

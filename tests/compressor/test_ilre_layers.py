@@ -89,4 +89,4 @@ def test_an_encoded_context_without_the_layer_is_refused():
     state = encode_context(model(), random_ids(LENGTH, seed=1), config)  # l_R's keys only
     with pytest.raises(ValueError, match=r"reads layers \[1\] that the encoded context lacks"):
         select_query(model(), state, random_ids(N_QUERY, seed=2), 20, strategy)
-    assert strategy.batchable and make_strategy("ilre").batchable  # the batched prefill keeps lower layers too
+    assert strategy.reading().batchable and make_strategy("ilre").reading().batchable  # the batched prefill keeps lower layers too

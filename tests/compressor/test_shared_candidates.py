@@ -12,7 +12,7 @@ from ilre.compressor import pipeline
 from ilre.compressor.candidate_prefill import candidate_prefill, candidate_prefill_many
 from ilre.compressor.pipeline import select_context_queries, select_queries, select_query
 from ilre.compressor.prefill import encode_context, prefill_query
-from ilre.compressor.strategies import cascade as cascade_module
+from ilre.compressor import cascade_reading as cascade_module
 from ilre.kernels.query_scores import query_key_scores
 from tests.tiny_models import N_LAYERS, random_ids
 
@@ -39,8 +39,8 @@ def test_each_query_of_a_shared_candidate_pass_equals_its_own_pass_bit_for_bit(c
 
 def literal_union(strategy, context, asked, config, budget: int) -> list[int]:
     """Each question's candidates from the coarse layer (the literal loop of test_cascade), then their union."""
-    state = encode_context(model(), context, config, strategy.encoded_layers(N_LAYERS))
-    count = strategy.candidate_count(budget)
+    state = encode_context(model(), context, config, strategy.reading().encoded_layers(N_LAYERS))
+    count = strategy.reading().candidate_count(budget)
     union: set[int] = set()
     for query_ids in asked:
         retrieval = prefill_query(model(), state, query_ids)
@@ -56,12 +56,12 @@ def test_questions_are_ranked_over_the_union_of_their_candidates_or_all_read_dee
     context, asked = random_ids(LENGTH, seed=41), questions(42)
     strategy = cascade(coarse_layer=coarse, candidates=factor)
     union = literal_union(strategy, context, asked, config, budget)
-    assert strategy.deep_pays(LENGTH, len(union), N_LAYERS) == deep  # the case is the branch it names
+    assert strategy.reading().deep_pays(LENGTH, len(union), N_LAYERS) == deep  # the case is the branch it names
     with torch.inference_mode():
         got = select_context_queries(model(), context, asked, budget, strategy, config)
         if deep:  # every question as the deepened form answers it
-            state = encode_context(model(), context, config, strategy.deepened().encoded_layers(N_LAYERS))
-            expected = [select_query(model(), state, q, budget, strategy.deepened(), context_ids=context) for q in asked]
+            state = encode_context(model(), context, config, strategy.reading().deepened().reading().encoded_layers(N_LAYERS))
+            expected = [select_query(model(), state, q, budget, strategy.reading().deepened(), context_ids=context) for q in asked]
         else:  # every question as the one-question cascade answers it with the union for its candidates
             monkeypatch.setattr(cascade_module, "pick_candidates", lambda *args: torch.tensor(union))
             expected = [pipeline.select_context(model(), context, q, budget, strategy, config) for q in asked]
@@ -96,7 +96,7 @@ def test_a_coarse_below_question_reads_the_context_while_the_others_share_candid
     asked = questions(62)
     plain = cascade(coarse_layer=1, candidates=1.0)
     with torch.inference_mode():
-        state = encode_context(model(), context, config, plain.encoded_layers(N_LAYERS))
+        state = encode_context(model(), context, config, plain.reading().encoded_layers(N_LAYERS))
         peaks = [select_query(model(), state, q, 8, plain, context_ids=context).measured["coarse_peak"] for q in asked]
         threshold = sorted(peaks)[1]  # below it: the weakest question only
         strategy = cascade(coarse_layer=1, candidates=1.0, coarse_below=threshold)

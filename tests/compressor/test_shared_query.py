@@ -44,8 +44,8 @@ def test_a_question_moved_by_rope_scores_as_the_keys_moved_back():
 def test_the_last_context_selects_as_its_own_query_pass(name, options):
     """Shift 0 and its own windows: the shared path is the lone path, to the bit."""
     context, query = random_ids(33, seed=3), random_ids(4, seed=4)
-    strategy = make_strategy(name, options).for_context(33, 6)
-    layers = strategy.encoded_layers(N_LAYERS)
+    strategy = make_strategy(name, options).reading().for_context(33, 6).scorer
+    layers = strategy.reading().encoded_layers(N_LAYERS)
     state = encode_context(model(), context, CONFIG, layers)
     lone = select_query(model(), state, query, 6, strategy, context_ids=context)
     asked = prefill_query(model(), state, query)
@@ -59,13 +59,13 @@ def test_keys_alone_select_as_the_whole_encoding_and_travel_as_tensors(name, opt
     contexts = [random_ids(n, seed=n) for n in (30, 19, 41)]
     query = random_ids(3, seed=9)
     strategy = make_strategy(name, options)
-    layers = strategy.encoded_layers(N_LAYERS)
+    layers = strategy.reading().encoded_layers(N_LAYERS)
     states = [encode_context(model(), c, CONFIG, layers) for c in contexts]
     asked = prefill_query(model(), states[-1], query)
     at = contexts[-1].numel()
 
     def selections(of: list[ContextState]):
-        jobs = [SharedQuestionJob(s, c, 6, strategy.for_context(c.numel(), 6)) for s, c in zip(of, contexts)]
+        jobs = [SharedQuestionJob(s, c, 6, strategy.reading().for_context(c.numel(), 6).scorer) for s, c in zip(of, contexts)]
         return [s.kept.tolist() for s in select_shared(model(), asked, at, jobs, query)]
 
     restored = [ContextState.from_tensors(model(), CONFIG, s.keys_only().to_tensors()) for s in states]

@@ -16,7 +16,8 @@ from ilre.compressor.context_state import chunk_bounds
 from ilre.compressor.pipeline import select_query
 from ilre.compressor.prefill import encode_context, encode_in_steps, run_steps
 from ilre.compressor.prefill_config import PrefillConfig
-from ilre.compressor.strategies import cascade as cascade_module, make_strategy
+from ilre.compressor import cascade_reading as cascade_module
+from ilre.compressor.strategies import make_strategy
 from ilre.contract.messages import CompressRequest
 from ilre.engine.deepening import Deepener, DeepeningStats
 from ilre.engine.documents import DocumentCache
@@ -184,7 +185,7 @@ def kept_from_layer_one(engine, request: CompressRequest) -> list[int]:
     """What the pipeline keeps for `request` with its candidates run from layer 1 (no stream handed on)."""
     job = engine.prepare(request)
     with torch.inference_mode():
-        state = encode_context(job.model, job.context_ids, job.prefill, job.strategy.encoded_layers(job.layer))
+        state = encode_context(job.model, job.context_ids, job.prefill, job.strategy.reading().encoded_layers(job.layer))
     return select_query(job.model, state, job.queries[0], job.budget, job.strategy, context_ids=job.context_ids,
                         units=job.units).kept.tolist()
 
@@ -238,7 +239,7 @@ def kept_from_stream(engine, request: CompressRequest, before: list[CompressRequ
     same encoding (each from the stream), whose candidates' rows it reads."""
     job = engine.prepare(request)
     with torch.inference_mode():
-        state = encode_context(job.model, job.context_ids, job.prefill, job.strategy.encoded_layers(job.layer),
+        state = encode_context(job.model, job.context_ids, job.prefill, job.strategy.reading().encoded_layers(job.layer),
                                keep_hidden=True)
         for i, earlier in enumerate(before):
             asked = engine.prepare(earlier)
@@ -323,7 +324,7 @@ def test_a_request_with_many_questions_shares_one_candidate_pass_or_reads_the_co
     2,000 candidates each the union costs more, so the request reads the context once, resumed from the
     coarse encoding, and every question is answered as a deepened document answers it, `fell_back` set."""
     import ilre.compressor.pipeline as pipeline
-    import ilre.compressor.strategies.cascade as cascade_module
+    import ilre.compressor.cascade_reading as cascade_module
 
     resumes, passes = [], []
     real_resume, real_pass = pipeline.resume_context, cascade_module.candidate_prefill_many

@@ -187,7 +187,7 @@ def kept_taken_on(engine, first: CompressRequest, later: CompressRequest) -> lis
     asked, job = engine.prepare(first), engine.prepare(later)
     with torch.inference_mode():
         state = encode_context(asked.model, asked.context_ids, asked.prefill,
-                               asked.strategy.encoded_layers(asked.layer), keep_hidden=True)
+                               asked.strategy.reading().encoded_layers(asked.layer), keep_hidden=True)
         select_query(asked.model, state, asked.queries[0], asked.budget, asked.strategy,
                      context_ids=asked.context_ids, units=asked.units, stream=state.hidden)
         longer = extend_context(job.model, state, job.context_ids, keep_hidden=True)

@@ -16,7 +16,7 @@ from .allocation import PoolingAllocator
 from .context_state import RetrievalState
 from .prefill_config import PrefillConfig
 from .strategies import Strategy
-from .strategies.cascade import pick_candidates, recent_share
+from .cascade_reading import pick_candidates, recent_share
 
 CANDIDATE_FACTORS = (1.0, 2.0, 3.0, 4.0, 6.0, 8.0)  # candidates per budget token the cascade's calibration weighs
 COST_CAP = 1.3  # the cascade's prefill at most this much of plain ILRe at the coarse layer

@@ -20,8 +20,8 @@ from .batched_prefill import batched_prefill, fits_one_chunk
 from .context_state import ContextState, RetrievalState, score_keys
 from .prefill import encode_context, prefill_query, resume_context
 from .prefill_config import PrefillConfig
+from .reading import QueryPass, Reading
 from .strategies import ScoreInputs, Strategy
-from .strategies.base import QueryPass
 from .unit_selection import select_units
 from .units import Units
 
@@ -88,7 +88,7 @@ class Encodings(Protocol):
 
     def stream(self) -> torch.Tensor | None:
         """The residual stream (L, D) entering the encoding's top layer where the questions' candidates start there
-        (compressor/candidate_prefill.Streams: a first question's where `Strategy.streams_first`, a document cache's
+        (compressor/candidate_prefill.Streams: a first question's where `Reading.streams_first`, a document cache's
         later questions'); None: they start at layer 1."""
 
 
@@ -122,26 +122,26 @@ class OnceEncodings:
 
 
 class FreshEncodings(OnceEncodings):
-    """Encodings made now and kept for this request only: the strategy's encoding keeps its resume point when
-    the questions may read the deep encoding (Strategy.reads_deep), which is then taken on from there
+    """Encodings made now and kept for this request only: the plan's encoding keeps its resume point when
+    the questions may read the deep encoding (Reading.reads_deep), which is then taken on from there
     (layers 1..l_c not run again), else encoded from the start."""
 
-    def __init__(self, model: TruncatedLM, context_ids: torch.Tensor, config: PrefillConfig, strategy: Strategy,
+    def __init__(self, model: TruncatedLM, context_ids: torch.Tensor, config: PrefillConfig, plan: Reading,
                  n_queries: int, budget: int):
-        self.model, self.context_ids, self.config, self.strategy = model, context_ids, config, strategy
+        self.model, self.context_ids, self.config, self.plan = model, context_ids, config, plan
         self.n_queries, self.budget = n_queries, budget
         self._resume: Callable[[], ContextState] | None = None
         self._stream: torch.Tensor | None = None
 
     def _make_encoded(self) -> ContextState:
-        model, strategy, length = self.model, self.strategy, self.context_ids.numel()
-        streamed = strategy.streams_first(length)
-        keep = streamed or strategy.reads_deep(length, self.budget, self.n_queries, model.n_layers)
-        state = encode_context(model, self.context_ids, self.config, strategy.encoded_layers(model.n_layers),
-                               parts=strategy.context_parts, keep_hidden=keep)
+        model, plan, length = self.model, self.plan, self.context_ids.numel()
+        streamed = plan.streams_first(length)
+        keep = streamed or plan.reads_deep(length, self.budget, self.n_queries, model.n_layers)
+        state = encode_context(model, self.context_ids, self.config, plan.encoded_layers(model.n_layers),
+                               parts=plan.context_parts, keep_hidden=keep)
         if state.hidden is not None:  # taken off the state (no rows memo for one request): the resume point, the stream
             self._stream = state.hidden if streamed else None
-            self._resume = resumed(model, state, strategy.deepened())
+            self._resume = resumed(model, state, plan.deepened())
         return state
 
     def stream(self) -> torch.Tensor | None:
@@ -150,7 +150,7 @@ class FreshEncodings(OnceEncodings):
     def _make_deepened(self) -> ContextState:
         if self._resume is not None:
             return self._resume()
-        deep = self.strategy.deepened()
+        deep = self.plan.deepened().reading()
         return encode_context(self.model, self.context_ids, self.config, deep.encoded_layers(self.model.n_layers),
                               parts=deep.context_parts)
 
@@ -164,31 +164,34 @@ def select_context_queries(model: TruncatedLM | None, context_ids: torch.Tensor,
     length = context_ids.numel()
     if length <= budget:
         return [Selection(torch.arange(length), passthrough=True) for _ in queries_ids]
+    plan = strategy.reading()
     if model is not None:
-        strategy.encoded_layers(model.n_layers)  # the options against l_R, before they are resolved for the length
-    strategy = strategy.for_context(length, budget)
+        plan.encoded_layers(model.n_layers)  # the options against l_R, before they are resolved for the length
+    plan = plan.for_context(length, budget)
+    strategy = plan.scorer
     if not strategy.needs_attention:
         return [score_and_allocate(None, None, length, budget, strategy, config.sink, {}, units=units)
                 for _ in queries_ids]
     if model is None:
         raise ValueError(f"strategy: {strategy.name} needs a model")
     clock = time.perf_counter()
-    encodings = encodings or FreshEncodings(model, context_ids, config, strategy, len(queries_ids), budget)
+    encodings = encodings or FreshEncodings(model, context_ids, config, plan, len(queries_ids), budget)
     with torch.inference_mode():
         state = encodings.encoded()
-    deepened = encodings.deepened if strategy.deepened() is not None else None
+    deepened = encodings.deepened if plan.deepened() is not None else None
     return select_queries(model, state, queries_ids, budget, strategy, {"prefill": _lap(clock)}, context_ids, units,
                           deepened, encodings.stream())
 
 
 def resumed(model: TruncatedLM, state: ContextState, deep: Strategy, take: bool = True) -> Callable[[], ContextState]:
-    """The encoding `deep` reads, taken on from `state` (encoded with keep_hidden, whose resume point it takes
+    """The encoding `deep` (a deepened scorer) reads, taken on from `state` (encoded with keep_hidden, whose resume point it takes
     unless `take` is False: a document cache that keeps the stream with the encoding) on first call and kept:
     layers 1..state.top are not run again (prefill.resume_context)."""
     hidden = state.take_hidden() if take else state.hidden
     shallow = ContextState(state.length, state.n_chunks, state.config, state.keys, state.caches, hidden=hidden,
                            resume=state.resume)
-    return once(lambda: resume_context(model, shallow, deep.encoded_layers(model.n_layers), deep.context_parts))
+    plan = deep.reading()
+    return once(lambda: resume_context(model, shallow, plan.encoded_layers(model.n_layers), plan.context_parts))
 
 
 def once(make: Callable[[], ContextState]) -> Callable[[], ContextState]:
@@ -223,22 +226,23 @@ def select_queries(model: TruncatedLM, state: ContextState, queries_ids: list[to
                    units: Units | None = None, deepened: Callable[[], ContextState] | None = None,
                    stream: torch.Tensor | None = None) -> list[Selection]:
     """`select_query` for several queries against one encoded context, the queries' strategy work shared
-    (Strategy.query_attention_many: a cascade's questions share one candidate pass). Each Selection's
+    (Reading.attention_many: a cascade's questions share one candidate pass). Each Selection's
     "prefill" timing is the context's plus the queries' shared pass. `deepened` (run at most once) defaults to
     the strategy's `deepened()` form encoded here when a query first needs it; `stream`: as in `select_query`."""
     if state.length <= budget:
         return [Selection(torch.arange(state.length), dict(timings or {}), passthrough=True) for _ in queries_ids]
-    missing = set(strategy.context_parts) - set(state.parts)
+    plan = strategy.reading()
+    missing = set(plan.context_parts) - set(state.parts)
     if missing:
         raise ValueError(f"strategy: {strategy.name} needs {sorted(missing)} that the encoded context lacks")
-    lacking = set(strategy.encoded_layers(model.n_layers)) - set(state.keys)
+    lacking = set(plan.encoded_layers(model.n_layers)) - set(state.keys)
     if lacking:
         raise ValueError(f"strategy: {strategy.name} reads layers {sorted(lacking)} that the encoded context lacks")
     if not strategy.needs_query:  # scores from the context alone: computed once, memoised on the state
         return [score_and_allocate(model, RetrievalState(score_keys(model, state), {}, dict(state.parts)), state.length, budget,
                                     strategy, state.config.sink, dict(timings or {}), memo=state.scores, units=units)
                 for _ in queries_ids]
-    deep = strategy.deepened()
+    deep = plan.deepened().reading() if plan.deepened() is not None else None
     if deepened is None and deep is not None and context_ids is not None:
         deepened = once(lambda: encode_context(model, context_ids, state.config, deep.encoded_layers(model.n_layers),
                                                parts=deep.context_parts))
@@ -247,9 +251,9 @@ def select_queries(model: TruncatedLM, state: ContextState, queries_ids: list[to
     clock = time.perf_counter()
     with torch.inference_mode():
         rows = state.row_memo()
-        passes = [QueryPass(model, prefill_query(model, state, query_ids, strategy.query_parts), context_ids, query_ids,
+        passes = [QueryPass(model, prefill_query(model, state, query_ids, plan.query_parts), context_ids, query_ids,
                             budget, state.config, deepened, stream=stream, rows=rows) for query_ids in queries_ids]
-        attentions = strategy.query_attention_many(passes)
+        attentions = plan.attention_many(passes)
     spent = _lap(clock)
     selections = []
     for query, (attention, coarse) in zip(passes, attentions):
@@ -277,12 +281,12 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
         if done is not None:
             done(i, selection)
 
-    strategies = [job.strategy.for_context(job.context_ids.numel(), job.budget) for job in jobs]
+    plans = [job.strategy.reading().for_context(job.context_ids.numel(), job.budget) for job in jobs]
     kinds: dict[tuple[tuple[int, ...], bool], list[int]] = {}  # a batch's members encode the same layers
     for i, job in enumerate(jobs):
         length = job.context_ids.numel()
-        if batch_tokens > 0 and model is not None and joins_a_batch(length, job.budget, strategies[i], config):
-            kind = (strategies[i].encoded_layers(model.n_layers), strategies[i].streams_first(length))
+        if batch_tokens > 0 and model is not None and joins_a_batch(length, job.budget, plans[i], config):
+            kind = (plans[i].encoded_layers(model.n_layers), plans[i].streams_first(length))
             kinds.setdefault(kind, []).append(i)
     for (layers, streamed), short in kinds.items():
         short.sort(key=lambda i: jobs[i].context_ids.numel())
@@ -290,7 +294,7 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
             longest = jobs[short[-1]].context_ids.numel()
             group = short[-max(1, batch_tokens // longest):]  # the longest ones, as many as fit
             del short[-len(group):]
-            _select_batched(model, [jobs[i] for i in group], [strategies[i] for i in group], config, layers, streamed,
+            _select_batched(model, [jobs[i] for i in group], [plans[i] for i in group], config, layers, streamed,
                             lambda k, selection, group=group: finished(group[k], selection))
     for i, job in enumerate(jobs):
         if out[i] is None:
@@ -299,7 +303,7 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
     return out  # type: ignore[return-value]
 
 
-def _select_batched(model: TruncatedLM, jobs: list[SelectionJob], strategies: list[Strategy], config: PrefillConfig,
+def _select_batched(model: TruncatedLM, jobs: list[SelectionJob], plans: list[Reading], config: PrefillConfig,
                     layers: tuple[int, ...], streamed: bool, finished: Callable[[int, Selection], None]) -> None:
     """One batched prefill of one-chunk jobs that encode `layers` (their first questions' candidates from the
     streams it keeps where `streamed`), then each job's own attention, scores and allocation."""
@@ -308,22 +312,22 @@ def _select_batched(model: TruncatedLM, jobs: list[SelectionJob], strategies: li
         states = batched_prefill(model, [job.context_ids for job in jobs], [job.query_ids for job in jobs], config,
                                  layers, keep_streams=streamed)
     prefill_ms = _lap(clock)
-    for k, (job, strategy, state) in enumerate(zip(jobs, strategies, states)):
+    for k, (job, plan, state) in enumerate(zip(jobs, plans, states)):
         clock = time.perf_counter()
         query = QueryPass(model, state, job.context_ids, job.query_ids, job.budget, config, stream=state.context_stream)
         with torch.inference_mode():
-            attention, coarse = strategy.query_attention(query)
-        selection = score_and_allocate(model, state, job.context_ids.numel(), job.budget, strategy, config.sink,
+            attention, coarse = plan.attention(query)
+        selection = score_and_allocate(model, state, job.context_ids.numel(), job.budget, plan.scorer, config.sink,
                                        {"prefill": round(prefill_ms + _lap(clock), 3)}, attention=attention,
                                        coarse=coarse, units=job.units)
         selection.prefill_shared, selection.measured = len(jobs), query.measured
         finished(k, selection)
 
 
-def joins_a_batch(length: int, budget: int, strategy: Strategy, config: PrefillConfig) -> bool:
+def joins_a_batch(length: int, budget: int, plan: Reading, config: PrefillConfig) -> bool:
     """Whether a one-query request of `length` context tokens goes through the batched prefill (when batching
-    is on): its strategy takes it, its context is one prefill chunk and longer than the budget."""
-    return strategy.batchable and budget < length and fits_one_chunk(length, config)
+    is on): its reading plan takes it, its context is one prefill chunk and longer than the budget."""
+    return plan.batchable and budget < length and fits_one_chunk(length, config)
 
 
 def score_and_allocate(model: TruncatedLM | None, state: RetrievalState | None, length: int, budget: int, strategy: Strategy,

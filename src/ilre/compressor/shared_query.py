@@ -12,7 +12,7 @@ theirs): bench/shared_question_agreement.py measures how close.
 
 Data flow:
   the end's encoding -> prefill_query: q_l (heads, Lq, d) at every score layer, at positions L_end..
-  per context i: q_l moved by L_i - L_end -> Strategy.query_attention (A^C over its L_i keys) -> score, allocate
+  per context i: q_l moved by L_i - L_end -> its reading plan's attention (A^C over its L_i keys) -> score, allocate
 """
 
 from __future__ import annotations
@@ -26,15 +26,15 @@ from ..kernels.rope import rerotate
 from ..models.llama import TruncatedLM
 from .context_state import ContextState, RetrievalState, score_keys
 from .pipeline import Selection, score_and_allocate
+from .reading import QueryPass
 from .strategies import Strategy
-from .strategies.base import QueryPass
 from .units import Units
 
 
 @dataclass(frozen=True)
 class SharedQuestionJob:
     """One context of `select_shared`: its encoding `state` (keys at the strategy's layers; windows not read),
-    its ids (L,) int64, its budget, the strategy as it runs on it (Strategy.for_context) and its units (None:
+    its ids (L,) int64, its budget, the strategy as it runs on it (Reading.for_context) and its units (None:
     single tokens)."""
 
     state: ContextState
@@ -62,8 +62,9 @@ def select_shared(model: TruncatedLM, asked: RetrievalState, at: int, jobs: list
         if length <= job.budget:
             selections.append(Selection(torch.arange(length), own, passthrough=True))
             continue
-        missing = set(job.strategy.encoded_layers(model.n_layers)) - set(job.state.keys)
-        if missing or job.strategy.context_parts or job.strategy.query_parts:
+        plan = job.strategy.reading()
+        missing = set(plan.encoded_layers(model.n_layers)) - set(job.state.keys)
+        if missing or plan.context_parts or plan.query_parts:
             raise ValueError(f"strategy: {job.strategy.name} reads layers {sorted(missing)} or parts that a shared "
                              "question does not give")
         clock = time.perf_counter()
@@ -72,7 +73,7 @@ def select_shared(model: TruncatedLM, asked: RetrievalState, at: int, jobs: list
                                     length - at)
             retrieval = RetrievalState(score_keys(model, job.state), queries, dict(job.state.parts))
             query = QueryPass(model, retrieval, job.context_ids, query_ids, job.budget, job.state.config)
-            attention, coarse = job.strategy.query_attention(query)
+            attention, coarse = plan.attention(query)
         own["prefill"] = round(own.get("prefill", 0.0) + (time.perf_counter() - clock) * 1000.0, 3)
         selection = score_and_allocate(model, retrieval, length, job.budget, job.strategy, job.state.config.sink, own,
                                        attention=attention, coarse=coarse, units=job.units)

@@ -51,7 +51,7 @@ class DocumentEncodings(OnceEncodings):
     def stream(self) -> torch.Tensor | None:
         """The encoding's stream at its top layer, where the questions' candidates start: a document's later questions
         and a context that takes a kept encoding on start them there, and its first question too where the strategy
-        streams first (Strategy.streams_first; the stream then kept for this request when the cache keeps none)."""
+        streams first (Reading.streams_first; the stream then kept for this request when the cache keeps none)."""
         encoded = self._encoded
         if encoded is None:
             return None
@@ -66,8 +66,8 @@ class DocumentEncodings(OnceEncodings):
     def _make_encoded(self) -> ContextState:
         job, strategy = self.job, self.strategy
         length = job.context_ids.numel()
-        runs = strategy.for_context(length, job.budget)
-        streamed, first = self.policy.keeps_stream(runs), runs.streams_first(length)
+        runs = strategy.reading().for_context(length, job.budget)
+        streamed, first = self.policy.keeps_stream(runs.scorer), runs.streams_first(length)
         keep = streamed or first or self.keep_resume and runs.reads_deep(length, job.budget, len(job.queries), job.layer)
 
         def encode() -> ContextState:
@@ -76,7 +76,7 @@ class DocumentEncodings(OnceEncodings):
             if state.hidden is not None:
                 if self._first and first:
                     self._first_stream = state.hidden
-                self._resume = resumed(job.model, state, strategy.deepened(), take=not streamed)
+                self._resume = resumed(job.model, state, strategy.reading().deepened(), take=not streamed)
             return state
 
         return self.policy.documents.state(job.slot, self.policy.key(job, strategy), encode, self.policy.restore(job),
@@ -95,7 +95,7 @@ class DocumentEncodings(OnceEncodings):
     def _make_deepened(self) -> ContextState:
         """The deep encoding, kept in the cache (in place of the strategy's own when deepening is on: the
         document's later queries then read it; with it off they run the strategy, which needs its own too)."""
-        job, policy, deep = self.job, self.policy, self.strategy.deepened()
+        job, policy, deep = self.job, self.policy, self.strategy.reading().deepened()
         clock = time.perf_counter()
         key = policy.key(job, deep)
         held = policy.documents.held_state(job.slot, key, policy.restore(job))
@@ -143,13 +143,14 @@ class EncodingPolicy:
         reads deeper (a cascade), so that deepening takes the encoding on from there and the document's later
         questions, and a context that grows it, start their candidates there (compressor/candidate_prefill.Streams).
         The deep encoding that replaces it keeps none."""
-        return self.holds_streams and strategy.deepened() is not None
+        return self.holds_streams and strategy.reading().deepened() is not None
 
     def key(self, job: Prepared, strategy: Strategy) -> str:
         """The document cache's key of the encoded context `strategy` reads on this job's layer and prefill."""
-        layers = strategy.encoded_layers(job.layer)
+        plan = strategy.reading()
+        layers = plan.encoded_layers(job.layer)
         top = max(layers)  # the deepest layer encoded: l_R, or a cascade's coarse layer
-        return state_key(top, job.prefill, self.dtype_name, strategy.context_parts, tuple(l for l in layers if l != top))
+        return state_key(top, job.prefill, self.dtype_name, plan.context_parts, tuple(l for l in layers if l != top))
 
     def restore(self, job: Prepared) -> Callable[[dict[str, torch.Tensor]], ContextState]:
         return lambda tensors: ContextState.from_tensors(job.model, job.prefill, tensors)
@@ -164,8 +165,9 @@ class EncodingPolicy:
         if found is not None:
             keep = keep_hidden and found.hidden is not None
             return extend_in_steps(job.model, found, job.context_ids, keep), found.resume.at
-        return encode_in_steps(job.model, job.context_ids, job.prefill, strategy.encoded_layers(job.layer),
-                               parts=strategy.context_parts, keep_hidden=keep_hidden), 0
+        plan = strategy.reading()
+        return encode_in_steps(job.model, job.context_ids, job.prefill, plan.encoded_layers(job.layer),
+                               parts=plan.context_parts, keep_hidden=keep_hidden), 0
 
     def prefix(self, job: Prepared, strategy: Strategy) -> ContextState | None:
         """The longest cached encoding `strategy` reads of a prefix of the job's context in the caller's scope, that
@@ -190,7 +192,7 @@ class EncodingPolicy:
         once its queries are answered; a context whose prefix is held deep (a chat one turn longer) takes that deep
         encoding on and is served the same way. With it off, every query runs the strategy itself (a cascade's
         fallback then reads the full-depth encoding an earlier query left)."""
-        deep = job.strategy.deepened() if self.deepening.enabled else None
+        deep = job.strategy.reading().deepened() if self.deepening.enabled else None
         if deep is not None:
             held = self.documents.held_state(job.slot, self.key(job, deep), self.restore(job))
             if held is not None:
@@ -222,8 +224,9 @@ class EncodingPolicy:
 
     def encode_from_ids(self, job: Prepared, strategy: Strategy) -> ContextState:
         """The job's context encoded from its IDs as `strategy` reads it, with nothing taken from the cache."""
-        return encode_context(job.model, job.context_ids, job.prefill, strategy.encoded_layers(job.layer),
-                              parts=strategy.context_parts)
+        plan = strategy.reading()
+        return encode_context(job.model, job.context_ids, job.prefill, plan.encoded_layers(job.layer),
+                              parts=plan.context_parts)
 
     def held_form(self, job: Prepared, strategy: Strategy) -> str | None:
         """How this process holds the job's document for `strategy` read among others: "keys" (in that form, whole
@@ -259,7 +262,8 @@ class EncodingPolicy:
         if whole is not None:  # no longer the end (or deepened while idle): its keys alone from now on
             state = whole
         elif own is not None and own.hidden is not None:
-            state = run_steps(resume_in_steps(job.model, own, strategy.encoded_layers(job.layer), strategy.context_parts))
+            plan = strategy.reading()
+            state = run_steps(resume_in_steps(job.model, own, plan.encoded_layers(job.layer), plan.context_parts))
         elif live:  # taken on from a cached prefix where the message grew (a streamed tool result, a log)
             steps, resumed = self.steps(job, strategy)
             state = run_steps(steps)
@@ -292,7 +296,8 @@ class EncodingPolicy:
         def start() -> Generator[None, None, ContextState]:  # from the held encoding's stream where it kept one
             held = self.documents.held_state(slot, first, self.restore(job))
             if held is not None and held.hidden is not None:
-                return resume_in_steps(job.model, held, deep.encoded_layers(job.layer), deep.context_parts)
+                plan = deep.reading()
+                return resume_in_steps(job.model, held, plan.encoded_layers(job.layer), plan.context_parts)
             return self.steps(job, deep)[0]
 
         self.deepening.offer(

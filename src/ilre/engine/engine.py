@@ -299,7 +299,7 @@ class Engine:
     def _batchable(self, job: Prepared) -> bool:
         """A one-query request whose context is a single prefill chunk, when batching is on."""
         return (self.batch_tokens > 0 and len(job.queries) == 1 and job.model is not None
-                and joins_a_batch(job.context_ids.numel(), job.budget, job.strategy, job.prefill)
+                and joins_a_batch(job.context_ids.numel(), job.budget, job.strategy.reading(), job.prefill)
                 and getattr(job.model, "plain", True))  # a family with other layer kinds runs alone
 
     def close(self) -> None:
@@ -334,11 +334,11 @@ class Engine:
         layer = self.strategy_layer(requested, request.layer)
         strategy = self.with_profile(requested)
         try:
-            strategy.encoded_layers(layer)
+            strategy.reading().encoded_layers(layer)
         except ValueError:  # the profile's options do not fit this layer (a coarse layer at or above it): without them
             strategy = requested
         try:
-            strategy.encoded_layers(layer)
+            strategy.reading().encoded_layers(layer)
         except ValueError as exc:
             raise InputError.from_option_error(exc) from None
         names = self.names  # one secret for the whole request, even while it is being replaced
@@ -369,7 +369,7 @@ class Engine:
             raise InputError("explain", f"{len(context_ids)} context tokens exceed the limit of {MAX_EXPLAIN_TOKENS} "
                              "for an explanation page")
         budget = request.budget_for(len(context_ids), self.config.default_budget)
-        strategy = strategy.for_context(len(context_ids), budget)
+        strategy = strategy.reading().for_context(len(context_ids), budget).scorer
         total = len(context_ids) + max(len(q) for q in queries)
         dca = request.dca == "on" or (request.dca == "auto" and total > self.spec.native_context)
         if dca and self.model_at(layer).inv_freq is None:  # no RoPE shared by its global layers to move keys by

@@ -63,8 +63,8 @@ def run_documents(engine: Engine, request: CompressRequest, scope: str) -> Compr
     together = [i for i, job in enumerate(jobs) if forms[i] is not None and job.budget < job.context_ids.numel()]
     together = [i for i in together if not _alone_now(engine, jobs, i, forms[i])]
     if together:  # the question's pass after the last gives the states of its layers: those reading others go alone
-        last = set(forms[together[-1]].encoded_layers(jobs[together[-1]].layer))
-        together = [i for i in together if set(forms[i].encoded_layers(jobs[i].layer)) <= last]
+        last = set(forms[together[-1]].reading().encoded_layers(jobs[together[-1]].layer))
+        together = [i for i in together if set(forms[i].reading().encoded_layers(jobs[i].layer)) <= last]
     selections: dict[int, Selection] = {}
     for i, job in enumerate(jobs):
         if i not in together:
@@ -99,9 +99,9 @@ def _together(engine: Engine, job: Prepared) -> Strategy | None:
     where the question cannot be moved to it (a strategy reading more than the keys and the query's states)."""
     if job.model is None or not job.queries[0].numel():
         return None
-    deep = job.strategy.deepened() if engine.deepening.enabled else None
+    deep = job.strategy.reading().deepened() if engine.deepening.enabled else None
     form = deep or job.strategy
-    return form if form.batchable else None
+    return form if form.reading().batchable else None
 
 
 def _alone_now(engine: Engine, jobs: list[Prepared], index: int, form: Strategy) -> bool:

@@ -1,4 +1,5 @@
-"""Selection strategies by name: one module each, all behind `Strategy`."""
+"""Selection strategies by name: one module each, all behind `Strategy`. A scorer of one's own is one file: a
+frozen dataclass subclass of `Strategy` with a `name` and `score`, made known by `register_strategy`."""
 
 from __future__ import annotations
 
@@ -17,6 +18,18 @@ from .streaming_llm import StreamingLLM
 STRATEGIES: dict[str, type[Strategy]] = {cls.name: cls for cls in (Cascade, ILRe, SnapKV, StreamingLLM, LagKV, ReAttention,
                                                              Locret, ActQKV)}
 assert DEFAULT_STRATEGY in STRATEGIES
+
+
+def register_strategy(cls: type[Strategy]) -> type[Strategy]:
+    """Make `cls` known by its `name` to requests, the service and the CLI (a class decorator, for a scorer defined
+    outside this package); ValueError naming the strategy when another class holds the name."""
+    name = cls.__dict__.get("name")
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"strategy: {cls.__name__} needs a `name` of its own")
+    if STRATEGIES.get(name, cls) is not cls:
+        raise ValueError(f"strategy: the name {name!r} is taken by {STRATEGIES[name].__name__}")
+    STRATEGIES[name] = cls
+    return cls
 
 
 def make_strategy(name: str, options: dict | None = None) -> Strategy:
@@ -46,4 +59,5 @@ def requested_strategy(request: CompressRequest) -> Strategy:
     return strategy
 
 
-__all__ = ["DEFAULT_STRATEGY", "STRATEGIES", "ScoreInputs", "Strategy", "make_strategy", "requested_strategy"]
+__all__ = ["DEFAULT_STRATEGY", "STRATEGIES", "ScoreInputs", "Strategy", "make_strategy", "register_strategy",
+           "requested_strategy"]
