@@ -131,7 +131,7 @@ class CascadeReading(Reading):
         """The coarse layer's A^C (L,) and the candidates it picks (C,) ascending; None when `coarse_below`
         sends the query to the whole context (measured: `coarse_peak`)."""
         if query.context_ids is None:
-            raise ValueError(f"context_ids: {self.name} runs its candidates again and needs the context's ids")
+            raise ValueError(f"context_ids: {self.scorer.name} runs its candidates again and needs the context's ids")
         retrieval, config = query.retrieval, query.config
         scores = query_key_scores(retrieval.queries[coarse], retrieval.keys[coarse])  # (L,)
         query.measured["coarse_peak"] = coarse_peak = peak_strength(scores[config.sink:])

@@ -26,6 +26,7 @@ from .prefill_config import PrefillConfig
 class Scorer(Protocol):
     """What a plan asks of the strategy it reads for (compressor/strategies/base.Strategy)."""
 
+    name: str
     needs_attention: bool
     needs_query: bool
     context_parts: tuple[str, ...]
