@@ -249,15 +249,17 @@ def from_stream(engine: Engine, context: list[int], query: list[int]) -> list[in
     on an encoding that kept its stream, its candidates started there."""
     import torch
 
-    from ilre.compressor.pipeline import select_query
+    from ilre.compressor.pipeline import FreshEncodings, SelectionJob, select
     from ilre.compressor.prefill import encode_context
 
     job = engine.prepare(CompressRequest(context_ids=context, query_ids=query, budget=BUDGET))
     with torch.inference_mode():
         state = encode_context(job.model, job.context_ids, job.prefill, job.strategy.reading().encoded_layers(job.layer),
                                keep_hidden=True)
-        kept = select_query(job.model, state, job.queries[0], BUDGET, job.strategy, context_ids=job.context_ids,
-                            units=job.units, stream=state.hidden).kept
+        encodings = FreshEncodings(job.model, job.context_ids, job.prefill, job.strategy, BUDGET, encoded=state,
+                                   stream=state.hidden)
+        kept = select(job.model, SelectionJob(job.context_ids, job.queries[:1], BUDGET, job.strategy, job.units,
+                                              encodings), job.prefill)[0].kept
     return [context[i] for i in kept.tolist()] + list(query)  # as the engine's token_ids: the kept, then the query
 
 

@@ -59,7 +59,7 @@ def main() -> None:
 
     import torch
 
-    from ilre.compressor.pipeline import select_context
+    from ilre.compressor.pipeline import SelectionJob, select
     from ilre.compressor.prefill_config import PrefillConfig
     from ilre.compressor.strategies import make_strategy
     from ilre.models.device import resolve_placement
@@ -76,13 +76,13 @@ def main() -> None:
     for length in [int(x) for x in args.lengths.split(",") if x]:
         context = torch.randint(0, 128256, (length,), generator=torch.Generator().manual_seed(length))
         config = PrefillConfig(dca=length + 64 > 131072)
-        select_context(model, context[:4096], query, args.budget, strategy, config)  # warm-up
+        select(model, SelectionJob(context[:4096], [query], args.budget, strategy), config)  # warm-up
         synchronize()
         if accelerator:
             accelerator.reset_peak_memory_stats()
             base = accelerator.memory_allocated()
         start = time.perf_counter()
-        selection = select_context(model, context, query, args.budget, strategy, config)
+        selection = select(model, SelectionJob(context, [query], args.budget, strategy), config)[0]
         synchronize()
         seconds = time.perf_counter() - start
         peak = (accelerator.max_memory_allocated() - base) / 2**30 if accelerator else float("nan")

@@ -22,7 +22,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from ilre.compressor.pipeline import resumed, select_query  # noqa: E402
+from ilre.compressor.pipeline import FreshEncodings, SelectionJob, resumed, select  # noqa: E402
 from ilre.compressor.prefill import encode_context  # noqa: E402
 from ilre.contract.messages import CompressRequest  # noqa: E402
 from ilre.engine.engine import Engine  # noqa: E402
@@ -31,6 +31,12 @@ from tests.service.haystacks import FACT, QUESTION, haystack  # noqa: E402
 
 
 OTHER_QUESTION = " What is this text about, in a few words? It is about"  # asked first, from layer 1
+
+
+def select_query(model, state, query_ids, budget, strategy, context_ids, units=None, stream=None):
+    """The selection of one question against `state`, the context already encoded as `strategy` reads it."""
+    encodings = FreshEncodings(model, context_ids, state.config, strategy, budget, encoded=state, stream=stream)
+    return select(model, SelectionJob(context_ids, [query_ids], budget, strategy, units, encodings), state.config)[0]
 
 
 def samples(engine: Engine, tokens: int) -> list[tuple[str, list[int], list[int], tuple[int, int]]]:

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ilre.compressor.context_state import RetrievalState
-from ilre.compressor.pipeline import select_context
+from tests.selecting import select_context
 from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.strategies import ScoreInputs, make_strategy
 from ilre.compressor.strategies.actqkv import information_density, probe_query

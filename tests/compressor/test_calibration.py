@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from ilre.compressor.calibration import needle_kept, pick_layer, recall_by_layer
-from ilre.compressor.pipeline import select_context
+from tests.selecting import select_context
 from ilre.compressor.prefill import streaming_prefill
 from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.strategies import make_strategy

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ilre.compressor.candidate_prefill import Streams, candidate_prefill
-from ilre.compressor.pipeline import select_context, select_queries, select_query
+from tests.selecting import select_context, select_queries, select_query
 from ilre.compressor.prefill import encode_context, prefill_query
 from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.strategies import make_strategy
@@ -236,14 +236,6 @@ def test_a_coarse_layer_at_or_above_l_r_is_refused(coarse):
     with pytest.raises(ValueError, match=r"^coarse_layer: must be below l_R = 4"):
         select_context(model(), random_ids(LENGTH, seed=1), random_ids(N_QUERY, seed=2), 10,
                        cascade(coarse_layer=coarse), CONFIGS[0])
-
-
-def test_select_without_the_context_ids_says_so():
-    strategy = cascade(coarse_layer=2)
-    context = random_ids(LENGTH, seed=1)
-    state = encode_context(model(), context, CONFIGS[0], strategy.reading().encoded_layers(N_LAYERS))
-    with pytest.raises(ValueError, match=r"^context_ids: "):
-        select_query(model(), state, random_ids(N_QUERY, seed=2), 10, strategy)
 
 
 def test_profile_defaults_fill_only_what_the_request_left_unset():

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ilre.compressor.candidate_prefill import Streams, candidate_prefill
-from ilre.compressor.pipeline import select_context, select_query
+from tests.selecting import select_context, select_query
 from ilre.compressor.prefill import encode_context, prefill_query, resume_context
 from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.strategies import make_strategy

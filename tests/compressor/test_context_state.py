@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ilre.compressor.context_state import ContextState
-from ilre.compressor.pipeline import select_context, select_query
+from tests.selecting import select_context, select_query
 from ilre.compressor.prefill import encode_context, prefill_query, streaming_prefill
 from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.strategies import ScoreInputs, Strategy, make_strategy
@@ -56,7 +56,7 @@ def test_select_from_one_context_equals_select_context(strategy):
     state = encode_context(model("llama"), context, config)
     for seed, budget in ((20, 9), (21, 17), (22, 30), (23, 60)):
         query = random_ids(4, seed=seed)
-        got = select_query(model("llama"), state, query, budget, make_strategy(strategy))
+        got = select_query(model("llama"), state, query, budget, make_strategy(strategy), context)
         alone = select_context(model("llama"), context, query, budget, make_strategy(strategy), config)
         assert got.kept.tolist() == alone.kept.tolist() and got.passthrough == alone.passthrough
     assert state.nbytes > 0
@@ -95,7 +95,7 @@ def test_query_agnostic_scores_are_computed_once_per_context():
     context = random_ids(60, seed=4)
     strategy = KeyNorm()
     state = encode_context(model("llama"), context, config)
-    picks = [select_query(model("llama"), state, random_ids(4, seed=s), 20, strategy).kept.tolist() for s in (40, 41, 42)]
+    picks = [select_query(model("llama"), state, random_ids(4, seed=s), 20, strategy, context).kept.tolist() for s in (40, 41, 42)]
     assert len(strategy.calls) == 1 and picks[0] == picks[1] == picks[2]
     fresh = select_context(model("llama"), context, random_ids(4, seed=43), 20, KeyNorm(), config)
     assert fresh.kept.tolist() == picks[0]

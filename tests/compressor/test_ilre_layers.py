@@ -7,7 +7,7 @@ from functools import lru_cache
 import pytest
 import torch
 
-from ilre.compressor.pipeline import select_context, select_query
+from tests.selecting import select_context, select_query
 from ilre.compressor.prefill import encode_context
 from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.strategies import make_strategy
@@ -86,7 +86,8 @@ def test_bad_layers_name_the_option():
 def test_an_encoded_context_without_the_layer_is_refused():
     config = PrefillConfig(sink=4, window=8, chunk=16)
     strategy = make_strategy("ilre", {"also_layers": [1]})
-    state = encode_context(model(), random_ids(LENGTH, seed=1), config)  # l_R's keys only
+    context = random_ids(LENGTH, seed=1)
+    state = encode_context(model(), context, config)  # l_R's keys only
     with pytest.raises(ValueError, match=r"reads layers \[1\] that the encoded context lacks"):
-        select_query(model(), state, random_ids(N_QUERY, seed=2), 20, strategy)
+        select_query(model(), state, random_ids(N_QUERY, seed=2), 20, strategy, context)
     assert strategy.reading().batchable and make_strategy("ilre").reading().batchable  # the batched prefill keeps lower layers too

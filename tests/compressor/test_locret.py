@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ilre.compressor.context_state import HEAD_INPUTS, RetrievalState
-from ilre.compressor.pipeline import select_context, select_query
+from tests.selecting import select_context, select_query
 from ilre.compressor.prefill import encode_context
 from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.strategies import ScoreInputs, make_strategy
@@ -83,10 +83,10 @@ def test_runs_without_a_query_once_per_context_and_a_missing_head_names_the_comm
     attach_head(model, "Tiny-Model")
     alone = select_context(model, context, torch.empty(0, dtype=torch.int64), 30, strategy, config)
     state = encode_context(model, context, config, parts=strategy.context_parts)
-    first = select_query(model, state, random_ids(5, seed=1), 30, strategy)
+    first = select_query(model, state, random_ids(5, seed=1), 30, strategy, context)
     assert first.kept.tolist() == alone.kept.tolist() and len(alone.kept) == 30
     memo = dict(state.scores)
-    assert select_query(model, state, random_ids(3, seed=2), 30, strategy).kept.tolist() == first.kept.tolist()
+    assert select_query(model, state, random_ids(3, seed=2), 30, strategy, context).kept.tolist() == first.kept.tolist()
     assert all(state.scores[k] is memo[k] for k in memo)  # scored once per context
     raw = encode_context(model, context, config, parts=HEAD_INPUTS)
     want = torch.tensor(literal_retaining_scores(*(raw.parts[p] for p in HEAD_INPUTS), head.w1, head.w2))

@@ -10,7 +10,7 @@ import torch
 
 from ilre.compressor import pipeline
 from ilre.compressor.candidate_prefill import candidate_prefill, candidate_prefill_many
-from ilre.compressor.pipeline import select_context_queries, select_queries, select_query
+from tests.selecting import select_context, select_context_queries, select_queries, select_query
 from ilre.compressor.prefill import encode_context, prefill_query
 from ilre.compressor import cascade_reading as cascade_module
 from ilre.kernels.query_scores import query_key_scores
@@ -64,7 +64,7 @@ def test_questions_are_ranked_over_the_union_of_their_candidates_or_all_read_dee
             expected = [select_query(model(), state, q, budget, strategy.reading().deepened(), context_ids=context) for q in asked]
         else:  # every question as the one-question cascade answers it with the union for its candidates
             monkeypatch.setattr(cascade_module, "pick_candidates", lambda *args: torch.tensor(union))
-            expected = [pipeline.select_context(model(), context, q, budget, strategy, config) for q in asked]
+            expected = [select_context(model(), context, q, budget, strategy, config) for q in asked]
     assert [s.kept.tolist() for s in got] == [s.kept.tolist() for s in expected]
     for selection, reference in zip(got, expected):
         torch.testing.assert_close(selection.scores, reference.scores, rtol=0, atol=0)

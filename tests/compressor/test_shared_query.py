@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ilre.compressor.context_state import ContextState
-from ilre.compressor.pipeline import select_query
+from tests.selecting import select_query
 from ilre.compressor.prefill import encode_context, prefill_query
 from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.shared_query import SharedQuestionJob, moved_queries, select_shared

@@ -7,7 +7,7 @@ from functools import lru_cache
 import pytest
 import torch
 
-from ilre.compressor.pipeline import select_context
+from tests.selecting import select_context
 from ilre.compressor.prefill import streaming_prefill
 from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor.strategies import STRATEGIES, make_strategy

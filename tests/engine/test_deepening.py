@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from ilre.compressor.context_state import chunk_bounds
-from ilre.compressor.pipeline import select_query
+from tests.selecting import select_query
 from ilre.compressor.prefill import encode_context, encode_in_steps, run_steps
 from ilre.compressor.prefill_config import PrefillConfig
 from ilre.compressor import cascade_reading as cascade_module

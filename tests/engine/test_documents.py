@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from ilre.compressor.context_state import chunk_bounds
-from ilre.compressor.pipeline import select_context_queries
+from tests.selecting import select_context_queries
 from ilre.compressor.prefill import encode_context, extend_context
 from ilre.compressor.prefill_config import PrefillConfig
 from ilre.contract.messages import CompressRequest, CompressResults, InputError, NotFoundError
@@ -405,8 +405,7 @@ def test_several_queries_in_one_request_equal_separate_requests_but_the_cascades
             assert [comparable(r) for r in together.results] == [comparable(r) for r in alone]
             continue
         job = uncached.prepare(CompressRequest(context=text, queries=QUESTIONS, budget=64), "")
-        direct = select_context_queries(job.model, job.context_ids, job.queries, 64, job.strategy, job.prefill,
-                                        units=job.units)
+        direct = select_context_queries(job.model, job.context_ids, job.queries, 64, job.strategy, job.prefill, job.units)
         assert [r.kept_indices for r in together.results] == [s.kept.tolist() for s in direct]
         assert all(s.measured.get("candidates") for s in direct)  # one candidate pass, shared
         assert [r.kept_indices for r in together.results] != [r.kept_indices for r in alone]  # the union answers

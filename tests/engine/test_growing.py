@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from ilre.compressor.context_state import chunk_bounds
-from ilre.compressor.pipeline import select_query
+from tests.selecting import select_query
 from ilre.compressor.prefill import encode_context, extend_context
 from ilre.compressor.prefill_config import PrefillConfig
 from ilre.contract.messages import CompressRequest

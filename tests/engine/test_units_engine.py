@@ -9,7 +9,7 @@ import random
 import pytest
 import torch
 
-from ilre.compressor.pipeline import select_context, select_context_queries
+from tests.selecting import select_context, select_context_queries
 from ilre.compressor.units import document_units
 from ilre.contract.messages import CompressRequest, InputError
 from ilre.models.token_bytes import context_bytes, token_bytes

@@ -8,8 +8,8 @@ does on a document encoded in full (`deepened`, the scorer's whole-context form)
 to strongly among the candidates (`deepen_below`: the coarse layer, which matches surface forms, missed what the
 query asks, e.g. a question that paraphrases the document), or when the coarse layer itself attends to nothing
 strongly (`coarse_below`, checked before the candidate pass), the whole context runs to l_R instead: the deepened
-form, on an encoding the caller may supply and keep (QueryPass.deepened; the engine and `select_context` resume it
-from the coarse encoding, so layers 1..l_c run once).
+form, on an encoding the caller may supply and keep (QueryPass.deepened; the engine and the pipeline's `select`
+resume it from the coarse encoding, so layers 1..l_c run once).
 """
 
 from __future__ import annotations
@@ -99,7 +99,7 @@ class CascadeReading(Reading):
         context was read."""
         coarse = self.coarse_layer
         if len(passes) < 2:
-            return super().attention_many(passes)
+            return [self.attention(query) for query in passes]
         picked = [self._candidates(query, coarse) for query in passes]
         shared = [i for i, (_, candidates) in enumerate(picked) if candidates is not None]
         union = torch.unique(torch.cat([picked[i][1] for i in shared])) if shared else None

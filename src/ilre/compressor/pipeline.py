@@ -1,17 +1,18 @@
 """One compression: token ids in, kept context indices out (the data path of the design).
 
-`select_context` runs one request as two steps: `encode_context` (the query-independent prefill
-of the context) and `select_query` (the query chunk, scores, allocation), so an encoded context can
-serve several queries. `select_contexts` runs many requests, sending those whose context is a
-single prefill chunk through one batched prefill (compressor/batched_prefill.py) and the rest one
-by one. Scores and allocations stay on the model's device; only the kept indices come back.
+`select` runs one request (a SelectionJob: the context, its questions, the budget, the strategy, where its
+encodings come from) in two steps: the context's query-independent encoding (once, `Encodings`), then for its
+questions the query chunk, the reading plan's attention (compressor/reading.py), scores and allocation.
+`select_batch` runs many one-question requests, sending those whose context is a single prefill chunk through one
+batched prefill (compressor/batched_prefill.py) and the rest one by one. Scores and allocations stay on the
+model's device; only the kept indices come back.
 """
 
 from __future__ import annotations
 
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Protocol
+from typing import Callable, Protocol, Sequence
 
 import torch
 
@@ -44,47 +45,29 @@ class Selection:
 
 @dataclass(frozen=True)
 class SelectionJob:
-    """One request of `select_contexts`: context_ids (L,), query_ids (Lq,) int64, its budget and strategy;
-    units: the context's units (compressor/units.py) to keep whole units, None = single tokens."""
+    """One selection request: context_ids (L,) int64 and its questions queries_ids [(Lq_i,) int64], the budget (context
+    tokens to keep, sink included) and the strategy; units: the context's units (compressor/units.py) to keep whole
+    units, None = single tokens; encodings: where its encoded contexts come from (a document cache's, or a context
+    already encoded: `FreshEncodings(..., encoded=state)`); None = encoded here for this request."""
 
     context_ids: torch.Tensor
-    query_ids: torch.Tensor
+    queries_ids: Sequence[torch.Tensor]
     budget: int
     strategy: Strategy
     units: Units | None = None
-
-
-def select_context(
-    model: TruncatedLM | None,
-    context_ids: torch.Tensor,
-    query_ids: torch.Tensor,
-    budget: int,
-    strategy: Strategy,
-    config: PrefillConfig,
-    units: Units | None = None,
-    encodings: "Encodings | None" = None,
-) -> Selection:
-    """Choose at most `budget` context tokens for the query: encode_context, then `select_query`.
-
-    context_ids: (L,) int64, query_ids: (Lq,) int64. The first S (sink) tokens are always kept
-    and count against the budget; the strategy allocates the other budget - S among the rest.
-    `model` may be None for strategies that do not need attention.
-    `units`: the context's units (compressor/units.py): whole units are kept (compressor/unit_selection.py).
-    `encodings`: where the encoded contexts come from (a document cache: `Encodings`); None = encoded here.
-    """
-    return select_context_queries(model, context_ids, [query_ids], budget, strategy, config, units, encodings)[0]
+    encodings: "Encodings | None" = None
 
 
 class Encodings(Protocol):
     """Where one request's encoded contexts come from (the pipeline asks, the owner decides: a document cache,
-    or `FreshEncodings`): the one its strategy reads, and the deeper one its strategy's `deepened()` form
+    or `FreshEncodings`): the one its reading plan reads, and the deeper one the plan's `deepened()` form
     reads when a query falls back. Each is made at most once per request."""
 
     def encoded(self) -> ContextState:
-        """The context encoded as the request's strategy reads it."""
+        """The context encoded as the request's plan reads it."""
 
     def deepened(self) -> ContextState:
-        """The context encoded as the strategy's `deepened()` form reads it (asked only when a query needs it)."""
+        """The context encoded as the plan's `deepened()` form reads it (asked only when a query needs it)."""
 
     def stream(self) -> torch.Tensor | None:
         """The residual stream (L, D) entering the encoding's top layer where the questions' candidates start there
@@ -93,10 +76,10 @@ class Encodings(Protocol):
 
 
 class OnceEncodings:
-    """`Encodings` made on first ask (`_make_encoded`, `_make_deepened`) and kept for the request in attributes.
-    Not in closures over self: those make every request's encodings a reference cycle, which only Python's cycle
-    collector frees, late, and every tensor they hold with them (a worker under a flood held 1.3 GiB of
-    document states against its 1 GiB cache)."""
+    """`Encodings` made on first ask (`_make_encoded`, `_make_deepened`) and kept for the request in attributes: the
+    one run-once mechanism of a request's encodings. Not in closures over self: those make every request's encodings
+    a reference cycle, which only Python's cycle collector frees, late, and every tensor they hold with them (a worker
+    under a flood held 1.3 GiB of document states against its 1 GiB cache)."""
 
     _encoded: ContextState | None = None
     _deepened: ContextState | None = None
@@ -122,16 +105,18 @@ class OnceEncodings:
 
 
 class FreshEncodings(OnceEncodings):
-    """Encodings made now and kept for this request only: the plan's encoding keeps its resume point when
-    the questions may read the deep encoding (Reading.reads_deep), which is then taken on from there
-    (layers 1..l_c not run again), else encoded from the start."""
+    """Encodings kept for one request only. Made here: the plan's encoding keeps its resume point when the questions
+    may read the deep encoding (Reading.reads_deep), which is then taken on from there (layers 1..l_c not run again),
+    else encoded from the start. Or given: `encoded`, a context already encoded as the plan reads it, with its
+    `stream` (Encodings.stream) and `deepened` (makes the deep encoding; None: encoded from the start when asked)."""
 
-    def __init__(self, model: TruncatedLM, context_ids: torch.Tensor, config: PrefillConfig, plan: Reading,
-                 n_queries: int, budget: int):
-        self.model, self.context_ids, self.config, self.plan = model, context_ids, config, plan
+    def __init__(self, model: TruncatedLM, context_ids: torch.Tensor, config: PrefillConfig, strategy: Strategy,
+                 budget: int, n_queries: int = 1, encoded: ContextState | None = None,
+                 stream: torch.Tensor | None = None, deepened: Callable[[], ContextState] | None = None):
+        self.model, self.context_ids, self.config = model, context_ids, config
+        self.plan = strategy.reading().for_context(context_ids.numel(), budget)
         self.n_queries, self.budget = n_queries, budget
-        self._resume: Callable[[], ContextState] | None = None
-        self._stream: torch.Tensor | None = None
+        self._encoded, self._stream, self._resume = encoded, stream, deepened
 
     def _make_encoded(self) -> ContextState:
         model, plan, length = self.model, self.plan, self.context_ids.numel()
@@ -148,132 +133,91 @@ class FreshEncodings(OnceEncodings):
         return self._stream
 
     def _make_deepened(self) -> ContextState:
-        if self._resume is not None:
-            return self._resume()
+        resume, self._resume = self._resume, None
+        if resume is not None:
+            return resume()
         deep = self.plan.deepened().reading()
         return encode_context(self.model, self.context_ids, self.config, deep.encoded_layers(self.model.n_layers),
                               parts=deep.context_parts)
 
 
-def select_context_queries(model: TruncatedLM | None, context_ids: torch.Tensor, queries_ids: list[torch.Tensor],
-                           budget: int, strategy: Strategy, config: PrefillConfig, units: Units | None = None,
-                           encodings: Encodings | None = None) -> list[Selection]:
-    """`select_context` for several queries of one context: one encoding, then `select_queries` (which lets the
-    strategy share work between the queries). queries_ids: [(Lq_i,) int64] -> one Selection per query.
-    `encodings`: where the encoded contexts come from (None: `FreshEncodings`, made here for this request)."""
-    length = context_ids.numel()
-    if length <= budget:
-        return [Selection(torch.arange(length), passthrough=True) for _ in queries_ids]
-    plan = strategy.reading()
-    if model is not None:
-        plan.encoded_layers(model.n_layers)  # the options against l_R, before they are resolved for the length
-    plan = plan.for_context(length, budget)
-    strategy = plan.scorer
-    if not strategy.needs_attention:
-        return [score_and_allocate(None, None, length, budget, strategy, config.sink, {}, units=units)
-                for _ in queries_ids]
-    if model is None:
-        raise ValueError(f"strategy: {strategy.name} needs a model")
-    clock = time.perf_counter()
-    encodings = encodings or FreshEncodings(model, context_ids, config, plan, len(queries_ids), budget)
-    with torch.inference_mode():
-        state = encodings.encoded()
-    deepened = encodings.deepened if plan.deepened() is not None else None
-    return select_queries(model, state, queries_ids, budget, strategy, {"prefill": _lap(clock)}, context_ids, units,
-                          deepened, encodings.stream())
-
-
 def resumed(model: TruncatedLM, state: ContextState, deep: Strategy, take: bool = True) -> Callable[[], ContextState]:
-    """The encoding `deep` (a deepened scorer) reads, taken on from `state` (encoded with keep_hidden, whose resume point it takes
-    unless `take` is False: a document cache that keeps the stream with the encoding) on first call and kept:
-    layers 1..state.top are not run again (prefill.resume_context)."""
+    """What makes the encoding `deep` (a deepened scorer) reads, taken on from `state` (encoded with keep_hidden, whose
+    resume point it takes unless `take` is False: a document cache that keeps the stream with the encoding): layers
+    1..state.top are not run again (prefill.resume_context). Run it once (OnceEncodings keeps what it made)."""
     hidden = state.take_hidden() if take else state.hidden
     shallow = ContextState(state.length, state.n_chunks, state.config, state.keys, state.caches, hidden=hidden,
                            resume=state.resume)
     plan = deep.reading()
-    return once(lambda: resume_context(model, shallow, plan.encoded_layers(model.n_layers), plan.context_parts))
+    return lambda: resume_context(model, shallow, plan.encoded_layers(model.n_layers), plan.context_parts)
 
 
-def once(make: Callable[[], ContextState]) -> Callable[[], ContextState]:
-    """`make`, run on the first call only; later calls return what it made."""
-    made: list[ContextState] = []
+def select(model: TruncatedLM | None, job: SelectionJob, config: PrefillConfig) -> list[Selection]:
+    """Choose at most `job.budget` context tokens for each of the job's questions -> one Selection per question.
 
-    def first() -> ContextState:
-        if not made:
-            made.append(make())
-        return made[0]
-
-    return first
-
-
-def select_query(model: TruncatedLM, state: ContextState, query_ids: torch.Tensor, budget: int, strategy: Strategy,
-           timings: dict[str, float] | None = None, context_ids: torch.Tensor | None = None,
-           units: Units | None = None, deepened: Callable[[], ContextState] | None = None,
-           stream: torch.Tensor | None = None) -> Selection:
-    """The query-dependent part: the query chunk against an encoded context, scoring, allocation.
-    Any number of queries may be selected from one ContextState, one after another; `timings`
-    (ms so far, e.g. the context's "prefill") are carried into the Selection; their "prefill" grows by the
-    query pass and what the strategy runs to get its attention (a cascade's candidates, which need the
-    context's ids (L,)). `units`: the context's units to keep whole (None: single tokens); `deepened`: as
-    in `select_context`; `stream`: the state's residual stream entering its top layer (ContextState.hidden), where
-    a cascade's candidates are to start there (Encodings.stream)."""
-    return select_queries(model, state, [query_ids], budget, strategy, timings, context_ids, units, deepened,
-                          stream)[0]
-
-
-def select_queries(model: TruncatedLM, state: ContextState, queries_ids: list[torch.Tensor], budget: int,
-                   strategy: Strategy, timings: dict[str, float] | None = None, context_ids: torch.Tensor | None = None,
-                   units: Units | None = None, deepened: Callable[[], ContextState] | None = None,
-                   stream: torch.Tensor | None = None) -> list[Selection]:
-    """`select_query` for several queries against one encoded context, the queries' strategy work shared
-    (Reading.attention_many: a cascade's questions share one candidate pass). Each Selection's
-    "prefill" timing is the context's plus the queries' shared pass. `deepened` (run at most once) defaults to
-    the strategy's `deepened()` form encoded here when a query first needs it; `stream`: as in `select_query`."""
-    if state.length <= budget:
-        return [Selection(torch.arange(state.length), dict(timings or {}), passthrough=True) for _ in queries_ids]
-    plan = strategy.reading()
+    The first S (sink) tokens are always kept and count against the budget; the strategy allocates the other
+    budget - S among the rest. The context is encoded once (`job.encodings`, read with the strategy's plan as it is;
+    else here, with the plan as it runs on the context's length: Reading.for_context), then each question runs
+    against it, the plan sharing work between them (Reading.attention_many: a cascade's questions share one candidate
+    pass); each Selection's "prefill" timing is the context's plus the questions' shared pass. `model` may be None
+    for strategies that do not need attention."""
+    length, budget, queries = job.context_ids.numel(), job.budget, job.queries_ids
+    if length <= budget:
+        return [Selection(torch.arange(length), passthrough=True) for _ in queries]
+    plan = job.strategy.reading()
+    if job.encodings is None:  # else the plan their owner encoded them for, as it is
+        if model is not None:
+            plan.encoded_layers(model.n_layers)  # the options against l_R, before they are resolved for the length
+        plan = plan.for_context(length, budget)
+    scorer = plan.scorer
+    if not scorer.needs_attention:
+        return [score_and_allocate(ScoreInputs(length=length, sink=config.sink, budget=budget), scorer, {}, job.units)
+                for _ in queries]
+    if model is None:
+        raise ValueError(f"strategy: {scorer.name} needs a model")
+    clock = time.perf_counter()
+    encodings = job.encodings or FreshEncodings(model, job.context_ids, config, scorer, budget, len(queries))
+    with torch.inference_mode():
+        state = encodings.encoded()
+    timings = {"prefill": _lap(clock)}
     missing = set(plan.context_parts) - set(state.parts)
     if missing:
-        raise ValueError(f"strategy: {strategy.name} needs {sorted(missing)} that the encoded context lacks")
+        raise ValueError(f"strategy: {scorer.name} needs {sorted(missing)} that the encoded context lacks")
     lacking = set(plan.encoded_layers(model.n_layers)) - set(state.keys)
     if lacking:
-        raise ValueError(f"strategy: {strategy.name} reads layers {sorted(lacking)} that the encoded context lacks")
-    if not strategy.needs_query:  # scores from the context alone: computed once, memoised on the state
-        return [score_and_allocate(model, RetrievalState(score_keys(model, state), {}, dict(state.parts)), state.length, budget,
-                                    strategy, state.config.sink, dict(timings or {}), memo=state.scores, units=units)
-                for _ in queries_ids]
-    deep = plan.deepened().reading() if plan.deepened() is not None else None
-    if deepened is None and deep is not None and context_ids is not None:
-        deepened = once(lambda: encode_context(model, context_ids, state.config, deep.encoded_layers(model.n_layers),
-                                               parts=deep.context_parts))
-    elif deepened is not None:
-        deepened = once(deepened)
+        raise ValueError(f"strategy: {scorer.name} reads layers {sorted(lacking)} that the encoded context lacks")
+    if not scorer.needs_query:  # scores from the context alone: computed once, memoised on the state
+        inputs = ScoreInputs(length=length, state=RetrievalState(score_keys(model, state), {}, dict(state.parts)),
+                             sink=state.config.sink, budget=budget)
+        return [score_and_allocate(inputs, scorer, dict(timings), job.units, memo=state.scores) for _ in queries]
+    deepened = encodings.deepened if plan.deepened() is not None else None
     clock = time.perf_counter()
     with torch.inference_mode():
         rows = state.row_memo()
-        passes = [QueryPass(model, prefill_query(model, state, query_ids, plan.query_parts), context_ids, query_ids,
-                            budget, state.config, deepened, stream=stream, rows=rows) for query_ids in queries_ids]
+        passes = [QueryPass(model, prefill_query(model, state, query_ids, plan.query_parts), job.context_ids, query_ids,
+                            budget, state.config, deepened, stream=encodings.stream(), rows=rows)
+                  for query_ids in queries]
         attentions = plan.attention_many(passes)
     spent = _lap(clock)
     selections = []
     for query, (attention, coarse) in zip(passes, attentions):
-        own = dict(timings or {})
-        own["prefill"] = round(own.get("prefill", 0.0) + spent, 3)
-        selection = score_and_allocate(model, query.retrieval, state.length, budget, strategy, state.config.sink, own,
-                                        attention=attention, coarse=coarse, units=units)
+        own = dict(timings)
+        own["prefill"] = round(own["prefill"] + spent, 3)
+        inputs = ScoreInputs(length=length, attention=attention, state=query.retrieval, sink=state.config.sink,
+                             budget=budget, coarse_attention=coarse)
+        selection = score_and_allocate(inputs, scorer, own, job.units)
         selection.measured = query.measured
         selections.append(selection)
     return selections
 
 
-def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config: PrefillConfig,
-                    batch_tokens: int,
-                    done: Callable[[int, Selection], None] | None = None) -> list[Selection]:
-    """`select_context` for every job, equal to running them one by one. With batch_tokens > 0,
-    jobs that need attention and whose context is one chunk are prefilled together, longest first,
-    in groups of at most `batch_tokens` padded context tokens (their "prefill" timing is their
-    group's, plus what each strategy runs for its own attention, e.g. a cascade's candidates); the other jobs
-    run one by one. `done(i, selection)` is called as each job finishes."""
+def select_batch(model: TruncatedLM | None, jobs: list[SelectionJob], config: PrefillConfig, batch_tokens: int,
+                 done: Callable[[int, Selection], None] | None = None) -> list[Selection]:
+    """`select` for every job of one question each (their own encodings), equal to running them one by one. With
+    batch_tokens > 0, jobs that need attention and whose context is one chunk are prefilled together, longest first,
+    in groups of at most `batch_tokens` padded context tokens (their "prefill" timing is their group's, plus what
+    each plan runs for its own attention, e.g. a cascade's candidates); the other jobs run one by one.
+    `done(i, selection)` is called as each job finishes."""
     out: list[Selection | None] = [None] * len(jobs)
 
     def finished(i: int, selection: Selection) -> None:
@@ -298,8 +242,7 @@ def select_contexts(model: TruncatedLM | None, jobs: list[SelectionJob], config:
                             lambda k, selection, group=group: finished(group[k], selection))
     for i, job in enumerate(jobs):
         if out[i] is None:
-            finished(i, select_context(model, job.context_ids, job.query_ids, job.budget, job.strategy, config,
-                                       units=job.units))
+            finished(i, select(model, job, config)[0])
     return out  # type: ignore[return-value]
 
 
@@ -309,17 +252,18 @@ def _select_batched(model: TruncatedLM, jobs: list[SelectionJob], plans: list[Re
     streams it keeps where `streamed`), then each job's own attention, scores and allocation."""
     clock = time.perf_counter()
     with torch.inference_mode():
-        states = batched_prefill(model, [job.context_ids for job in jobs], [job.query_ids for job in jobs], config,
+        states = batched_prefill(model, [job.context_ids for job in jobs], [job.queries_ids[0] for job in jobs], config,
                                  layers, keep_streams=streamed)
     prefill_ms = _lap(clock)
     for k, (job, plan, state) in enumerate(zip(jobs, plans, states)):
         clock = time.perf_counter()
-        query = QueryPass(model, state, job.context_ids, job.query_ids, job.budget, config, stream=state.context_stream)
+        query = QueryPass(model, state, job.context_ids, job.queries_ids[0], job.budget, config,
+                          stream=state.context_stream)
         with torch.inference_mode():
             attention, coarse = plan.attention(query)
-        selection = score_and_allocate(model, state, job.context_ids.numel(), job.budget, plan.scorer, config.sink,
-                                       {"prefill": round(prefill_ms + _lap(clock), 3)}, attention=attention,
-                                       coarse=coarse, units=job.units)
+        inputs = ScoreInputs(length=job.context_ids.numel(), attention=attention, state=state, sink=config.sink,
+                             budget=job.budget, coarse_attention=coarse)
+        selection = score_and_allocate(inputs, plan.scorer, {"prefill": round(prefill_ms + _lap(clock), 3)}, job.units)
         selection.prefill_shared, selection.measured = len(jobs), query.measured
         finished(k, selection)
 
@@ -330,27 +274,24 @@ def joins_a_batch(length: int, budget: int, plan: Reading, config: PrefillConfig
     return plan.batchable and budget < length and fits_one_chunk(length, config)
 
 
-def score_and_allocate(model: TruncatedLM | None, state: RetrievalState | None, length: int, budget: int, strategy: Strategy,
-            sink: int, timings: dict[str, float], memo: dict[str, torch.Tensor] | None = None,
-            attention: torch.Tensor | None = None, coarse: torch.Tensor | None = None,
-            units: Units | None = None) -> Selection:
-    """Score (`attention`: the query's A^C (L,) from `Strategy.query_attention`, None for a query-agnostic
-    strategy; `coarse`: a cascade's A^C at its coarse layer) and allocate: the sink + budget - S tokens, or with `units`,
-    as many tokens in whole units around the strategy's own choice. `memo`: where a
-    query-agnostic strategy's scores for this context are kept between queries."""
+def score_and_allocate(inputs: ScoreInputs, strategy: Strategy, timings: dict[str, float], units: Units | None = None,
+                       memo: dict[str, torch.Tensor] | None = None) -> Selection:
+    """Score (`inputs`: the query's A^C (L,) from the reading plan, None for a query-agnostic strategy; a cascade's
+    A^C at its coarse layer) and allocate: the sink + budget - S tokens, or with `units`, as many tokens in whole
+    units around the strategy's own choice. `timings` gains "score" and "allocate"; `memo`: where a query-agnostic
+    strategy's scores for this context are kept between queries."""
     clock = time.perf_counter()
     with torch.inference_mode():
         scores = memo.get(strategy.memo_key) if memo is not None else None
         if scores is None:
-            scores = strategy.score(ScoreInputs(length=length, attention=attention, state=state, sink=sink, budget=budget,
-                                                coarse_attention=coarse))
+            scores = strategy.score(inputs)
             if memo is not None:
                 memo[strategy.memo_key] = scores
         timings["score"] = _lap(clock)
         clock = time.perf_counter()
-        kept = strategy.select(scores, budget, sink)
+        kept = strategy.select(scores, inputs.budget, inputs.sink)
         if units is not None:
-            kept = select_units(scores, units.bounds, kept, sink, units.heads)
+            kept = select_units(scores, units.bounds, kept, inputs.sink, units.heads)
         kept = kept.cpu()
         timings["allocate"] = _lap(clock)
     return Selection(kept, timings, scores=scores)

@@ -27,7 +27,7 @@ from ..models.llama import TruncatedLM
 from .context_state import ContextState, RetrievalState, score_keys
 from .pipeline import Selection, score_and_allocate
 from .reading import QueryPass
-from .strategies import Strategy
+from .strategies import ScoreInputs, Strategy
 from .units import Units
 
 
@@ -75,8 +75,9 @@ def select_shared(model: TruncatedLM, asked: RetrievalState, at: int, jobs: list
             query = QueryPass(model, retrieval, job.context_ids, query_ids, job.budget, job.state.config)
             attention, coarse = plan.attention(query)
         own["prefill"] = round(own.get("prefill", 0.0) + (time.perf_counter() - clock) * 1000.0, 3)
-        selection = score_and_allocate(model, retrieval, length, job.budget, job.strategy, job.state.config.sink, own,
-                                       attention=attention, coarse=coarse, units=job.units)
+        inputs = ScoreInputs(length=length, attention=attention, state=retrieval, sink=job.state.config.sink,
+                             budget=job.budget, coarse_attention=coarse)
+        selection = score_and_allocate(inputs, job.strategy, own, job.units)
         selection.measured = query.measured
         selections.append(selection)
     return selections

@@ -15,7 +15,7 @@ from typing import Callable
 import torch
 
 from ..compressor.context_state import ContextState
-from ..compressor.pipeline import Selection, joins_a_batch, select_context_queries, select_contexts
+from ..compressor.pipeline import Selection, SelectionJob, joins_a_batch, select, select_batch
 from ..compressor.prefill_config import PrefillConfig
 from ..compressor.strategies import STRATEGIES, Strategy, requested_strategy
 from ..compressor.units import UNITS_VERSION, Units, document_units
@@ -168,6 +168,17 @@ class Engine:
             defaults = {"first_from_stream": False, **defaults}
         return strategy.with_defaults(defaults)
 
+    def fitting(self, requested: Strategy, layer: int) -> Strategy:
+        """`requested` with the profile's options where its reading plan can read them at `layer`, else as requested
+        (a profile's coarse layer at or above a requested l_R); InputError naming the option when neither fits."""
+        for strategy in (self.with_profile(requested), requested):
+            try:
+                strategy.reading().encoded_layers(layer)
+                return strategy
+            except ValueError as exc:
+                refused = exc
+        raise InputError.from_option_error(refused) from None
+
     def resolve_layer(self, layer: int | str | None, name: str = "layer") -> int:
         """A request's layer: None = the engine's l_R, a number (checked), or a name of the profile's choices."""
         if layer is None:
@@ -291,8 +302,8 @@ class Engine:
                 index, job = members[k]
                 deliver(index, self.finish(job, [selection]))
 
-            select_contexts(self.model_at(layer), [job.selection(0) for _, job in members], prefill, self.batch_tokens,
-                            done=selected)
+            select_batch(self.model_at(layer), [job.selection() for _, job in members], prefill, self.batch_tokens,
+                         done=selected)
         for i, job in alone:
             deliver(i, self.finish(job, self.answer(job)))
 
@@ -311,8 +322,8 @@ class Engine:
         """The Selection stage: one selection per query, all against one encoded context, as the encoding policy
         plans it (engine/encodings.py: the document cache's, deepened documents, the fallback's deep read)."""
         plan = self.encodings.plan(job)
-        selections = select_context_queries(job.model, job.context_ids, job.queries, job.budget, plan.strategy,
-                                            job.prefill, units=job.units, encodings=plan.encodings)
+        selections = select(job.model, SelectionJob(job.context_ids, job.queries, job.budget, plan.strategy, job.units,
+                                                    plan.encodings), job.prefill)
         self.encodings.settle(job, plan, selections)
         return selections
 
@@ -332,15 +343,7 @@ class Engine:
         start = time.perf_counter()
         requested = requested_strategy(request)
         layer = self.strategy_layer(requested, request.layer)
-        strategy = self.with_profile(requested)
-        try:
-            strategy.reading().encoded_layers(layer)
-        except ValueError:  # the profile's options do not fit this layer (a coarse layer at or above it): without them
-            strategy = requested
-        try:
-            strategy.reading().encoded_layers(layer)
-        except ValueError as exc:
-            raise InputError.from_option_error(exc) from None
+        strategy = self.fitting(requested, layer)
         names = self.names  # one secret for the whole request, even while it is being replaced
         if request.document_id is not None:
             doc = request.document_id

@@ -45,9 +45,9 @@ class Prepared:
     prefix_slots: Callable[[list[int]], list[str]] | None = None
     owner: str = ""  # whose share of the document cache the document counts in (DocumentNames.owner of the scope)
 
-    def selection(self, index: int) -> SelectionJob:
-        """Query `index` as a SelectionJob of the pipeline."""
-        return SelectionJob(self.context_ids, self.queries[index], self.budget, self.strategy, self.units)
+    def selection(self) -> SelectionJob:
+        """The request as a SelectionJob of the pipeline (its encodings made there)."""
+        return SelectionJob(self.context_ids, self.queries, self.budget, self.strategy, self.units)
 
 
 def checked_ids(tokenizer, vocab_size: int, name: str, text: str | None, ids: list[int] | None, limit: int,
