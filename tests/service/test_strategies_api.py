@@ -119,7 +119,7 @@ def test_the_default_at_a_layer_not_above_its_coarse_layer_is_plain_ilre_there(e
 def test_the_default_is_the_profiles_cascade(engine):
     import torch
 
-    from ilre.compressor.pipeline import select_context
+    from tests.selecting import select_context
     from ilre.compressor.prefill_config import PrefillConfig
     from ilre.compressor.strategies import make_strategy
 
