@@ -103,12 +103,12 @@ def main() -> None:
     run()  # warm: the kernels' first calls
     entries, back, order = trace(run)
     compressor = [m for m in order if m.startswith("ilre.compressor.")]
-    print(f"calls back up: {sum(back.values())}")
     print(f"one question from {entry}, {args.task} at {args.tokens} tokens, budget {args.budget}, the default cascade")
     print("| module | entries from another module | of them calls back up |")
     print("|---|---|---|")
     for module in order:
         print(f"| {module.removeprefix(PACKAGE)} | {entries[module]} | {back[module]} |")
+    print(f"calls back up: {sum(back.values())}")
     print(f"compressor modules entered: {len(compressor)}, most entries: "
           f"{max((entries[m] for m in compressor), default=0)} ({', '.join(m for m in compressor if entries[m] == max(entries[x] for x in compressor))})")
 
