@@ -187,6 +187,9 @@ def run_calibration(model: str | None, plan: CalibrationPlan, profile_dir: Path 
         if coarse < layer:
             details.update(cascade_details(coarse, layer, plan, candidates, long_hits["multi"][..., layers.index(layer)]))
             details["cost"]["cascade"] = details["cascade"]["costs"][str(details["strategies"]["cascade"]["candidates"])]
+        else:  # no layer below l_R ranks as well: the default is plain ILRe at l_R
+            details["cascade"] = {"method": f"none: the coarse layer's pick (fast, the best multi-kernel recall) is l_R = "
+                                            f"{layer} itself, so the default runs plain ILRe at l_R, no candidate pass"}
     kept = load_profile(checkpoint.name, spec.num_layers, directory=profile_dir).details  # what the evaluation chose stays
     details.update({k: kept[k] for k in EVALUATION_KEYS if k in kept})
     profile = Profile(checkpoint.name, layer, True, details)
