@@ -6,9 +6,9 @@ default cascade (token and unit granularity), every strategy on three tasks, two
 per dtype, float32 by default, one thread, the document cache on for the document rows only.
 
 `--write` records the rows (results/bench/kept-indices.json: each row's kept indices as ranges, with the CPU
-capability they were computed on); without it the rows are computed again and compared with the record: "same"
-when every kept index is; else the share of the recorded indices kept. Exit 1 when a row differs on the CPU
-capability it was recorded on.
+capability and the CPU they were computed on); without it the rows are computed again and compared with the record:
+"same" when every kept index is; else the share of the recorded indices kept. Exit 1 when a row differs on the CPU
+it was recorded on (another CPU's float32 kernels may round a boundary token the other way).
 
     .venv/bin/python bench/kept_indices.py [--write] [--rows 4k-default,strategies] [--tasks logs,vt] [--record PATH]
 """
@@ -41,6 +41,17 @@ LONG_TASKS = ("niah_single_3", "niah_multikey_2", "records_jsonl")
 STRATEGY_TASKS = ("niah_single_1", "niah_multikey_1", "logs")
 STRATEGIES = ("ilre", "snapkv", "streaming_llm", "lagkv", "reattention", "locret", "actqkv")
 GROUPS = ("4k-default", "4k-unit", "16k-default", "strategies", "queries", "documents")
+
+
+def cpu_name() -> str:
+    """The CPU's model name (/proc/cpuinfo), "" where it is not known."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.partition(":")[2].strip()
+    except OSError:
+        pass
+    return ""
 
 
 def ranges(indices: list[int]) -> list[list[int]]:
@@ -122,13 +133,13 @@ def main() -> None:
     groups = {g.strip() for g in args.rows.split(",") if g.strip()}
     if unknown := groups - set(GROUPS):
         sys.exit(f"--rows: unknown {', '.join(sorted(unknown))} (known: {', '.join(GROUPS)})")
-    capability = torch.backends.cpu.get_cpu_capability()
+    capability, cpu = torch.backends.cpu.get_cpu_capability(), cpu_name()
     record = json.loads(args.record.read_text()) if args.record.exists() else {"rows": {}}
     plain = Engine(EngineConfig(dtype=args.dtype, doc_cache_mb=0))
     cached = Engine(EngineConfig(dtype=args.dtype, doc_cache_mb=256))
     rows, differ, start = {}, 0, time.perf_counter()
-    print(f"kept indices, {args.dtype}, one thread, CPU capability {capability}"
-          + ("" if args.write else f" (recorded on {record.get('capability', '?')})"))
+    print(f"kept indices, {args.dtype}, one thread, {cpu or 'a CPU'} ({capability})"
+          + ("" if args.write else f", recorded on {record.get('cpu') or 'a CPU'} ({record.get('capability', '?')})"))
     tasks = {t.strip() for t in args.tasks.split(",") if t.strip()}
     for name, calls in requests(plain.tokenizer, groups, tasks):
         engine = cached if name.startswith("documents/") else plain
@@ -149,12 +160,12 @@ def main() -> None:
         print(f"  {name:<40} differs: {min(shares):.1%} of the recorded indices kept")
     print(f"{len(rows)} rows in {time.perf_counter() - start:.0f} s" + ("" if args.write else f", {differ} differ"))
     if args.write:
-        record = {"capability": capability, "dtype": args.dtype, "budget": BUDGET, "seed": SEED,
+        record = {"capability": capability, "cpu": cpu, "dtype": args.dtype, "budget": BUDGET, "seed": SEED,
                   "rows": {**record["rows"], **rows}}
         args.record.parent.mkdir(parents=True, exist_ok=True)
         args.record.write_text(json.dumps(record, separators=(",", ":")) + "\n")
         print(f"recorded in {args.record}")
-    elif differ and record.get("capability") == capability:
+    elif differ and (record.get("capability"), record.get("cpu")) == (capability, cpu):
         sys.exit(1)
 
 
