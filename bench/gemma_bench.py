@@ -5,6 +5,10 @@ passkey was kept, and the share of the matmul peak of the dtype it ran in: the u
 question computes (bench/speed_bench.prefill_flops: the streaming prefill to the layer whose attention reads the whole
 context, the coarse layer for the cascade, plus the cascade's candidates run on to l_R) over its seconds, against
 the best 4096 x 4096 matmul in that dtype measured in the same process (speed_bench.measure_peak).
+Where a model has sliding-window layers below l_R (Gemma: 5 of its first 6), the seconds its first question spends in
+their attention, and one chunk of such a layer at the model's own shapes (its heads, head width, window, the
+profile's chunk) two ways in the same process: banded (kernels/masked_attention.sliding_attention, what runs) and as
+one block against every key of the chunk and the ring under the written-out mask (what ran before it).
 
     .venv/bin/python bench/gemma_bench.py [--lengths 32768,131072]
 """
@@ -46,8 +50,11 @@ def one_model(model: str, lengths: list[int]) -> dict:
     coarse = getattr(strategy, "coarse_layer", None)
     out = {"model": engine.model_name, "layer": engine.layer, "dtype": dtype, "peak_gflops": peak,
            "strategy": repr(strategy), "rows": []}
+    sliding = _time_sliding_layers()
+    out["band"] = _band_against_one_block(engine)
     for length in lengths:
         sample = make_passkey_sample(engine.tokenizer, length, 0.5, seed=7)
+        sliding["seconds"] = 0.0
         with open("/proc/self/clear_refs", "w") as refs:
             refs.write("5")
         loaded = _status_mib("VmRSS")
@@ -60,8 +67,61 @@ def one_model(model: str, lengths: list[int]) -> dict:
         out["rows"].append({"tokens": len(sample.context_ids), "seconds": seconds,
                             "peak_mib": _status_mib("VmHWM") - loaded, "dca": result.dca,
                             "kept": all(i in kept for i in range(*sample.needle)),
-                            "gflops": flops / seconds / 1e9, "peak_share": flops / seconds / 1e9 / peak})
+                            "gflops": flops / seconds / 1e9, "peak_share": flops / seconds / 1e9 / peak,
+                            "sliding_s": sliding["seconds"]})
     return out
+
+
+def _time_sliding_layers() -> dict:
+    """Wrap the sliding layers' attention (as the window cache calls it) with a timer; returns the running total."""
+    import ilre.compressor.window_cache as window_cache
+
+    spent = {"seconds": 0.0}
+    inner = window_cache.sliding_attention
+
+    def timed(*args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return inner(*args, **kwargs)
+        finally:
+            spent["seconds"] += time.perf_counter() - start
+
+    window_cache.sliding_attention = timed
+    return spent
+
+
+def _band_against_one_block(engine, repeats: int = 7) -> dict | None:
+    """Milliseconds of one chunk of the model's first sliding layer, banded and as one block (best of `repeats`);
+    None for a model without sliding layers."""
+    import torch
+
+    from ilre.kernels.masked_attention import masked_attention, sliding_attention
+    from ilre.models.spec import SLIDING
+
+    model = engine.model_at(engine.layer)
+    rule = next((r for r in getattr(model, "rules", ()) if r.kind == SLIDING), None)
+    if rule is None:
+        return None
+    chunk, window, seen = engine.config.prefill.chunk, rule.window, 100_000
+    dtype = model.dtype
+    q = torch.randn(engine.spec.num_heads, chunk, rule.head_dim, dtype=dtype)
+    k = torch.randn(rule.kv_heads, window - 1 + chunk, rule.head_dim, dtype=dtype)
+    v = torch.randn(rule.kv_heads, window - 1 + chunk, rule.v_dim, dtype=dtype)
+    rows = torch.arange(seen, seen + chunk)
+    at = torch.cat((torch.arange(seen - window + 1, seen), rows))
+    visible = (at.unsqueeze(0) <= rows.unsqueeze(1)) & (at.unsqueeze(0) > rows.unsqueeze(1) - window)
+
+    def best(run) -> float:
+        times = []
+        for _ in range(repeats):
+            start = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - start)
+        return 1000 * min(times)
+
+    return {"chunk": chunk, "window": window, "heads": engine.spec.num_heads, "head_dim": rule.head_dim,
+            "banded_ms": best(lambda: sliding_attention(q, k, v, at, rows, window, rule.sinks)),
+            "one_block_ms": best(lambda: masked_attention(q, k, v, visible, rule.sinks))}
 
 
 def first_question_flops(engine, strategy, coarse: int | None, l_r: int, sample, budget: int) -> float:
@@ -103,6 +163,15 @@ def main() -> None:
                   f"{100 * row['peak_share']:.0f}% of {run['peak_gflops']:.0f} |")
     for run in runs:
         print(f"{run['model']}: {run['strategy']}")
+        for row in run["rows"]:
+            if row["sliding_s"]:
+                print(f"  {row['tokens']} tokens: {row['sliding_s']:.2f} s of {row['seconds']:.2f} in the sliding layers' "
+                      f"attention")
+        band = run.get("band")
+        if band:
+            print(f"  one sliding-layer chunk ({band['heads']} heads x {band['chunk']} rows, head width "
+                  f"{band['head_dim']}, window {band['window']}, {run['dtype']}): banded {band['banded_ms']:.1f} ms, "
+                  f"one block under the written-out mask {band['one_block_ms']:.1f} ms")
 
 
 if __name__ == "__main__":

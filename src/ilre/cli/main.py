@@ -349,7 +349,12 @@ def run_evaluation(args: argparse.Namespace) -> int:
             raise CliError(str(exc)) from None
     if not (results_dir / "raw.jsonl").is_file():
         raise CliError(f"results-dir: no raw results in {results_dir}")
-    print(json.dumps({"report": str(write_report(results_dir, output, command)), "raw": str(results_dir / "raw.jsonl")}))
+    beside = tuple(Path(folder) for folder in args.beside or ())
+    for folder in beside:
+        if not (folder / "raw.jsonl").is_file():
+            raise CliError(f"beside: no raw results in {folder}")
+    page = write_report(results_dir, output, command, beside)
+    print(json.dumps({"report": str(page), "raw": str(results_dir / "raw.jsonl")}))
     return 0
 
 
@@ -362,7 +367,8 @@ def _eval_command(args: argparse.Namespace) -> str:
         if name == "command" or value is None or value is False:
             continue
         flag = "--" + name.replace("_", "-")
-        words += [flag] if value is True else [flag, str(value)]
+        for one in value if isinstance(value, list) else [value]:
+            words += [flag] if one is True else [flag, str(one)]
     return " ".join(shlex.quote(w) for w in words)
 
 

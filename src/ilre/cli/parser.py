@@ -190,6 +190,8 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate.add_argument("--output", help="the results page (default docs/results.md; with --quick or --results-dir, "
                           "RESULTS_DIR/results.md)")
     evaluate.add_argument("--report-only", action="store_true", help="only regenerate the page from the raw results")
+    evaluate.add_argument("--beside", action="append", metavar="DIR", help="another model's results folder: the page sets "
+                          "its default beside this run's, per length and task with intervals (repeatable)")
     evaluate.add_argument("--fresh", action="store_true", help="discard earlier raw results instead of resuming")
     evaluate.add_argument("--any-dtype", action="store_true", help="keep records measured in another compressor dtype "
                           "instead of measuring them again (e.g. resuming a bfloat16 run on a CPU without native bfloat16)")

@@ -8,7 +8,7 @@ from typing import Callable
 import torch
 
 from ..kernels.chunk_attention import chunk_attention
-from ..kernels.masked_attention import masked_attention
+from ..kernels.masked_attention import masked_attention, sliding_attention
 from ..kernels.rope import rerotate
 from ..models.llama import TruncatedLM
 from ..models.spec import CHUNKED, SLIDING
@@ -185,10 +185,10 @@ class WindowCache:
             ring = self.seen - 1 - torch.remainder(self.ring_at - 1 - slots, self.window)
             keys, values = torch.cat((live_k, k), dim=1), torch.cat((live_v, v), dim=1)
             at = torch.cat((torch.arange(self.n_sink, device=device), ring, rows))
-        visible = at.unsqueeze(0) <= rows.unsqueeze(1)
         if self.rule.kind == SLIDING:
-            visible &= at.unsqueeze(0) > rows.unsqueeze(1) - self.rule.window
-        elif self.rule.kind == CHUNKED:
+            return sliding_attention(q, keys, values, at, rows, self.rule.window, self.rule.sinks)
+        visible = at.unsqueeze(0) <= rows.unsqueeze(1)
+        if self.rule.kind == CHUNKED:
             visible &= (at // self.rule.window).unsqueeze(0) == (rows // self.rule.window).unsqueeze(1)
         return masked_attention(q, keys, values, visible, self.rule.sinks)
 

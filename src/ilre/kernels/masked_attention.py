@@ -31,3 +31,24 @@ def masked_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, visible:
         total = total + torch.exp(sink - top)
     out = (weights / total).view(n_kv, group * n_rows, -1) @ v.float()
     return out.view(n_heads, n_rows, -1).to(q.dtype)
+
+
+BAND_ROWS = 128  # rows per block of a sliding layer's band (fastest of 64-512 for Gemma 3's 512 window, 1024 chunk)
+
+
+def sliding_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, at: torch.Tensor, rows: torch.Tensor,
+                      window: int, sinks: torch.Tensor | None = None) -> torch.Tensor:
+    """`masked_attention` of a sliding-window layer: row i sees the keys at positions (rows[i] - window, rows[i]].
+
+    q: (H, C, dk) at positions rows (C,) ascending; k: (KV, N, dk), v: (KV, N, dv) at positions at (N,) (a ring's
+    order is any). Each block of BAND_ROWS rows is computed against only the keys some row of it sees (at most
+    BAND_ROWS + window - 1), so a chunk longer than the window costs C x (BAND_ROWS + window) products, not
+    C x N. Returns (H, C, dv) in q's dtype."""
+    out = []
+    for start in range(0, q.shape[1], BAND_ROWS):
+        block = rows[start : start + BAND_ROWS]
+        near = ((at > block[0] - window) & (at <= block[-1])).nonzero().squeeze(1)
+        seen = at[near].unsqueeze(0)
+        visible = (seen <= block.unsqueeze(1)) & (seen > block.unsqueeze(1) - window)
+        out.append(masked_attention(q[:, start : start + BAND_ROWS], k[:, near], v[:, near], visible, sinks))
+    return out[0] if len(out) == 1 else torch.cat(out, dim=1)

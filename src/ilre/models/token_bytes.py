@@ -75,8 +75,8 @@ def _build(tokenizer: Any) -> TokenBytes:
     byte_level = decoder is not None and "ByteLevel" in str(decoder)
     alphabet = _byte_level_alphabet() if byte_level else {}
     special_ids = set(getattr(tokenizer, "all_special_ids", []) or [])
-    special_ids |= {i for i in getattr(tokenizer, "added_tokens_decoder", {}) or {}
-                    if getattr(tokenizer.added_tokens_decoder[i], "special", False)}
+    added = getattr(tokenizer, "added_tokens_decoder", None) or {}  # a property that builds a new dict per read
+    special_ids |= {i for i, token in added.items() if getattr(token, "special", False)}
     for piece, i in vocab.items():
         if i in special_ids:
             pieces[i] = piece.encode()
