@@ -1,14 +1,17 @@
 """Gemma 3 270M's first question beside SmolLM2's, in the same run: a passkey at half depth in --lengths tokens,
 budget 1024, the default strategy at each model's default l_R, `--dtype auto`, each model in its own process after a
-warm-up on 2K tokens: seconds, the peak resident memory the request added over the loaded engine, whether the
-passkey was kept, and the share of the matmul peak of the dtype it ran in: the useful FLOPs of what the first
+warm-up on 2K tokens (the load's seconds and the resident memory after it): seconds, the peak resident memory the
+request added over the loaded engine, whether the passkey was kept, and the share of the matmul peak of the dtype it ran in: the useful FLOPs of what the first
 question computes (bench/speed_bench.prefill_flops: the streaming prefill to the layer whose attention reads the whole
 context, the coarse layer for the cascade, plus the cascade's candidates run on to l_R) over its seconds, against
 the best 4096 x 4096 matmul in that dtype measured in the same process (speed_bench.measure_peak).
 Where a model has sliding-window layers below l_R (Gemma: 5 of its first 6), the seconds its first question spends in
 their attention, and one chunk of such a layer at the model's own shapes (its heads, head width, window, the
 profile's chunk) two ways in the same process: banded (kernels/masked_attention.sliding_attention, what runs) and as
-one block against every key of the chunk and the ring under the written-out mask (what ran before it).
+one block against every key of the chunk and the ring under the written-out mask (what ran before it). And the
+linear layers of one decoder layer on a chunk (q, k, v, o, gate, up, down at the model's widths), by each kernel
+the hand-tuned Llama path has: F.linear in float32 and in bfloat16 (what the family path runs), oneDNN's packed
+bfloat16 (models/packed_linear.py) and int8 (models/int8.Int8Linear, rounded to nearest), where this CPU runs them.
 
     .venv/bin/python bench/gemma_bench.py [--lengths 32768,131072]
 """
@@ -41,7 +44,10 @@ def one_model(model: str, lengths: list[int]) -> dict:
     from ilre.engine.engine import Engine, EngineConfig
     from ilre.evaluation.tasks.passkey import make_passkey_sample
 
+    start = time.perf_counter()
     engine = Engine(EngineConfig(model=model, doc_cache_mb=0))
+    engine.model_at(engine.layer)
+    load_s = time.perf_counter() - start
     warm = make_passkey_sample(engine.tokenizer, 2048, 0.5, seed=1)
     engine.compress(CompressRequest(context_ids=warm.context_ids, query_ids=warm.query_ids, budget=256))
     dtype = engine.placement.dtype_name
@@ -49,9 +55,10 @@ def one_model(model: str, lengths: list[int]) -> dict:
     strategy = engine.with_profile(requested_strategy(CompressRequest(context="x", query="x")))
     coarse = getattr(strategy, "coarse_layer", None)
     out = {"model": engine.model_name, "layer": engine.layer, "dtype": dtype, "peak_gflops": peak,
-           "strategy": repr(strategy), "rows": []}
+           "strategy": repr(strategy), "rows": [], "load_s": load_s, "engine_mib": _status_mib("VmRSS")}
     sliding = _time_sliding_layers()
     out["band"] = _band_against_one_block(engine)
+    out["linears"] = _linear_kernels(engine)
     for length in lengths:
         sample = make_passkey_sample(engine.tokenizer, length, 0.5, seed=7)
         sliding["seconds"] = 0.0
@@ -90,6 +97,50 @@ def _time_sliding_layers() -> dict:
     return spent
 
 
+def _best_ms(run, repeats: int = 7) -> float:
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - start)
+    return 1000 * min(times)
+
+
+def _linear_kernels(engine) -> dict:
+    """Milliseconds of one decoder layer's linear products on a chunk (best of 7), per kernel that runs here, with
+    the GFLOP/s they reach; the widths are the model's."""
+    import torch
+    import torch.nn.functional as F
+
+    from ilre.models.int8 import Int8Linear, int8_available
+    from ilre.models.packed_linear import PackedLinear, packing_applies
+
+    spec, rows = engine.spec, engine.config.prefill.chunk
+    hidden, q_width = spec.hidden_size, spec.num_heads * spec.head_dim
+    kv_width = spec.num_kv_heads * spec.head_dim
+    shapes = ((q_width, hidden), (kv_width, hidden), (kv_width, hidden), (hidden, q_width),
+              (spec.intermediate_size, hidden), (spec.intermediate_size, hidden), (hidden, spec.intermediate_size))
+    weights = [torch.randn(n, k) / k ** 0.5 for n, k in shapes]
+    flops = sum(2 * rows * n * k for n, k in shapes)
+    x = {k: torch.randn(rows, k) for k in {k for _, k in shapes}}
+    kernels = {"float32": lambda: [F.linear(x[w.shape[1]], w) for w in weights]}
+    bf16_w = [w.bfloat16() for w in weights]
+    bf16_x = {k: v.bfloat16() for k, v in x.items()}
+    kernels["bfloat16"] = lambda: [F.linear(bf16_x[w.shape[1]], w) for w in bf16_w]
+    if packing_applies(torch.bfloat16, torch.device("cpu")):
+        packed = [PackedLinear(torch.nn.Linear(w.shape[1], w.shape[0], bias=False, dtype=torch.bfloat16)) for w in bf16_w]
+        kernels["packed bfloat16"] = lambda: [p(bf16_x[p.in_features]) for p in packed]
+    if int8_available():
+        quantized = [Int8Linear(w) for w in weights]
+        kernels["int8"] = lambda: [q(x[q.in_features]) for q in quantized]
+    out = {"rows": rows, "widths": f"{hidden} -> {q_width}/{kv_width}, {spec.intermediate_size}"}
+    for name, run in kernels.items():
+        run()
+        ms = _best_ms(run)
+        out[name] = {"ms": ms, "gflops": flops / ms / 1e6}
+    return out
+
+
 def _band_against_one_block(engine, repeats: int = 7) -> dict | None:
     """Milliseconds of one chunk of the model's first sliding layer, banded and as one block (best of `repeats`);
     None for a model without sliding layers."""
@@ -111,17 +162,9 @@ def _band_against_one_block(engine, repeats: int = 7) -> dict | None:
     at = torch.cat((torch.arange(seen - window + 1, seen), rows))
     visible = (at.unsqueeze(0) <= rows.unsqueeze(1)) & (at.unsqueeze(0) > rows.unsqueeze(1) - window)
 
-    def best(run) -> float:
-        times = []
-        for _ in range(repeats):
-            start = time.perf_counter()
-            run()
-            times.append(time.perf_counter() - start)
-        return 1000 * min(times)
-
     return {"chunk": chunk, "window": window, "heads": engine.spec.num_heads, "head_dim": rule.head_dim,
-            "banded_ms": best(lambda: sliding_attention(q, k, v, at, rows, window, rule.sinks)),
-            "one_block_ms": best(lambda: masked_attention(q, k, v, visible, rule.sinks))}
+            "banded_ms": _best_ms(lambda: sliding_attention(q, k, v, at, rows, window, rule.sinks), repeats),
+            "one_block_ms": _best_ms(lambda: masked_attention(q, k, v, visible, rule.sinks), repeats)}
 
 
 def first_question_flops(engine, strategy, coarse: int | None, l_r: int, sample, budget: int) -> float:
@@ -131,7 +174,7 @@ def first_question_flops(engine, strategy, coarse: int | None, l_r: int, sample,
     spec, length, n_query = engine.spec, len(sample.context_ids), len(sample.query_ids)
     if coarse is None or coarse >= l_r:
         return prefill_flops(spec, l_r, length, n_query, engine.config.prefill)
-    candidates = min(length, strategy.candidate_count(budget))
+    candidates = min(length, strategy.reading().candidate_count(budget))
     return (prefill_flops(spec, coarse, length, n_query, engine.config.prefill)
             + (l_r - coarse) * layer_flops_per_token(spec) * candidates)
 
@@ -162,7 +205,8 @@ def main() -> None:
                   f"{row['peak_mib']:.0f} | {row['dca']} | {'kept' if row['kept'] else 'lost'} | {row['gflops']:.0f} | "
                   f"{100 * row['peak_share']:.0f}% of {run['peak_gflops']:.0f} |")
     for run in runs:
-        print(f"{run['model']}: {run['strategy']}")
+        print(f"{run['model']}: {run['strategy']}; engine and model to l_R loaded in {run['load_s']:.1f} s, "
+              f"{run['engine_mib']:.0f} MiB resident after a 2K warm-up")
         for row in run["rows"]:
             if row["sliding_s"]:
                 print(f"  {row['tokens']} tokens: {row['sliding_s']:.2f} s of {row['seconds']:.2f} in the sliding layers' "
@@ -172,6 +216,9 @@ def main() -> None:
             print(f"  one sliding-layer chunk ({band['heads']} heads x {band['chunk']} rows, head width "
                   f"{band['head_dim']}, window {band['window']}, {run['dtype']}): banded {band['banded_ms']:.1f} ms, "
                   f"one block under the written-out mask {band['one_block_ms']:.1f} ms")
+        linears = run["linears"]
+        print(f"  one layer's linear products on a {linears['rows']}-row chunk (widths {linears['widths']}): " + ", ".join(
+            f"{name} {v['ms']:.1f} ms ({v['gflops']:.0f} GFLOP/s)" for name, v in linears.items() if isinstance(v, dict)))
 
 
 if __name__ == "__main__":
