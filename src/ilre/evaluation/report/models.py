@@ -92,14 +92,15 @@ def models_section(runs: list[ModelRun]) -> list[str]:
                f"{run.model} {run.native} tokens" for run in runs) + ".", "",
            "- " + "\n- ".join(f"**{run.model}**: {run.form}" for run in runs), "",
            "| model | " + " | ".join(length_label(n) for n in lengths) + " |", "| --- |" + " ---: |" * len(lengths)]
-    shared = set(tasks)
+    shared = {n: {t for t in tasks if all(any(r["task"] == t and r["length"] == n for r in run.records) for run in runs)}
+              for n in lengths}  # per length, the tasks every model ran there
     for run in runs:
-        out.append(f"| {run.model} | " + " | ".join(_cell(list(_by_sample(run, n, shared).values())) for n in lengths)
+        out.append(f"| {run.model} | " + " | ".join(_cell(list(_by_sample(run, n, shared[n]).values())) for n in lengths)
                    + " |")
-    out += [""]
+    out += ["", "Each length's row pools the tasks every model ran at that length (the table below names them).", ""]
     for run in runs[1:]:
         for n in lengths:
-            c = _paired(run, first, n, shared)
+            c = _paired(run, first, n, shared[n])
             if c is not None:
                 out.append(f"- **{length_label(n)}**: {run.model} {c['verdict']} {first.model} ({gap(c, ' points')}, "
                            f"{c['n']} paired samples of {c['tasks']} tasks; {why(c)}).")
