@@ -39,6 +39,7 @@ from ..common.errors import Code, HTTP_STATUS, ServiceError
 from ..common.keys import ANONYMOUS, KeyPolicy, UNAUTHENTICATED_MESSAGE
 from ..common.quotas import retry_after_header
 from ..common.request_log import request_id
+from ..common.stopping import STOP_STEP_S, cancel_until_done
 from ..transport.chat_compression import compress_chat
 from ..transport.frontend import Frontend
 from ..transport.http_app import build_app
@@ -82,10 +83,14 @@ class Sidecar:
         self._health_task = asyncio.create_task(self.health.run())
 
     async def close(self) -> None:
-        if self._health_task is not None:
-            self._health_task.cancel()
-            await asyncio.gather(self._health_task, return_exceptions=True)
-        await self.upstream.close()
+        """Stop the health checks, then close the engine connections; neither can hang the stop (service/common/
+        stopping.py: each is cancelled again while it has not ended, then left behind with a warning)."""
+        if self._health_task is not None and not await cancel_until_done(self._health_task):
+            log.warning("engine %s: the health check did not end when cancelled; left behind", self.upstream.base_url)
+        closing = asyncio.create_task(self.upstream.close())
+        done, _ = await asyncio.wait({closing}, timeout=STOP_STEP_S)
+        if not done and not await cancel_until_done(closing):
+            log.warning("engine %s: its connections did not close; left behind", self.upstream.base_url)
 
     async def readyz(self, request: Request) -> Response:
         """Ready = the compressor's model is loaded and the engine passed its latest health check."""
