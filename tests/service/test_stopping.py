@@ -70,3 +70,13 @@ def test_a_task_refusing_every_cancel_is_left_after_its_tries():
 
     ended, seconds, alive = asyncio.run(main())
     assert not ended and alive and 0.6 <= seconds < 1.5  # three cancels of 0.2 s each, then the stop goes on
+
+
+def test_a_task_given_grace_ends_on_its_own_uncancelled():
+    async def main():
+        task = asyncio.create_task(asyncio.sleep(0.1, result="closed"))
+        ended = await cancel_until_done(task, step_s=0.2, tries=1, grace_s=1.0)
+        return ended, task
+
+    ended, task = asyncio.run(main())
+    assert ended and not task.cancelled() and task.result() == "closed"

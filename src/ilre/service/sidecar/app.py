@@ -87,9 +87,7 @@ class Sidecar:
         stopping.py: each is cancelled again while it has not ended, then left behind with a warning)."""
         if self._health_task is not None and not await cancel_until_done(self._health_task):
             log.warning("engine %s: the health check did not end when cancelled; left behind", self.upstream.base_url)
-        closing = asyncio.create_task(self.upstream.close())
-        done, _ = await asyncio.wait({closing}, timeout=STOP_STEP_S)
-        if not done and not await cancel_until_done(closing):
+        if not await cancel_until_done(asyncio.create_task(self.upstream.close()), grace_s=STOP_STEP_S):
             log.warning("engine %s: its connections did not close; left behind", self.upstream.base_url)
 
     async def readyz(self, request: Request) -> Response:
